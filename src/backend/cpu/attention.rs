@@ -1,0 +1,156 @@
+//! Sparse attention on the host: f32 scores and accumulation, exact maximum
+//! (two passes over the scores), direct division by the denominator.
+//!
+//! Work is split into (token, head group) items; every item reads only its own
+//! token's keys in a fixed order, so results are deterministic and independent
+//! of the other tokens in the batch.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::backend::cpu::host::slice;
+use crate::backend::cpu::index::checked_indptr;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::ops::attention::{AttentionArgs, KvSource};
+
+/// Heads that share one gathered copy of a token's keys.
+const HEAD_GROUP: usize = 16;
+
+/// Checks every index of one source before any output is written.
+fn check_source(name: &str, src: &KvSource, num_tokens: usize, skip_negative: bool) -> Result<()> {
+    let indptr_name = format!("{name}indptr");
+    let indptr = checked_indptr(&indptr_name, &src.indptr, num_tokens, src.indices.shape[0])?;
+    let (first, last) = (indptr[0] as usize, indptr[num_tokens] as usize);
+    // SAFETY: host view; last <= capacity was just checked.
+    let indices = unsafe { slice(&src.indices, last) };
+    let rows = src.kv.shape[0];
+    for (offset, &r) in indices.iter().enumerate().skip(first) {
+        let skipped = skip_negative && r == -1;
+        ensure!(
+            skipped || (r >= 0 && (r as usize) < rows),
+            OutOfRange,
+            "{name}indices[{offset}]: {r} is not a row of the {rows}-row key source"
+        );
+    }
+    Ok(())
+}
+
+pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
+    let names = ["", "extend_"];
+    for (src, name) in a.sources.iter().zip(names) {
+        check_source(name, src, a.num_tokens, a.skip_negative)?;
+    }
+    let groups = a.num_heads.div_ceil(HEAD_GROUP);
+    threads.install(|| {
+        (0..a.num_tokens * groups).into_par_iter().for_each_init(
+            Scratch::default,
+            |scratch, item| {
+                let (t, g) = (item / groups, item % groups);
+                let heads = g * HEAD_GROUP..((g + 1) * HEAD_GROUP).min(a.num_heads);
+                // SAFETY: indices were checked above; outputs of distinct items
+                // are disjoint (token t, heads of group g).
+                unsafe { attend_token(a, t, heads, scratch) };
+            },
+        )
+    });
+    Ok(())
+}
+
+#[derive(Default)]
+struct Scratch {
+    keys: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// Gathers token t's keys as f32 rows into `keys`; returns how many.
+///
+/// # Safety
+/// The sources' indices were checked by `check_source`.
+unsafe fn gather(a: &AttentionArgs, t: usize, keys: &mut Vec<f32>) -> usize {
+    keys.clear();
+    let mut count = 0;
+    for src in &a.sources {
+        let indptr = slice(&src.indptr, a.num_tokens + 1);
+        let (lo, hi) = (indptr[t] as usize, indptr[t + 1] as usize);
+        for &r in &slice(&src.indices, hi)[lo..] {
+            if r < 0 {
+                continue;
+            }
+            let row = std::slice::from_raw_parts(
+                src.kv.as_ptr().add(src.kv.offset([r as usize, 0])),
+                HEAD_DIM,
+            );
+            keys.extend(row.iter().map(|x| x.to_f32()));
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Dot product with a fixed 16-lane accumulation order (vectorises, deterministic).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for (ca, cb) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        for i in 0..16 {
+            lanes[i] += ca[i] * cb[i];
+        }
+    }
+    lanes.iter().sum()
+}
+
+/// # Safety
+/// Indices checked; `heads` are this item's exclusive output rows.
+unsafe fn attend_token(
+    a: &AttentionArgs,
+    t: usize,
+    heads: std::ops::Range<usize>,
+    scratch: &mut Scratch,
+) {
+    let count = gather(a, t, &mut scratch.keys);
+    let keys = &scratch.keys;
+    for h in heads {
+        let q_ptr = a.q.as_ptr().add(a.q.offset([t, h, 0]));
+        let q: Vec<f32> = std::slice::from_raw_parts(q_ptr, HEAD_DIM)
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        let sink = match &a.sink {
+            Some(s) => *s.as_ptr().add(h),
+            None => f32::NEG_INFINITY,
+        };
+        scratch.scores.clear();
+        scratch.scores.extend(
+            keys.chunks_exact(HEAD_DIM)
+                .map(|k| dot(&q, k) * a.softmax_scale),
+        );
+        scratch.acc.clear();
+        scratch.acc.resize(HEAD_DIM, 0.0);
+        let lse = if count == 0 {
+            // No keys: zero output; the log-sum-exp is the sink's alone.
+            sink
+        } else {
+            let max = scratch.scores.iter().copied().fold(sink, f32::max);
+            let mut denom = (sink - max).exp();
+            for (s, k) in scratch.scores.iter().zip(keys.chunks_exact(HEAD_DIM)) {
+                let w = (s - max).exp();
+                denom += w;
+                for (acc, x) in scratch.acc.iter_mut().zip(k) {
+                    *acc += w * x;
+                }
+            }
+            for acc in scratch.acc.iter_mut() {
+                *acc /= denom;
+            }
+            max + denom.ln()
+        };
+        let out_ptr = a.out.as_ptr().add(a.out.offset([t, h, 0]));
+        for (d, acc) in scratch.acc.iter().enumerate() {
+            out_ptr.add(d).write(bf16::from_f32(*acc));
+        }
+        if let Some(l) = &a.lse {
+            l.as_ptr().add(l.offset([t, h])).write(lse);
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The CPU backend: host memory, synchronous execution on a per-context thread
+//! pool, f32 accumulation. It checks every index value before writing anything,
+//! and is the oracle GPU backends are tested against.
+
+mod attention;
+mod host;
+mod index;
+mod memory;
+mod store;
+
+use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
+use crate::error::{err, Result};
+use crate::ops::attention::{AttentionArgs, PlanShape};
+use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+
+#[derive(Debug)]
+pub struct CpuBackend {
+    threads: rayon::ThreadPool,
+    memory: memory::HostAllocations,
+}
+
+impl CpuBackend {
+    /// `threads == 0` uses one worker per available core.
+    pub fn new(threads: usize) -> Result<Self> {
+        let threads = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("unikv-cpu-{i}"))
+            .build()
+            .map_err(|e| err!(Internal, "cpu_threads: cannot start worker threads: {e}"))?;
+        Ok(CpuBackend {
+            threads,
+            memory: memory::HostAllocations::default(),
+        })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn worker_threads(&self) -> usize {
+        self.threads.current_num_threads()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<*mut u8> {
+        self.memory.alloc(bytes)
+    }
+
+    unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
+        self.memory.free(ptr)
+    }
+
+    unsafe fn memset(&self, ptr: *mut u8, value: u8, bytes: usize, _stream: Stream) -> Result<()> {
+        std::ptr::write_bytes(ptr, value, bytes);
+        Ok(())
+    }
+
+    unsafe fn copy(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: usize,
+        _kind: CopyKind,
+        _stream: Stream,
+    ) -> Result<()> {
+        // Host and "device" memory are the same address space here; ranges may overlap.
+        std::ptr::copy(src, dst, bytes);
+        Ok(())
+    }
+
+    fn synchronize(&self, _stream: Stream) -> Result<()> {
+        Ok(())
+    }
+
+    fn plan_attention(&self, _shape: &PlanShape) -> Result<PlannedLaunch> {
+        Ok(PlannedLaunch {
+            workspace_bytes: 0,
+            state: None,
+        })
+    }
+
+    fn store_swa(&self, args: &StoreSwaArgs, _stream: Stream) -> Result<()> {
+        store::store_swa(args)
+    }
+
+    fn store_compressed(&self, args: &StoreCompressedArgs, _stream: Stream) -> Result<()> {
+        store::store_compressed(args)
+    }
+
+    fn build_decode_streams(&self, args: &DecodeStreamsArgs, _stream: Stream) -> Result<()> {
+        index::build_decode_streams(args)
+    }
+
+    fn fill_csa_tail(&self, args: &CsaTailArgs, _stream: Stream) -> Result<()> {
+        index::fill_csa_tail(args)
+    }
+
+    fn build_prefill_streams(&self, args: &PrefillStreamsArgs, _stream: Stream) -> Result<()> {
+        index::build_prefill_streams(args)
+    }
+
+    fn attention(&self, args: &AttentionArgs, _stream: Stream) -> Result<()> {
+        attention::attention(&self.threads, args)
+    }
+}

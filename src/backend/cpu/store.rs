@@ -1,0 +1,89 @@
+//! Store path on the host: every destination row is computed and checked first,
+//! then the rows are copied, so a rejected call writes nothing.
+
+use crate::backend::cpu::host::{put_row, row, slice};
+use crate::error::{ensure, Result};
+use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+
+/// Checks a request index and returns its slot.
+pub(super) fn request_slot(t: usize, b: i32, req_slots: &[i32], num_slots: usize) -> Result<usize> {
+    ensure!(
+        (b as usize) < req_slots.len(),
+        OutOfRange,
+        "batch_id[{t}]: {b} is not below the number of requests {}",
+        req_slots.len()
+    );
+    let slot = req_slots[b as usize];
+    ensure!(
+        slot >= 0 && (slot as usize) < num_slots,
+        OutOfRange,
+        "req_slots[{b}]: {slot} is not a slot of this pool (0..{num_slots})"
+    );
+    Ok(slot as usize)
+}
+
+/// Checks a position value.
+pub(super) fn position(t: usize, pos: i32) -> Result<usize> {
+    ensure!(pos >= 0, OutOfRange, "positions[{t}]: {pos} is negative");
+    Ok(pos as usize)
+}
+
+pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
+    let g = a.geometry;
+    let n = a.num_tokens;
+    // SAFETY: host views with extents checked by `ops::store`.
+    let (batch, slots, positions) = unsafe {
+        (
+            slice(&a.batch_id, n),
+            slice(&a.req_slots, a.req_slots.shape[0]),
+            slice(&a.positions, n),
+        )
+    };
+    let final_pos = a
+        .final_pos
+        // SAFETY: as above.
+        .map(|v| unsafe { slice(&v, slots.len()) });
+    let mut moves = Vec::with_capacity(n);
+    for t in 0..n {
+        let b = batch[t];
+        if b < 0 {
+            continue;
+        }
+        let slot = request_slot(t, b, slots, g.num_slots)?;
+        let pos = position(t, positions[t])?;
+        if let Some(last) = final_pos {
+            // Outside the final window: a later token of the chunk owns this row.
+            if (pos as i64) <= last[b as usize] as i64 - g.config.window as i64 {
+                continue;
+            }
+        }
+        moves.push((t, g.swa_row(slot, pos)));
+    }
+    for (t, dst) in moves {
+        // SAFETY: `dst` < swa_rows <= pool rows; `t` < n <= kv rows.
+        unsafe { put_row(&a.pool_layer, dst, row(&a.kv, t)) };
+    }
+    Ok(())
+}
+
+pub fn store_compressed(a: &StoreCompressedArgs) -> Result<()> {
+    let n = a.num_rows;
+    // SAFETY: host view with extent checked by `ops::store`.
+    let loc = unsafe { slice(&a.loc, n) };
+    for (i, &l) in loc.iter().enumerate() {
+        ensure!(
+            l < 0 || (l as usize) < a.compressed_rows,
+            OutOfRange,
+            "loc[{i}]: {l} is not below the layer's {} compressed rows",
+            a.compressed_rows
+        );
+    }
+    for (i, &l) in loc.iter().enumerate() {
+        if l >= 0 {
+            let dst = a.geometry.compressed_row(l as usize);
+            // SAFETY: dst < swa_rows + compressed_rows = pool rows; i < kv rows.
+            unsafe { put_row(&a.pool_layer, dst, row(&a.kv, i)) };
+        }
+    }
+    Ok(())
+}

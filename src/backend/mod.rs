@@ -1,0 +1,92 @@
+//! The backend seam. Every operation validates its arguments into typed views
+//! (`crate::ops`) and then calls one method of [`Backend`]. The CPU backend is
+//! always compiled; GPU backends implement the same trait over the kernel shim.
+
+pub mod cpu;
+
+use std::ffi::c_void;
+use std::fmt::Debug;
+
+use crate::error::Result;
+use crate::ops::attention::{AttentionArgs, PlanShape};
+use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+
+/// Which implementation a context runs on. Values are part of the C ABI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+    Rocm,
+}
+
+/// A caller's stream handle (`cudaStream_t` / `hipStream_t`), passed through opaque.
+/// The CPU backend runs synchronously and ignores it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stream(pub *mut c_void);
+
+// SAFETY: a stream handle is an opaque token; the runtime that owns it is thread-safe.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+/// Direction of a memory copy between host and backend memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// Backend-specific launch configuration kept in a plan (kernels loaded, split
+/// counts chosen). The CPU backend keeps none.
+pub trait PlanState: Send + Sync + Debug {}
+
+/// What a backend decided for a plan: its workspace needs and private state.
+#[derive(Debug)]
+pub struct PlannedLaunch {
+    pub workspace_bytes: usize,
+    pub state: Option<Box<dyn PlanState>>,
+}
+
+/// One implementation of every operation. Methods receive validated views; the
+/// pointers are in the backend's memory space (host memory for the CPU backend).
+pub trait Backend: Send + Sync + Debug {
+    fn kind(&self) -> BackendKind;
+
+    /// Host worker threads the backend computes with (0 when it runs on a device).
+    fn worker_threads(&self) -> usize {
+        0
+    }
+
+    /// Allocates `bytes` of zeroed backend memory, aligned to at least 256 bytes.
+    fn alloc(&self, bytes: usize) -> Result<*mut u8>;
+    /// Frees memory returned by [`Backend::alloc`].
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc` of this backend and is not used afterwards.
+    unsafe fn free(&self, ptr: *mut u8) -> Result<()>;
+    /// # Safety
+    /// `ptr..ptr+bytes` is backend memory the caller may write.
+    unsafe fn memset(&self, ptr: *mut u8, value: u8, bytes: usize, stream: Stream) -> Result<()>;
+    /// # Safety
+    /// Both ranges are valid for `bytes` in the memory spaces `kind` names.
+    unsafe fn copy(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: usize,
+        kind: CopyKind,
+        stream: Stream,
+    ) -> Result<()>;
+    fn synchronize(&self, stream: Stream) -> Result<()>;
+
+    fn plan_attention(&self, shape: &PlanShape) -> Result<PlannedLaunch>;
+
+    fn store_swa(&self, args: &StoreSwaArgs, stream: Stream) -> Result<()>;
+    fn store_compressed(&self, args: &StoreCompressedArgs, stream: Stream) -> Result<()>;
+    fn build_decode_streams(&self, args: &DecodeStreamsArgs, stream: Stream) -> Result<()>;
+    fn fill_csa_tail(&self, args: &CsaTailArgs, stream: Stream) -> Result<()>;
+    fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;
+    /// Decode (no extend source) and prefill (two sources) sparse attention.
+    fn attention(&self, args: &AttentionArgs, stream: Stream) -> Result<()>;
+}

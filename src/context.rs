@@ -1,0 +1,96 @@
+//! The context: one backend bound to one device, shared by pools and plans.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::backend::{cpu::CpuBackend, Backend, BackendKind};
+use crate::error::{ensure, err, Result};
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The GPU backend when one is compiled in and a device is present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+    Rocm,
+}
+
+#[derive(Debug, Clone)]
+pub struct ContextOptions {
+    pub backend: BackendChoice,
+    pub device: i32,
+    /// CPU worker threads; 0 = one per available core.
+    pub cpu_threads: usize,
+    /// Synchronize and check every device-resident value before each launch.
+    pub validate: bool,
+}
+
+#[derive(Debug)]
+pub struct Context {
+    backend: Box<dyn Backend>,
+    device: i32,
+    validate: bool,
+    /// Set after a fatal error (a caught panic, a sticky GPU fault); every later
+    /// operation on this context then fails with `InvalidState`.
+    failed: AtomicBool,
+}
+
+impl Context {
+    pub fn new(options: &ContextOptions) -> Result<Arc<Self>> {
+        ensure!(
+            options.device >= 0,
+            OutOfRange,
+            "device: {} is negative",
+            options.device
+        );
+        let backend: Box<dyn Backend> = match options.backend {
+            BackendChoice::Auto | BackendChoice::Cpu => {
+                Box::new(CpuBackend::new(options.cpu_threads)?)
+            }
+            BackendChoice::Cuda | BackendChoice::Rocm => {
+                return Err(err!(
+                    BackendUnavailable,
+                    "backend: {:?} was not compiled into this build of unikv",
+                    options.backend
+                ))
+            }
+        };
+        Ok(Arc::new(Context {
+            backend,
+            device: options.device,
+            validate: options.validate,
+            failed: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    pub fn validate(&self) -> bool {
+        self.validate
+    }
+
+    pub fn mark_failed(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
+    /// Fails once the context has seen a fatal error.
+    pub fn check_usable(&self) -> Result<()> {
+        ensure!(
+            !self.failed.load(Ordering::SeqCst),
+            InvalidState,
+            "context: unusable after an earlier fatal error"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,60 @@
+//! Element types of tensor arguments.
+
+use crate::error::{err, Error};
+
+/// Element type of a tensor argument. Values are part of the C ABI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    Bf16,
+    F16,
+    F32,
+    I32,
+    I64,
+    U8,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::Bf16,
+        DType::F16,
+        DType::F32,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+    ];
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
+            DType::U8 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::U8 => "u8",
+        }
+    }
+
+    /// The C ABI value (`UNIKV_DTYPE_*`).
+    pub const fn to_raw(self) -> u32 {
+        self as u32 + 1
+    }
+
+    /// Checked conversion from the C ABI value; 0 is deliberately not a dtype so a
+    /// zero-initialised descriptor is rejected.
+    pub fn from_raw(arg: &str, raw: u32) -> Result<Self, Error> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.to_raw() == raw)
+            .ok_or_else(|| err!(BadEnum, "{arg}.dtype: unknown dtype value {raw}"))
+    }
+}

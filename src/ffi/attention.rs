@@ -1,0 +1,312 @@
+//! Attention plans and the sparse decode / prefill entry points.
+
+use std::os::raw::c_void;
+
+use crate::backend::Stream;
+use crate::dtype::DType;
+use crate::error::{ensure, Result};
+use crate::ffi::boundary::{boundary, enter_context, handle, read_params, write_out, Versioned};
+use crate::ffi::context::{context, unikv_context};
+use crate::ffi::pool::{pool_of, unikv_pool};
+use crate::ffi::status::unikv_status;
+use crate::ffi::types::unikv_tensor;
+use crate::ops::attention::{self, AttentionRaw, ExtendRaw, Workspace};
+use crate::plan::{AttentionPlan, PlanKind, PlanShape};
+
+/// Opaque decode plan: launch configuration for capture-time shapes. Immutable
+/// after creation; thread-safe (concurrent launches need distinct workspaces).
+#[allow(non_camel_case_types)]
+pub struct unikv_decode_plan {
+    inner: AttentionPlan,
+}
+
+/// Opaque prefill plan; same rules as `unikv_decode_plan`.
+#[allow(non_camel_case_types)]
+pub struct unikv_prefill_plan {
+    inner: AttentionPlan,
+}
+
+/// Capture-time shapes of an attention plan.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_attention_plan_params {
+    /// sizeof(unikv_attention_plan_params).
+    pub struct_size: usize,
+    /// Largest `num_tokens` any launch through this plan will pass.
+    pub max_tokens: u32,
+    /// Local query heads H, 1..=128.
+    pub num_heads: u32,
+    /// Latent width; must be 512.
+    pub head_dim: u32,
+    /// `unikv_dtype` of q, the KV rows and out; UNIKV_DTYPE_BF16 in this version.
+    pub q_dtype: u32,
+    pub kv_dtype: u32,
+    pub out_dtype: u32,
+}
+
+unsafe impl Versioned for unikv_attention_plan_params {
+    const NAME: &'static str = "params";
+}
+
+/// Arguments of `unikv_sparse_decode` (spec unified_kv §3).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_decode_args {
+    /// sizeof(unikv_decode_args).
+    pub struct_size: usize,
+    /// `[>= num_tokens, H, 512]` bf16, 16-byte aligned rows.
+    pub q: unikv_tensor,
+    /// i32 pool rows of all slices; `indptr` `[>= num_tokens + 1]` i32.
+    pub indices: unikv_tensor,
+    pub indptr: unikv_tensor,
+    /// Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
+    pub sink: unikv_tensor,
+    /// `[>= num_tokens, H, 512]` bf16 output.
+    pub out: unikv_tensor,
+    /// Optional `[>= num_tokens, H]` f32 log-sum-exp (natural log, sink
+    /// included; the sink logit itself for an empty slice).
+    pub lse: unikv_tensor,
+    /// Pool layer whose rows the indices address.
+    pub layer: u32,
+    pub num_tokens: u32,
+    /// Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
+    pub softmax_scale: f32,
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_decode_args {
+    const NAME: &'static str = "args";
+}
+
+/// Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields
+/// plus the extend source, the chunk's own K rows.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_prefill_args {
+    /// sizeof(unikv_prefill_args).
+    pub struct_size: usize,
+    pub q: unikv_tensor,
+    /// Prefix stream into the pool layer; -1 entries are skipped.
+    pub indices: unikv_tensor,
+    pub indptr: unikv_tensor,
+    pub sink: unikv_tensor,
+    pub out: unikv_tensor,
+    pub lse: unikv_tensor,
+    /// `[rows, 512]` bf16: the chunk's normed, rotated K rows.
+    pub extend_kv: unikv_tensor,
+    /// Extend stream into `extend_kv`; -1 entries are skipped.
+    pub extend_indices: unikv_tensor,
+    pub extend_indptr: unikv_tensor,
+    pub layer: u32,
+    pub num_tokens: u32,
+    pub softmax_scale: f32,
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_prefill_args {
+    const NAME: &'static str = "args";
+}
+
+fn plan_shape(kind: PlanKind, p: &unikv_attention_plan_params) -> Result<PlanShape> {
+    Ok(PlanShape {
+        kind,
+        max_tokens: p.max_tokens as usize,
+        num_heads: p.num_heads as usize,
+        head_dim: p.head_dim as usize,
+        q_dtype: DType::from_raw("params.q_dtype", p.q_dtype)?,
+        kv_dtype: DType::from_raw("params.kv_dtype", p.kv_dtype)?,
+        out_dtype: DType::from_raw("params.out_dtype", p.out_dtype)?,
+    })
+}
+
+unsafe fn create_plan(
+    ctx: *const unikv_context,
+    params: *const unikv_attention_plan_params,
+    kind: PlanKind,
+) -> Result<AttentionPlan> {
+    let ctx = context(ctx)?;
+    let p = read_params(params, std::mem::zeroed())?;
+    AttentionPlan::new(ctx.clone(), plan_shape(kind, &p)?)
+}
+
+/// Records the plan's context for the panic boundary.
+fn entered(plan: &AttentionPlan) -> &AttentionPlan {
+    enter_context(plan.context());
+    plan
+}
+
+fn to_workspace(ptr: *mut c_void, bytes: usize) -> Workspace {
+    Workspace {
+        ptr: ptr as *mut u8,
+        bytes,
+    }
+}
+
+/// Creates a decode plan for the given capture-time shapes: chooses the launch
+/// configuration and loads kernels, so the first launch may be captured in a
+/// CUDA graph. `*out` receives a handle owned by the caller. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_decode_plan_create(
+    ctx: *const unikv_context,
+    params: *const unikv_attention_plan_params,
+    out: *mut *mut unikv_decode_plan,
+) -> unikv_status {
+    boundary(|| {
+        ensure!(!out.is_null(), NullArgument, "out");
+        let inner = create_plan(ctx, params, PlanKind::Decode)?;
+        out.write(Box::into_raw(Box::new(unikv_decode_plan { inner })));
+        Ok(())
+    })
+}
+
+/// Destroys a decode plan. NULL is accepted. Externally synchronized.
+#[no_mangle]
+pub unsafe extern "C" fn unikv_decode_plan_destroy(plan: *mut unikv_decode_plan) {
+    if !plan.is_null() {
+        drop(Box::from_raw(plan));
+    }
+}
+
+/// Bytes of workspace every launch through the plan needs (0 on the CPU
+/// backend). Allocate it once, e.g. with `unikv_memory_alloc`. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_decode_plan_workspace_size(
+    plan: *const unikv_decode_plan,
+    bytes: *mut usize,
+) -> unikv_status {
+    boundary(|| {
+        let plan = handle("plan", plan)?;
+        write_out("bytes", bytes, plan.inner.workspace_bytes())
+    })
+}
+
+/// Creates a prefill plan; same rules as `unikv_decode_plan_create`.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_prefill_plan_create(
+    ctx: *const unikv_context,
+    params: *const unikv_attention_plan_params,
+    out: *mut *mut unikv_prefill_plan,
+) -> unikv_status {
+    boundary(|| {
+        ensure!(!out.is_null(), NullArgument, "out");
+        let inner = create_plan(ctx, params, PlanKind::Prefill)?;
+        out.write(Box::into_raw(Box::new(unikv_prefill_plan { inner })));
+        Ok(())
+    })
+}
+
+/// Destroys a prefill plan. NULL is accepted. Externally synchronized.
+#[no_mangle]
+pub unsafe extern "C" fn unikv_prefill_plan_destroy(plan: *mut unikv_prefill_plan) {
+    if !plan.is_null() {
+        drop(Box::from_raw(plan));
+    }
+}
+
+/// Workspace bytes of a prefill plan; see `unikv_decode_plan_workspace_size`.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_prefill_plan_workspace_size(
+    plan: *const unikv_prefill_plan,
+    bytes: *mut usize,
+) -> unikv_status {
+    boundary(|| {
+        let plan = handle("plan", plan)?;
+        write_out("bytes", bytes, plan.inner.workspace_bytes())
+    })
+}
+
+/// Sparse decode attention over one pool layer: for each token, the rows of its
+/// slice `indices[indptr[t]..indptr[t+1])` act as keys and values (K = V), the
+/// sink as a virtual key with zero value; an empty slice gives zeros. `num_tokens`
+/// may not exceed the plan's `max_tokens`; H is the plan's. Tensors and
+/// `workspace` (at least the plan's workspace size; may be NULL when that is 0)
+/// are in the context's memory; `args` is host memory. Runs on `stream`,
+/// without allocating or synchronizing (CUDA-graph capturable). Device values:
+/// the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
+/// nothing written). Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_sparse_decode(
+    plan: *const unikv_decode_plan,
+    pool: *const unikv_pool,
+    args: *const unikv_decode_args,
+    workspace: *mut c_void,
+    workspace_bytes: usize,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let plan = entered(&handle("plan", plan)?.inner);
+        let pool = pool_of(pool)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let raw = AttentionRaw {
+            layer: a.layer,
+            num_tokens: a.num_tokens as usize,
+            softmax_scale: a.softmax_scale,
+            q: (&a.q).into(),
+            indices: (&a.indices).into(),
+            indptr: (&a.indptr).into(),
+            sink: (&a.sink).into(),
+            out: (&a.out).into(),
+            lse: (&a.lse).into(),
+        };
+        attention::decode(
+            plan,
+            pool,
+            &raw,
+            to_workspace(workspace, workspace_bytes),
+            Stream(stream),
+        )
+    })
+}
+
+/// Sparse prefill attention with two key sources: the prefix stream into the
+/// pool layer and the extend stream into `extend_kv`, sharing one softmax with
+/// the sink. -1 entries in either stream are skipped. Rules as
+/// `unikv_sparse_decode`. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_sparse_prefill(
+    plan: *const unikv_prefill_plan,
+    pool: *const unikv_pool,
+    args: *const unikv_prefill_args,
+    workspace: *mut c_void,
+    workspace_bytes: usize,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let plan = entered(&handle("plan", plan)?.inner);
+        let pool = pool_of(pool)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let raw = AttentionRaw {
+            layer: a.layer,
+            num_tokens: a.num_tokens as usize,
+            softmax_scale: a.softmax_scale,
+            q: (&a.q).into(),
+            indices: (&a.indices).into(),
+            indptr: (&a.indptr).into(),
+            sink: (&a.sink).into(),
+            out: (&a.out).into(),
+            lse: (&a.lse).into(),
+        };
+        let extend = ExtendRaw {
+            kv: (&a.extend_kv).into(),
+            indices: (&a.extend_indices).into(),
+            indptr: (&a.extend_indptr).into(),
+        };
+        attention::prefill(
+            plan,
+            pool,
+            &raw,
+            &extend,
+            to_workspace(workspace, workspace_bytes),
+            Stream(stream),
+        )
+    })
+}

@@ -1,0 +1,282 @@
+//! Unified KV pool lifecycle, geometry accessors and request slots.
+
+use std::os::raw::c_void;
+
+use crate::dtype::DType;
+use crate::error::{ensure, Result};
+use crate::ffi::boundary::{
+    boundary, enter_context, handle, read_params, write_info, write_out, Versioned,
+};
+use crate::ffi::context::{context, unikv_context};
+use crate::ffi::status::unikv_status;
+use crate::geometry::{PoolConfig, Ratio};
+use crate::pool::{Pool, ROW_BYTES};
+
+/// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
+/// Operations that write pool rows may run concurrently only on disjoint rows
+/// (the usual serving-step discipline: one stream owns a layer at a time).
+#[allow(non_camel_case_types)]
+pub struct unikv_pool {
+    pub(crate) inner: Pool,
+}
+
+/// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
+/// rows = (max_requests + 1) * (window + spec_extra)
+///        + c128_blocks * K(ratio) + 256 / ratio,
+/// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_pool_params {
+    /// sizeof(unikv_pool_params).
+    pub struct_size: usize,
+    /// Host array of `num_layers` compress ratios, each 0, 4 or 128; read during the call.
+    pub compress_ratios: *const u32,
+    /// NULL: the pool allocates zeroed buffers in the context's memory and owns
+    /// them. Otherwise a host array of `num_layers` caller-owned buffers (device
+    /// memory for GPU backends), each `rows(layer) * row_bytes` bytes and 16-byte
+    /// aligned; they must outlive the pool.
+    pub layer_buffers: *const *mut c_void,
+    pub num_layers: u32,
+    /// Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
+    pub max_requests: u32,
+    /// Sliding window (128 for DeepSeek-V4).
+    pub window: u32,
+    /// Extra ring rows for speculative decoding (draft tokens - 1), else 0.
+    pub spec_extra: u32,
+    /// Number of 128-token blocks B of the caller's KV page space.
+    pub c128_blocks: u32,
+    /// A `unikv_dtype`; only UNIKV_DTYPE_BF16 in this version.
+    pub kv_dtype: u32,
+}
+
+unsafe impl Versioned for unikv_pool_params {
+    const NAME: &'static str = "params";
+}
+
+/// Pool-wide geometry (`unikv_pool_get_info`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_pool_info {
+    /// sizeof(unikv_pool_info), set by the caller.
+    pub struct_size: usize,
+    /// Rows of the SWA region (identical in every layer): (max_requests + 1) * ring.
+    pub swa_rows: u64,
+    /// Bytes of one row (1024 for bf16).
+    pub row_bytes: u64,
+    pub num_layers: u32,
+    pub max_requests: u32,
+    pub window: u32,
+    /// Ring rows per request slot: window + spec_extra.
+    pub ring: u32,
+    pub c128_blocks: u32,
+    /// Slots currently acquired (pool occupancy).
+    pub slots_in_use: u32,
+    /// A `unikv_dtype`.
+    pub kv_dtype: u32,
+    /// 1 when the pool allocated (and will free) its buffers, 0 when adopted.
+    pub owns_memory: u32,
+}
+
+unsafe impl Versioned for unikv_pool_info {
+    const NAME: &'static str = "info";
+}
+
+/// One layer's geometry (`unikv_pool_get_layer`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_pool_layer_info {
+    /// sizeof(unikv_pool_layer_info), set by the caller.
+    pub struct_size: usize,
+    /// The layer's `[rows, 512]` buffer (device memory for GPU backends).
+    pub data: *mut c_void,
+    /// Total rows of the layer.
+    pub rows: u64,
+    /// Rows of the SWA region; compressed row of page index p is swa_rows + p.
+    pub swa_rows: u64,
+    /// Compressed rows after the SWA region (0 for dense layers).
+    pub compressed_rows: u64,
+    /// Bytes of the buffer: rows * row_bytes.
+    pub bytes: u64,
+    /// 0, 4 or 128.
+    pub compress_ratio: u32,
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_pool_layer_info {
+    const NAME: &'static str = "info";
+}
+
+/// Pool of a handle, recording its context for the panic boundary.
+///
+/// # Safety
+/// A non-NULL `pool` is a live handle.
+pub(crate) unsafe fn pool_of<'a>(pool: *const unikv_pool) -> Result<&'a Pool> {
+    let pool = &handle("pool", pool)?.inner;
+    enter_context(pool.context());
+    Ok(pool)
+}
+
+/// Creates a unified KV pool on `ctx`. `params` and the arrays it points to are
+/// host memory read during the call. `*out` receives a handle owned by the
+/// caller (free with `unikv_pool_destroy`). Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_create(
+    ctx: *const unikv_context,
+    params: *const unikv_pool_params,
+    out: *mut *mut unikv_pool,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        ensure!(!out.is_null(), NullArgument, "out");
+        let defaults = unikv_pool_params {
+            struct_size: 0,
+            compress_ratios: std::ptr::null(),
+            layer_buffers: std::ptr::null(),
+            num_layers: 0,
+            max_requests: 0,
+            window: 0,
+            spec_extra: 0,
+            c128_blocks: 0,
+            kv_dtype: 0,
+        };
+        let p = read_params(params, defaults)?;
+        let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
+        ensure!(
+            dtype == DType::Bf16,
+            BadDtype,
+            "params.kv_dtype: {} pools are not supported, expected bf16",
+            dtype.name()
+        );
+        ensure!(
+            p.num_layers >= 1,
+            InvalidArgument,
+            "params.num_layers: must be at least 1"
+        );
+        ensure!(
+            !p.compress_ratios.is_null(),
+            NullArgument,
+            "params.compress_ratios"
+        );
+        let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, p.num_layers as usize);
+        let ratios = raw_ratios
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Ratio::from_raw(&format!("params.compress_ratios[{i}]"), *r))
+            .collect::<Result<Vec<_>>>()?;
+        let adopt = (!p.layer_buffers.is_null()).then(|| {
+            std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, p.num_layers as usize)
+        });
+        let config = PoolConfig {
+            ratios,
+            max_requests: p.max_requests as usize,
+            window: p.window as usize,
+            spec_extra: p.spec_extra as usize,
+            c128_blocks: p.c128_blocks as usize,
+        };
+        let inner = Pool::new(ctx.clone(), config, adopt)?;
+        out.write(Box::into_raw(Box::new(unikv_pool { inner })));
+        Ok(())
+    })
+}
+
+/// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted.
+/// Externally synchronized: no other call may use this handle concurrently, and
+/// work queued on streams must no longer need the buffers.
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_destroy(pool: *mut unikv_pool) {
+    if !pool.is_null() {
+        drop(Box::from_raw(pool));
+    }
+}
+
+/// Fills `info` (host memory; set `info->struct_size` first) with the pool's
+/// geometry and occupancy. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_get_info(
+    pool: *const unikv_pool,
+    info: *mut unikv_pool_info,
+) -> unikv_status {
+    boundary(|| {
+        let p = pool_of(pool)?;
+        let g = p.geometry();
+        write_info(
+            info,
+            unikv_pool_info {
+                struct_size: 0,
+                swa_rows: g.swa_rows as u64,
+                row_bytes: ROW_BYTES as u64,
+                num_layers: g.num_layers() as u32,
+                max_requests: g.config.max_requests as u32,
+                window: g.config.window as u32,
+                ring: g.ring as u32,
+                c128_blocks: g.config.c128_blocks as u32,
+                slots_in_use: p.slots().in_use() as u32,
+                kv_dtype: DType::Bf16.to_raw(),
+                owns_memory: p.owns_memory() as u32,
+            },
+        )
+    })
+}
+
+/// Fills `info` (host memory; set `info->struct_size` first) with one layer's
+/// geometry and buffer pointer. OUT_OF_RANGE for a layer past the pool's.
+/// Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_get_layer(
+    pool: *const unikv_pool,
+    layer: u32,
+    info: *mut unikv_pool_layer_info,
+) -> unikv_status {
+    boundary(|| {
+        let p = pool_of(pool)?;
+        let g = p.geometry();
+        let layer = g.check_layer(layer)?;
+        let rows = g.rows(layer) as u64;
+        write_info(
+            info,
+            unikv_pool_layer_info {
+                struct_size: 0,
+                data: p.layer_ptr(layer) as *mut c_void,
+                rows,
+                swa_rows: g.swa_rows as u64,
+                compressed_rows: g.compressed_rows(g.ratio(layer)) as u64,
+                bytes: rows * ROW_BYTES as u64,
+                compress_ratio: g.ratio(layer).value() as u32,
+                reserved: 0,
+            },
+        )
+    })
+}
+
+/// Acquires a free request slot (1..=max_requests, lowest first) into `*slot`.
+/// CAPACITY_EXCEEDED when all are in use. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_acquire_slot(
+    pool: *const unikv_pool,
+    slot: *mut u32,
+) -> unikv_status {
+    boundary(|| {
+        let p = pool_of(pool)?;
+        ensure!(!slot.is_null(), NullArgument, "slot");
+        write_out("slot", slot, p.slots().acquire()?)
+    })
+}
+
+/// Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
+/// INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
+/// cleared. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_release_slot(
+    pool: *const unikv_pool,
+    slot: u32,
+) -> unikv_status {
+    boundary(|| pool_of(pool)?.slots().release(slot))
+}

@@ -1,0 +1,76 @@
+//! Plain C types shared by all entry points: tensor descriptors and enums.
+
+use std::os::raw::c_void;
+
+use crate::dtype::DType;
+use crate::tensor::{RawTensor, MAX_DIMS};
+
+/// Element types (`unikv_tensor.dtype`, plan and pool dtypes). 0 is not a dtype,
+/// so a zero-initialised descriptor is rejected.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum unikv_dtype {
+    UNIKV_DTYPE_BF16 = 1,
+    UNIKV_DTYPE_F16 = 2,
+    UNIKV_DTYPE_F32 = 3,
+    UNIKV_DTYPE_I32 = 4,
+    UNIKV_DTYPE_I64 = 5,
+    UNIKV_DTYPE_U8 = 6,
+}
+
+/// Backends (`unikv_context_options.backend`, `unikv_context_info.backend`).
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum unikv_backend {
+    /// GPU when compiled in and a device is present, else CPU (options only).
+    UNIKV_BACKEND_AUTO = 0,
+    UNIKV_BACKEND_CPU = 1,
+    UNIKV_BACKEND_CUDA = 2,
+    UNIKV_BACKEND_ROCM = 3,
+}
+
+/// Direction of `unikv_memory_copy`.
+#[allow(non_camel_case_types)]
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum unikv_copy_kind {
+    UNIKV_COPY_HOST_TO_DEVICE = 0,
+    UNIKV_COPY_DEVICE_TO_HOST = 1,
+    UNIKV_COPY_DEVICE_TO_DEVICE = 2,
+}
+
+/// A tensor argument: data pointer, element type, rank, and per-axis extents and
+/// strides (in elements, not bytes). Layout must be row-major with innermost
+/// stride 1; outer strides may include padding. `data` is host memory for the
+/// CPU backend and device memory for GPU backends. An optional argument is
+/// absent when `data` is NULL.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_tensor {
+    pub data: *mut c_void,
+    /// A `unikv_dtype` value.
+    pub dtype: u32,
+    /// Number of used entries in `shape` and `strides` (1..=4).
+    pub ndim: u32,
+    pub shape: [i64; 4],
+    pub strides: [i64; 4],
+}
+
+impl From<&unikv_tensor> for RawTensor {
+    fn from(t: &unikv_tensor) -> Self {
+        RawTensor {
+            data: t.data as *mut u8,
+            dtype: t.dtype,
+            ndim: t.ndim,
+            shape: t.shape,
+            strides: t.strides,
+        }
+    }
+}
+
+const _: () = assert!(MAX_DIMS == 4);
+const _: () = assert!(unikv_dtype::UNIKV_DTYPE_BF16 as u32 == DType::Bf16.to_raw());
+const _: () = assert!(unikv_dtype::UNIKV_DTYPE_U8 as u32 == DType::U8.to_raw());

@@ -1,0 +1,18 @@
+//! unikv: DeepSeek-V4 sparse attention over a unified KV pool.
+//!
+//! Layers, top to bottom (nothing calls upward): `ffi` (the C ABI) -> `ops`
+//! (argument validation into typed views) -> `backend` (CPU now; GPU backends
+//! plug into the same trait). `geometry`, `pool`, `plan`, `tensor` hold the
+//! domain types. See ARCHITECTURE.md.
+
+pub mod backend;
+pub mod context;
+pub mod dtype;
+pub mod error;
+pub mod ffi;
+pub mod geometry;
+pub mod ops;
+pub mod plan;
+pub mod pool;
+pub mod slots;
+pub mod tensor;

@@ -1,0 +1,200 @@
+//! Sparse decode and prefill attention (spec unified_kv §3-§4).
+//!
+//! For token t and head h over its key set K_t, with the sink z = sink[h] as a
+//! virtual key of value zero (z = -inf when no sink is given):
+//! `out = sum_j e^(s_j - M) k_j / (e^(z - M) + sum_j e^(s_j - M))`,
+//! `s_j = scale * <q, k_j>`, `M = max(z, max_j s_j)`; an empty key set gives
+//! zeros; `lse = M + ln(denominator)` (natural log, sink included).
+
+use std::sync::Arc;
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::ops::tokens;
+use crate::plan::{AttentionPlan, PlanKind};
+use crate::pool::Pool;
+use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
+
+pub use crate::plan::PlanShape;
+
+/// Caller arguments shared by decode and prefill; prefill adds the extend source.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionRaw {
+    pub layer: u32,
+    pub num_tokens: usize,
+    pub softmax_scale: f32,
+    pub q: RawTensor,
+    pub indices: RawTensor,
+    pub indptr: RawTensor,
+    pub sink: RawTensor,
+    pub out: RawTensor,
+    pub lse: RawTensor,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ExtendRaw {
+    pub kv: RawTensor,
+    pub indices: RawTensor,
+    pub indptr: RawTensor,
+}
+
+/// One key/value source: rows of `kv` named by `indices[indptr[t]..indptr[t+1]]`.
+#[derive(Debug, Clone, Copy)]
+pub struct KvSource {
+    pub kv: Matrix<bf16>,
+    pub indices: Vector<i32>,
+    pub indptr: Vector<i32>,
+}
+
+/// Caller-provided scratch memory, at least the plan's workspace size.
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace {
+    pub ptr: *mut u8,
+    pub bytes: usize,
+}
+
+// SAFETY: an address in the context's memory, written only by the launch it is
+// passed to.
+unsafe impl Send for Workspace {}
+unsafe impl Sync for Workspace {}
+
+/// Validated attention call. `skip_negative` is the prefill rule: index -1 is
+/// skipped; decode streams must hold only valid rows.
+#[derive(Debug)]
+pub struct AttentionArgs<'a> {
+    pub plan: &'a AttentionPlan,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub softmax_scale: f32,
+    pub q: Tensor3<bf16>,
+    pub sources: Vec<KvSource>,
+    pub skip_negative: bool,
+    pub sink: Option<Vector<f32>>,
+    pub out: Tensor3<bf16>,
+    pub lse: Option<Matrix<f32>>,
+    pub workspace: Workspace,
+}
+
+fn source(
+    name: &str,
+    kv: Matrix<bf16>,
+    indices: &RawTensor,
+    indptr: &RawTensor,
+    t: usize,
+) -> Result<KvSource> {
+    Ok(KvSource {
+        kv,
+        indices: indices.view(&format!("{name}indices"), [Extent::AtLeast(0)], 4)?,
+        indptr: indptr.view(&format!("{name}indptr"), [Extent::AtLeast(t + 1)], 4)?,
+    })
+}
+
+fn validate<'a>(
+    plan: &'a AttentionPlan,
+    pool: &Pool,
+    raw: &AttentionRaw,
+    extend: Option<&ExtendRaw>,
+    workspace: Workspace,
+) -> Result<AttentionArgs<'a>> {
+    ensure!(
+        Arc::ptr_eq(plan.context(), pool.context()),
+        InvalidArgument,
+        "pool: belongs to a different context than the plan"
+    );
+    plan.context().check_usable()?;
+    let shape = plan.shape();
+    let t = raw.num_tokens;
+    let h = shape.num_heads;
+    ensure!(
+        t <= shape.max_tokens,
+        CapacityExceeded,
+        "num_tokens: {t} exceeds the plan's max_tokens {}",
+        shape.max_tokens
+    );
+    ensure!(
+        raw.softmax_scale.is_finite(),
+        InvalidArgument,
+        "softmax_scale: {} is not finite",
+        raw.softmax_scale
+    );
+    ensure!(
+        workspace.bytes >= plan.workspace_bytes(),
+        CapacityExceeded,
+        "workspace_bytes: {} is less than the plan's {}",
+        workspace.bytes,
+        plan.workspace_bytes()
+    );
+    ensure!(
+        plan.workspace_bytes() == 0 || !workspace.ptr.is_null(),
+        NullArgument,
+        "workspace"
+    );
+    let layer = pool.geometry().check_layer(raw.layer)?;
+    let mut sources = vec![source(
+        "",
+        pool.layer_view(layer),
+        &raw.indices,
+        &raw.indptr,
+        t,
+    )?];
+    if let Some(ext) = extend {
+        let kv = ext.kv.view(
+            "extend_kv",
+            [Extent::AtLeast(0), Extent::Exact(HEAD_DIM)],
+            ROW_ALIGN,
+        )?;
+        sources.push(source("extend_", kv, &ext.indices, &ext.indptr, t)?);
+    }
+    let row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
+    Ok(AttentionArgs {
+        plan,
+        num_tokens: t,
+        num_heads: h,
+        softmax_scale: raw.softmax_scale,
+        q: raw.q.view("q", row, ROW_ALIGN)?,
+        sources,
+        skip_negative: extend.is_some(),
+        sink: raw.sink.optional("sink", [Extent::Exact(h)], 4)?,
+        out: raw.out.view("out", row, ROW_ALIGN)?,
+        lse: raw.lse.optional("lse", [tokens(t), Extent::Exact(h)], 4)?,
+        workspace,
+    })
+}
+
+fn expect_kind(plan: &AttentionPlan, kind: PlanKind) -> Result<()> {
+    ensure!(
+        plan.shape().kind == kind,
+        InvalidArgument,
+        "plan: made for {:?}, used for {kind:?}",
+        plan.shape().kind
+    );
+    Ok(())
+}
+
+pub fn decode(
+    plan: &AttentionPlan,
+    pool: &Pool,
+    raw: &AttentionRaw,
+    workspace: Workspace,
+    stream: Stream,
+) -> Result<()> {
+    expect_kind(plan, PlanKind::Decode)?;
+    let args = validate(plan, pool, raw, None, workspace)?;
+    plan.context().backend().attention(&args, stream)
+}
+
+pub fn prefill(
+    plan: &AttentionPlan,
+    pool: &Pool,
+    raw: &AttentionRaw,
+    extend: &ExtendRaw,
+    workspace: Workspace,
+    stream: Stream,
+) -> Result<()> {
+    expect_kind(plan, PlanKind::Prefill)?;
+    let args = validate(plan, pool, raw, Some(extend), workspace)?;
+    plan.context().backend().attention(&args, stream)
+}

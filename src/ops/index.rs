@@ -1,0 +1,249 @@
+//! Index-stream builders (spec unified_kv §2 and §4.3).
+//!
+//! Slice order inside one token's decode slice: the SWA window first (oldest to
+//! newest), then the compressed entries in table order. Padding tokens
+//! (`batch_id < 0`) get zero-length slices. Index buffers are sized for the
+//! worst case so a launch never depends on the values it is given.
+
+use crate::backend::Stream;
+use crate::error::{ensure, Result};
+use crate::geometry::{Geometry, Ratio};
+use crate::ops::tokens;
+use crate::pool::Pool;
+use crate::tensor::{checked_mul, Extent, Matrix, RawTensor, Vector};
+
+/// Caller arguments of `build_decode_streams`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeStreamsRaw {
+    pub num_tokens: usize,
+    pub csa_topk: u32,
+    pub batch_id: RawTensor,
+    pub req_slots: RawTensor,
+    pub positions: RawTensor,
+    pub c128_page_indices: RawTensor,
+    pub swa_indptr: RawTensor,
+    pub swa_indices: RawTensor,
+    pub hca_indptr: RawTensor,
+    pub hca_indices: RawTensor,
+    pub csa_indptr: RawTensor,
+    pub csa_indices: RawTensor,
+}
+
+/// One ragged stream: `indptr[T+1]` and the index buffer it points into.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOut {
+    pub indptr: Vector<i32>,
+    pub indices: Vector<i32>,
+}
+
+/// Validated `build_decode_streams`. Per non-padding token t of request b:
+/// `swa_len = min(pos + 1, window)`; `hca_len` = leading entries >= 0 of
+/// `c128_page_indices[t]` within `min((pos + 1) / 128, width)`;
+/// `csa_len = min((pos + 1) / 4, csa_topk)` (its tail is written per layer by
+/// `fill_csa_tail`).
+#[derive(Debug)]
+pub struct DecodeStreamsArgs<'a> {
+    pub geometry: &'a Geometry,
+    pub num_tokens: usize,
+    pub csa_topk: usize,
+    pub batch_id: Vector<i32>,
+    pub req_slots: Vector<i32>,
+    pub positions: Vector<i32>,
+    pub c128_page_indices: Option<Matrix<i32>>,
+    pub swa: StreamOut,
+    pub hca: StreamOut,
+    pub csa: StreamOut,
+}
+
+/// Caller arguments of `fill_csa_tail`.
+#[derive(Debug, Clone, Copy)]
+pub struct CsaTailRaw {
+    pub num_tokens: usize,
+    pub batch_id: RawTensor,
+    pub positions: RawTensor,
+    pub csa_page_indices: RawTensor,
+    pub csa_indptr: RawTensor,
+    pub csa_indices: RawTensor,
+}
+
+/// Validated `fill_csa_tail`: for each non-padding token, the slice tail after
+/// its `min(pos + 1, window)` SWA entries receives `swa_rows + page_indices[t, j]`.
+#[derive(Debug)]
+pub struct CsaTailArgs<'a> {
+    pub geometry: &'a Geometry,
+    pub num_tokens: usize,
+    pub batch_id: Vector<i32>,
+    pub positions: Vector<i32>,
+    pub csa_page_indices: Matrix<i32>,
+    pub csa: StreamOut,
+}
+
+/// Caller arguments of `build_prefill_streams`.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillStreamsRaw {
+    pub num_tokens: usize,
+    pub compress_ratio: u32,
+    pub batch_id: RawTensor,
+    pub req_slots: RawTensor,
+    pub positions: RawTensor,
+    pub chunk_start: RawTensor,
+    pub extend_start: RawTensor,
+    pub page_indices: RawTensor,
+    pub prefix_indptr: RawTensor,
+    pub prefix_indices: RawTensor,
+    pub extend_indptr: RawTensor,
+    pub extend_indices: RawTensor,
+}
+
+/// Validated `build_prefill_streams` (spec §4.3). Per non-padding token:
+/// prefix = ring rows of the window part before the chunk, then compressed rows
+/// (leading valid entries of the table within the token's visible groups);
+/// extend = rows of the chunk's own K tensor inside the window.
+#[derive(Debug)]
+pub struct PrefillStreamsArgs<'a> {
+    pub geometry: &'a Geometry,
+    pub num_tokens: usize,
+    pub ratio: Ratio,
+    pub batch_id: Vector<i32>,
+    pub req_slots: Vector<i32>,
+    pub positions: Vector<i32>,
+    pub chunk_start: Vector<i32>,
+    pub extend_start: Vector<i32>,
+    pub page_indices: Option<Matrix<i32>>,
+    pub prefix: StreamOut,
+    pub extend: StreamOut,
+}
+
+fn stream_out(
+    name: &str,
+    indptr: &RawTensor,
+    indices: &RawTensor,
+    num_tokens: usize,
+    per_token: usize,
+) -> Result<StreamOut> {
+    let capacity = checked_mul(name, num_tokens, per_token)?;
+    ensure!(
+        capacity <= i32::MAX as usize,
+        CapacityExceeded,
+        "{name}_indices: {capacity} entries do not fit 32-bit offsets"
+    );
+    let indptr_name = format!("{name}_indptr");
+    let indices_name = format!("{name}_indices");
+    let out = StreamOut {
+        indptr: indptr.view(&indptr_name, [Extent::AtLeast(num_tokens + 1)], 4)?,
+        indices: indices.view(&indices_name, [Extent::AtLeast(0)], 4)?,
+    };
+    ensure!(
+        out.indices.shape[0] >= capacity,
+        CapacityExceeded,
+        "{indices_name}: holds {} entries, the worst case for {num_tokens} tokens is {capacity}",
+        out.indices.shape[0]
+    );
+    Ok(out)
+}
+
+pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let geometry = pool.geometry();
+    let t = raw.num_tokens;
+    let win = geometry.config.window;
+    let c128_page_indices =
+        raw.c128_page_indices
+            .optional("c128_page_indices", [tokens(t), Extent::AtLeast(0)], 4)?;
+    let c128_width = c128_page_indices.map_or(0, |m| m.shape[1]);
+    let csa_topk = raw.csa_topk as usize;
+    let args = DecodeStreamsArgs {
+        geometry,
+        num_tokens: t,
+        csa_topk,
+        batch_id: raw.batch_id.view("batch_id", [tokens(t)], 4)?,
+        req_slots: raw.req_slots.view("req_slots", [Extent::AtLeast(1)], 4)?,
+        positions: raw.positions.view("positions", [tokens(t)], 4)?,
+        c128_page_indices,
+        swa: stream_out("swa", &raw.swa_indptr, &raw.swa_indices, t, win)?,
+        hca: stream_out(
+            "hca",
+            &raw.hca_indptr,
+            &raw.hca_indices,
+            t,
+            win.saturating_add(c128_width),
+        )?,
+        csa: stream_out(
+            "csa",
+            &raw.csa_indptr,
+            &raw.csa_indices,
+            t,
+            win.saturating_add(csa_topk),
+        )?,
+    };
+    pool.context().backend().build_decode_streams(&args, stream)
+}
+
+pub fn fill_csa_tail(pool: &Pool, raw: &CsaTailRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let t = raw.num_tokens;
+    let args = CsaTailArgs {
+        geometry: pool.geometry(),
+        num_tokens: t,
+        batch_id: raw.batch_id.view("batch_id", [tokens(t)], 4)?,
+        positions: raw.positions.view("positions", [tokens(t)], 4)?,
+        csa_page_indices: raw.csa_page_indices.view(
+            "csa_page_indices",
+            [tokens(t), Extent::AtLeast(0)],
+            4,
+        )?,
+        csa: StreamOut {
+            indptr: raw
+                .csa_indptr
+                .view("csa_indptr", [Extent::AtLeast(t + 1)], 4)?,
+            indices: raw
+                .csa_indices
+                .view("csa_indices", [Extent::AtLeast(0)], 4)?,
+        },
+    };
+    pool.context().backend().fill_csa_tail(&args, stream)
+}
+
+pub fn build_prefill_streams(pool: &Pool, raw: &PrefillStreamsRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let geometry = pool.geometry();
+    let t = raw.num_tokens;
+    let win = geometry.config.window;
+    let ratio = Ratio::from_raw("compress_ratio", raw.compress_ratio)?;
+    let page_indices = match ratio {
+        Ratio::Dense => None,
+        _ => Some(
+            raw.page_indices
+                .view("page_indices", [tokens(t), Extent::AtLeast(0)], 4)?,
+        ),
+    };
+    let width = page_indices.map_or(0, |m| m.shape[1]);
+    let req_slots = raw.req_slots.view("req_slots", [Extent::AtLeast(1)], 4)?;
+    let requests = req_slots.shape[0];
+    let args = PrefillStreamsArgs {
+        geometry,
+        num_tokens: t,
+        ratio,
+        batch_id: raw.batch_id.view("batch_id", [tokens(t)], 4)?,
+        req_slots,
+        positions: raw.positions.view("positions", [tokens(t)], 4)?,
+        chunk_start: raw
+            .chunk_start
+            .view("chunk_start", [Extent::AtLeast(requests)], 4)?,
+        extend_start: raw
+            .extend_start
+            .view("extend_start", [Extent::AtLeast(requests)], 4)?,
+        page_indices,
+        prefix: stream_out(
+            "prefix",
+            &raw.prefix_indptr,
+            &raw.prefix_indices,
+            t,
+            win.saturating_add(width),
+        )?,
+        extend: stream_out("extend", &raw.extend_indptr, &raw.extend_indices, t, win)?,
+    };
+    pool.context()
+        .backend()
+        .build_prefill_streams(&args, stream)
+}

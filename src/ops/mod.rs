@@ -1,0 +1,15 @@
+//! Operations: each turns caller descriptors into validated typed arguments
+//! (shapes, dtypes, strides, alignment, capacities: everything knowable without
+//! reading device memory) and hands them to the context's backend.
+
+pub mod attention;
+pub mod index;
+pub mod store;
+
+use crate::tensor::Extent;
+
+/// Extent for an axis indexed by token: buffers may be sized for a larger
+/// capture-time maximum than this call's token count.
+pub(crate) fn tokens(n: usize) -> Extent {
+    Extent::AtLeast(n)
+}

@@ -1,0 +1,102 @@
+//! Store path (spec unified_kv §5.1-5.2): SWA ring scatter with the final-window
+//! filter, and compressed-row scatter with negative locations skipped.
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::error::Result;
+use crate::geometry::{Geometry, HEAD_DIM};
+use crate::ops::tokens;
+use crate::pool::Pool;
+use crate::tensor::{Extent, Matrix, RawTensor, Vector, ROW_ALIGN};
+
+/// Caller arguments of `store_swa`.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSwaRaw {
+    pub layer: u32,
+    pub num_tokens: usize,
+    pub kv: RawTensor,
+    pub batch_id: RawTensor,
+    pub req_slots: RawTensor,
+    pub positions: RawTensor,
+    pub final_pos: RawTensor,
+}
+
+/// Validated `store_swa`: row t of `kv` goes to ring row
+/// `slot(batch_id[t]) * ring + positions[t] % ring` unless `batch_id[t] < 0`
+/// (padding) or the position lies outside its request's final window
+/// `(final_pos[b] - window, final_pos[b]]` when `final_pos` is given.
+#[derive(Debug)]
+pub struct StoreSwaArgs<'a> {
+    pub geometry: &'a Geometry,
+    pub pool_layer: Matrix<bf16>,
+    pub num_tokens: usize,
+    pub kv: Matrix<bf16>,
+    pub batch_id: Vector<i32>,
+    pub req_slots: Vector<i32>,
+    pub positions: Vector<i32>,
+    pub final_pos: Option<Vector<i32>>,
+}
+
+/// Caller arguments of `store_compressed`.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreCompressedRaw {
+    pub layer: u32,
+    pub num_rows: usize,
+    pub kv: RawTensor,
+    pub loc: RawTensor,
+}
+
+/// Validated `store_compressed`: row i of `kv` goes to pool row
+/// `swa_rows + loc[i]`; rows with `loc[i] < 0` are skipped.
+#[derive(Debug)]
+pub struct StoreCompressedArgs<'a> {
+    pub geometry: &'a Geometry,
+    pub pool_layer: Matrix<bf16>,
+    pub compressed_rows: usize,
+    pub num_rows: usize,
+    pub kv: Matrix<bf16>,
+    pub loc: Vector<i32>,
+}
+
+pub fn store_swa(pool: &Pool, raw: &StoreSwaRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let layer = pool.geometry().check_layer(raw.layer)?;
+    let n = raw.num_tokens;
+    let req_slots = raw.req_slots.view("req_slots", [Extent::AtLeast(1)], 4)?;
+    let requests = req_slots.shape[0];
+    let args = StoreSwaArgs {
+        geometry: pool.geometry(),
+        pool_layer: pool.layer_view(layer),
+        num_tokens: n,
+        kv: raw
+            .kv
+            .view("kv", [tokens(n), Extent::Exact(HEAD_DIM)], ROW_ALIGN)?,
+        batch_id: raw.batch_id.view("batch_id", [tokens(n)], 4)?,
+        req_slots,
+        positions: raw.positions.view("positions", [tokens(n)], 4)?,
+        final_pos: raw
+            .final_pos
+            .optional("final_pos", [Extent::AtLeast(requests)], 4)?,
+    };
+    pool.context().backend().store_swa(&args, stream)
+}
+
+pub fn store_compressed(pool: &Pool, raw: &StoreCompressedRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let layer = pool.geometry().check_layer(raw.layer)?;
+    let n = raw.num_rows;
+    let args = StoreCompressedArgs {
+        geometry: pool.geometry(),
+        pool_layer: pool.layer_view(layer),
+        compressed_rows: pool
+            .geometry()
+            .compressed_rows(pool.geometry().ratio(layer)),
+        num_rows: n,
+        kv: raw
+            .kv
+            .view("kv", [tokens(n), Extent::Exact(HEAD_DIM)], ROW_ALIGN)?,
+        loc: raw.loc.view("loc", [tokens(n)], 4)?,
+    };
+    pool.context().backend().store_compressed(&args, stream)
+}

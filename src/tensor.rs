@@ -1,0 +1,236 @@
+//! Validated tensor views.
+//!
+//! A caller passes a descriptor (pointer, dtype, shape, strides in elements). The
+//! operations turn descriptors into the typed views below after checking dtype,
+//! rank, extents, strides and alignment; backends only ever see typed views. The
+//! pointers may be host or device memory depending on the backend, so nothing here
+//! dereferences them.
+
+use std::marker::PhantomData;
+
+use crate::dtype::DType;
+use crate::error::{ensure, err, Result};
+
+pub const MAX_DIMS: usize = 4;
+
+/// An unvalidated tensor descriptor, as received from the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct RawTensor {
+    pub data: *mut u8,
+    pub dtype: u32,
+    pub ndim: u32,
+    pub shape: [i64; MAX_DIMS],
+    pub strides: [i64; MAX_DIMS],
+}
+
+/// Rust element types that may back a tensor argument.
+pub trait Elem: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+impl Elem for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Elem for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Elem for u8 {
+    const DTYPE: DType = DType::U8;
+}
+
+/// Required extent of one axis.
+#[derive(Debug, Clone, Copy)]
+pub enum Extent {
+    Exact(usize),
+    AtLeast(usize),
+}
+
+/// A checked, typed, row-major view: innermost stride 1, outer strides at least
+/// the extent below them so rows never overlap. `N` is the rank.
+#[derive(Debug)]
+pub struct View<T, const N: usize> {
+    ptr: *mut T,
+    pub shape: [usize; N],
+    /// Strides in elements; `strides[N - 1] == 1`.
+    pub strides: [usize; N],
+    _elem: PhantomData<T>,
+}
+
+impl<T, const N: usize> Clone for View<T, N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T, const N: usize> Copy for View<T, N> {}
+
+// SAFETY: a view is an address plus extents; the operations that read or write
+// through it establish exclusivity themselves (outputs are disjoint per worker).
+unsafe impl<T: Send, const N: usize> Send for View<T, N> {}
+unsafe impl<T: Sync, const N: usize> Sync for View<T, N> {}
+
+pub type Vector<T> = View<T, 1>;
+pub type Matrix<T> = View<T, 2>;
+pub type Tensor3<T> = View<T, 3>;
+
+impl<T, const N: usize> View<T, N> {
+    /// Builds a view over memory the library owns (pool buffers, workspaces).
+    pub fn from_parts(ptr: *mut T, shape: [usize; N]) -> Self {
+        let mut strides = [1usize; N];
+        for axis in (0..N.saturating_sub(1)).rev() {
+            strides[axis] = strides[axis + 1] * shape[axis + 1];
+        }
+        View {
+            ptr,
+            shape,
+            strides,
+            _elem: PhantomData,
+        }
+    }
+
+    pub fn as_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// Element offset of a multi-index (64-bit, never overflows for valid views).
+    #[inline]
+    pub fn offset(&self, index: [usize; N]) -> usize {
+        index
+            .iter()
+            .zip(self.strides.iter())
+            .map(|(i, s)| i * s)
+            .sum()
+    }
+
+    /// Number of elements from the first to one past the last addressable element.
+    pub fn span_elems(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        1 + self
+            .shape
+            .iter()
+            .zip(self.strides.iter())
+            .map(|(n, s)| (n - 1) * s)
+            .sum::<usize>()
+    }
+}
+
+impl RawTensor {
+    /// Validates an optional argument: a NULL data pointer means "absent".
+    pub fn optional<T: Elem, const N: usize>(
+        &self,
+        name: &str,
+        extents: [Extent; N],
+        align_bytes: usize,
+    ) -> Result<Option<View<T, N>>> {
+        if self.data.is_null() {
+            return Ok(None);
+        }
+        self.view(name, extents, align_bytes).map(Some)
+    }
+
+    /// Validates a required argument against dtype, rank, extents, layout and
+    /// alignment. `align_bytes` applies to the data pointer and to every outer
+    /// stride in bytes (vectorised kernels load whole 16-byte chunks of a row).
+    pub fn view<T: Elem, const N: usize>(
+        &self,
+        name: &str,
+        extents: [Extent; N],
+        align_bytes: usize,
+    ) -> Result<View<T, N>> {
+        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
+        let dtype = DType::from_raw(name, self.dtype)?;
+        ensure!(
+            dtype == T::DTYPE,
+            BadDtype,
+            "{name}: dtype is {}, expected {}",
+            dtype.name(),
+            T::DTYPE.name()
+        );
+        ensure!(
+            self.ndim as usize == N,
+            BadShape,
+            "{name}: rank is {}, expected {N}",
+            self.ndim
+        );
+        let mut shape = [0usize; N];
+        let mut strides = [0usize; N];
+        for axis in 0..N {
+            let (n, s) = (self.shape[axis], self.strides[axis]);
+            ensure!(n >= 0, BadShape, "{name}: shape[{axis}] = {n} is negative");
+            ensure!(
+                s >= 0,
+                BadStride,
+                "{name}: strides[{axis}] = {s} is negative"
+            );
+            shape[axis] = n as usize;
+            strides[axis] = s as usize;
+            match extents[axis] {
+                Extent::Exact(want) => ensure!(
+                    shape[axis] == want,
+                    BadShape,
+                    "{name}: shape[{axis}] is {n}, expected {want}"
+                ),
+                Extent::AtLeast(want) => ensure!(
+                    shape[axis] >= want,
+                    BadShape,
+                    "{name}: shape[{axis}] is {n}, expected at least {want}"
+                ),
+            }
+        }
+        ensure!(
+            N == 0 || strides[N - 1] == 1,
+            BadStride,
+            "{name}: innermost stride is {}, expected 1",
+            strides[N - 1]
+        );
+        for axis in 0..N.saturating_sub(1) {
+            let below = shape[axis + 1] * strides[axis + 1];
+            ensure!(
+                strides[axis] >= below,
+                BadStride,
+                "{name}: strides[{axis}] = {} overlaps the {below} elements of the axis below",
+                strides[axis]
+            );
+        }
+        let elem = dtype.size_bytes();
+        let align = align_bytes.max(elem);
+        ensure!(
+            (self.data as usize) % align == 0,
+            BadAlignment,
+            "{name}.data {:p} is not {align}-byte aligned",
+            self.data
+        );
+        for (axis, stride) in strides.iter().enumerate().take(N.saturating_sub(1)) {
+            ensure!(
+                (stride * elem) % align == 0,
+                BadAlignment,
+                "{name}: strides[{axis}] = {stride} elements is not a multiple of {align} bytes"
+            );
+        }
+        let view = View {
+            ptr: self.data as *mut T,
+            shape,
+            strides,
+            _elem: PhantomData,
+        };
+        let bytes = (view.span_elems() as u128) * elem as u128;
+        ensure!(
+            bytes <= isize::MAX as u128,
+            BadShape,
+            "{name}: spans {bytes} bytes, more than the address space"
+        );
+        Ok(view)
+    }
+}
+
+/// The alignment required for bf16 latent rows: kernels move 16-byte vectors.
+pub const ROW_ALIGN: usize = 16;
+
+/// Fails with `BadShape` when a 64-bit product overflows (used for sizes).
+pub fn checked_mul(name: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| err!(BadShape, "{name}: {a} x {b} overflows"))
+}
