@@ -31,6 +31,8 @@ pub fn last_error_ptr() -> *const c_char {
 /// Records the context a call operates on (see `CURRENT_CONTEXT`).
 pub fn enter_context(ctx: &Context) {
     CURRENT_CONTEXT.with(|c| c.set(ctx as *const Context));
+    #[cfg(feature = "test-hooks")]
+    crate::ffi::test_hooks::maybe_panic();
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -47,11 +49,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// thread's last error message. A panic marks the current context unusable.
 pub fn boundary(body: impl FnOnce() -> Result<()>) -> unikv_status {
     CURRENT_CONTEXT.with(|c| c.set(std::ptr::null()));
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        #[cfg(feature = "test-hooks")]
-        crate::ffi::test_hooks::maybe_panic();
-        body()
-    }));
+    let outcome = catch_unwind(AssertUnwindSafe(body));
     let error = match outcome {
         Ok(Ok(())) => return unikv_status::UNIKV_OK,
         Ok(Err(e)) => e,

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static PANIC_NEXT: AtomicBool = AtomicBool::new(false);
 
-/// Makes the next entry point that runs its body panic inside the boundary.
+/// Makes the next entry point that reaches a handle's context panic there,
+/// inside the boundary.
 pub fn arm_panic() {
     PANIC_NEXT.store(true, Ordering::SeqCst);
 }

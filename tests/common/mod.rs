@@ -1,0 +1,212 @@
+//! Helpers shared by the integration tests: they drive the library through its
+//! C ABI (the product surface), with host buffers on the CPU backend.
+#![allow(dead_code)]
+
+use std::ffi::CStr;
+use std::os::raw::c_void;
+use std::ptr;
+
+use half::bf16;
+use unikv::ffi::context::*;
+use unikv::ffi::pool::*;
+use unikv::ffi::status::unikv_status;
+use unikv::ffi::types::{unikv_dtype, unikv_tensor};
+
+pub use unikv::ffi::status::unikv_status::*;
+
+/// Byte pattern written into outputs before a call, so unwritten elements show.
+pub const POISON_BYTE: u8 = 0xA5;
+
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(unikv::ffi::unikv_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts a status, printing the library's message when it differs.
+#[track_caller]
+pub fn check(status: unikv_status, want: unikv_status) {
+    assert_eq!(
+        status,
+        want,
+        "unexpected status; last error: {}",
+        last_error()
+    );
+}
+
+#[track_caller]
+pub fn ok(status: unikv_status) {
+    check(status, UNIKV_OK);
+}
+
+/// Asserts a failure with the given status whose message names `arg`.
+#[track_caller]
+pub fn fails(status: unikv_status, want: unikv_status, arg: &str) {
+    check(status, want);
+    let msg = last_error();
+    assert!(msg.contains(arg), "message {msg:?} does not name {arg:?}");
+}
+
+/// An owned context handle.
+pub struct Ctx(pub *mut unikv_context);
+
+impl Ctx {
+    pub fn cpu(threads: u32) -> Self {
+        let options = unikv_context_options {
+            struct_size: std::mem::size_of::<unikv_context_options>(),
+            backend: 1,
+            device: 0,
+            cpu_threads: threads,
+            validate: 0,
+        };
+        let mut ctx = ptr::null_mut();
+        ok(unsafe { unikv_context_create(&options, &mut ctx) });
+        Ctx(ctx)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        unsafe { unikv_context_destroy(self.0) };
+    }
+}
+
+/// Pool creation parameters with the commonly varied fields.
+#[derive(Clone, Debug)]
+pub struct PoolSpec {
+    pub ratios: Vec<u32>,
+    pub max_requests: u32,
+    pub window: u32,
+    pub spec_extra: u32,
+    pub c128_blocks: u32,
+}
+
+impl PoolSpec {
+    pub fn params(&self) -> unikv_pool_params {
+        unikv_pool_params {
+            struct_size: std::mem::size_of::<unikv_pool_params>(),
+            compress_ratios: self.ratios.as_ptr(),
+            layer_buffers: ptr::null(),
+            num_layers: self.ratios.len() as u32,
+            max_requests: self.max_requests,
+            window: self.window,
+            spec_extra: self.spec_extra,
+            c128_blocks: self.c128_blocks,
+            kv_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+        }
+    }
+}
+
+/// An owned pool handle (destroyed before its context).
+pub struct Pool(pub *mut unikv_pool);
+
+impl Pool {
+    pub fn new(ctx: &Ctx, spec: &PoolSpec) -> Self {
+        let mut pool = ptr::null_mut();
+        ok(unsafe { unikv_pool_create(ctx.0, &spec.params(), &mut pool) });
+        Pool(pool)
+    }
+
+    pub fn info(&self) -> unikv_pool_info {
+        let mut info: unikv_pool_info = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<unikv_pool_info>();
+        ok(unsafe { unikv_pool_get_info(self.0, &mut info) });
+        info
+    }
+
+    pub fn layer(&self, layer: u32) -> unikv_pool_layer_info {
+        let mut info: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
+        ok(unsafe { unikv_pool_get_layer(self.0, layer, &mut info) });
+        info
+    }
+
+    /// The layer's rows as a mutable host slice (CPU backend). The memory belongs
+    /// to the library, not to `self`, hence the `&self` receiver.
+    #[allow(clippy::mut_from_ref)]
+    pub fn rows_mut(&self, layer: u32) -> &mut [bf16] {
+        let info = self.layer(layer);
+        unsafe { std::slice::from_raw_parts_mut(info.data as *mut bf16, info.rows as usize * 512) }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        unsafe { unikv_pool_destroy(self.0) };
+    }
+}
+
+/// Host element types usable in test tensors.
+pub trait Dt: Copy {
+    const DTYPE: unikv_dtype;
+}
+impl Dt for bf16 {
+    const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_BF16;
+}
+impl Dt for f32 {
+    const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_F32;
+}
+impl Dt for i32 {
+    const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_I32;
+}
+
+/// A contiguous descriptor over `data` with the given shape.
+pub fn tensor<T: Dt>(data: &[T], shape: &[usize]) -> unikv_tensor {
+    assert!(
+        shape.iter().product::<usize>() <= data.len(),
+        "shape larger than data"
+    );
+    let mut t = unikv_tensor {
+        data: data.as_ptr() as *mut c_void,
+        dtype: T::DTYPE as u32,
+        ndim: shape.len() as u32,
+        shape: [0; 4],
+        strides: [0; 4],
+    };
+    let mut stride = 1i64;
+    for axis in (0..shape.len()).rev() {
+        t.shape[axis] = shape[axis] as i64;
+        t.strides[axis] = stride;
+        stride *= shape[axis] as i64;
+    }
+    t
+}
+
+/// A 1-D descriptor over a whole slice.
+pub fn vec1<T: Dt>(data: &[T]) -> unikv_tensor {
+    tensor(data, &[data.len()])
+}
+
+/// The "absent" optional tensor.
+pub fn absent() -> unikv_tensor {
+    unikv_tensor {
+        data: ptr::null_mut(),
+        dtype: 0,
+        ndim: 0,
+        shape: [0; 4],
+        strides: [0; 4],
+    }
+}
+
+/// Reinterprets any plain buffer as bytes (to compare poisoned outputs).
+pub fn bytes_of<T>(v: &[T]) -> Vec<u8> {
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+        .to_vec()
+}
+
+/// A vector of `n` poisoned elements.
+pub fn poisoned<T: Copy>(n: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    unsafe {
+        std::ptr::write_bytes(v.as_mut_ptr(), POISON_BYTE, n);
+        v.set_len(n);
+    }
+    v
+}
+
+/// Random bf16 values in [-1, 1), never all zero.
+pub fn random_bf16(rng: &mut impl rand::Rng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
+}
