@@ -1,0 +1,221 @@
+// Helpers shared by the C++ serving tests: bf16 conversion, status checks,
+// buffers in the context's memory, tensor descriptors, deterministic
+// pseudo-random values and the float64 attention reference.
+//
+// Buffers go through unikv_memory_alloc / unikv_memory_copy, so a test written
+// with them runs unchanged on a GPU backend.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "unikv.h"
+
+namespace serving {
+
+constexpr int kHeadDim = 512;
+
+// One latent row (or one query head) as raw bf16 bits.
+using Bf16Row = std::vector<uint16_t>;
+
+// ---------------------------------------------------------------------------
+// bf16 <-> float (round to nearest even; NaN stays a quiet NaN)
+
+inline uint16_t float_to_bf16(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if (std::isnan(value)) return 0x7FC0;
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+inline float bf16_to_float(uint16_t half) {
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+// ---------------------------------------------------------------------------
+// Failure reporting
+
+[[noreturn]] inline void fail(const std::string& message) {
+    std::fprintf(stderr, "FAIL: %s\n", message.c_str());
+    std::exit(1);
+}
+
+// Every library call goes through here: a failing status ends the test with
+// the library's own description of the argument at fault.
+inline void check(unikv_status status, const char* call) {
+    if (status != UNIKV_OK) {
+        fail(std::string(call) + " -> " + unikv_status_string(status) + ": " + unikv_last_error_message());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Owning handles: each *_create has a *_destroy
+
+template <class T, void (*Destroy)(T*)>
+struct Destroyer {
+    void operator()(T* handle) const { Destroy(handle); }
+};
+template <class T, void (*Destroy)(T*)>
+using Handle = std::unique_ptr<T, Destroyer<T, Destroy>>;
+
+// ---------------------------------------------------------------------------
+// Deterministic pseudo-random values: every value is a pure function of a key,
+// so the test can regenerate any row it ever stored instead of keeping copies.
+
+inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+class Rng {
+public:
+    explicit Rng(std::initializer_list<uint64_t> key) {
+        for (uint64_t part : key) state_ = splitmix64(state_ ^ part);
+    }
+    uint64_t next() { return state_ = splitmix64(state_); }
+    // Uniform in [lo, hi).
+    double uniform(double lo, double hi) {
+        return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53;
+    }
+    // Uniform in [0, n).
+    int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+
+private:
+    uint64_t state_ = 0x5EED;
+};
+
+// A bf16 row of kHeadDim values uniform in [-amplitude, amplitude).
+inline Bf16Row random_row(std::initializer_list<uint64_t> key, double amplitude) {
+    Rng rng(key);
+    Bf16Row row(kHeadDim);
+    for (uint16_t& v : row) v = float_to_bf16(static_cast<float>(rng.uniform(-amplitude, amplitude)));
+    return row;
+}
+
+// ---------------------------------------------------------------------------
+// Memory in the context's address space (host memory on the CPU backend)
+
+class DeviceBuffer {
+public:
+    DeviceBuffer(const unikv_context* ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
+        check(unikv_memory_alloc(ctx_, bytes_, &data_), "unikv_memory_alloc");
+    }
+    ~DeviceBuffer() {
+        const unikv_status status = unikv_memory_free(ctx_, data_);
+        if (status != UNIKV_OK) std::fprintf(stderr, "unikv_memory_free: %s\n", unikv_last_error_message());
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* data() const { return data_; }
+
+    template <class T>
+    void upload(const std::vector<T>& host) {
+        const size_t bytes = host.size() * sizeof(T);
+        if (bytes > bytes_) fail("upload of " + std::to_string(bytes) + " bytes into a smaller buffer");
+        check(unikv_memory_copy(ctx_, data_, host.data(), bytes, UNIKV_COPY_HOST_TO_DEVICE, nullptr),
+              "unikv_memory_copy(host to device)");
+    }
+
+    template <class T>
+    std::vector<T> download(size_t count) const {
+        std::vector<T> host(count);
+        check(unikv_memory_copy(ctx_, host.data(), data_, count * sizeof(T), UNIKV_COPY_DEVICE_TO_HOST,
+                                nullptr),
+              "unikv_memory_copy(device to host)");
+        check(unikv_stream_synchronize(ctx_, nullptr), "unikv_stream_synchronize");
+        return host;
+    }
+
+    // Poisons the buffer so that any element the library fails to write shows.
+    void fill(uint8_t byte) {
+        check(unikv_memory_set(ctx_, data_, byte, bytes_, nullptr), "unikv_memory_set");
+    }
+
+    // A contiguous row-major descriptor of this buffer.
+    unikv_tensor tensor(unikv_dtype dtype, std::initializer_list<int64_t> shape) const {
+        unikv_tensor t{};
+        t.data = data_;
+        t.dtype = dtype;
+        t.ndim = static_cast<uint32_t>(shape.size());
+        int64_t stride = 1;
+        for (int axis = static_cast<int>(shape.size()) - 1; axis >= 0; --axis) {
+            t.shape[axis] = shape.begin()[axis];
+            t.strides[axis] = stride;
+            stride *= t.shape[axis];
+        }
+        return t;
+    }
+
+private:
+    const unikv_context* ctx_;
+    size_t bytes_;
+    void* data_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// Float64 reference attention (spec unified_kv §3.2)
+
+inline std::vector<double> to_double(const uint16_t* bf16, size_t n) {
+    std::vector<double> out(n);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(bf16[i]);
+    return out;
+}
+
+// One (token, head): s_j = scale * <q, k_j>, M = max(sink, max s_j),
+// out = sum_j e^(s_j - M) k_j / (e^(sink - M) + sum_j e^(s_j - M)); K = V.
+// An empty key set gives zeros. Raw pointers in the loops keep unoptimized
+// builds fast enough.
+inline std::vector<double> reference_attention(const std::vector<double>& q,
+                                               const std::vector<std::vector<double>>& keys, double sink,
+                                               double scale) {
+    std::vector<double> out(kHeadDim, 0.0);
+    if (keys.empty()) return out;
+    std::vector<double> logits(keys.size());
+    double max_logit = sink;
+    const double* qv = q.data();
+    for (size_t j = 0; j < keys.size(); ++j) {
+        const double* k = keys[j].data();
+        double dot = 0.0;
+        for (int d = 0; d < kHeadDim; ++d) dot += qv[d] * k[d];
+        logits[j] = scale * dot;
+        max_logit = std::max(max_logit, logits[j]);
+    }
+    double denominator = std::exp(sink - max_logit);
+    double* acc = out.data();
+    for (size_t j = 0; j < keys.size(); ++j) {
+        const double* k = keys[j].data();
+        const double w = std::exp(logits[j] - max_logit);
+        denominator += w;
+        for (int d = 0; d < kHeadDim; ++d) acc[d] += w * k[d];
+    }
+    for (double& v : out) v /= denominator;
+    return out;
+}
+
+// ||got - want|| / ||want|| over one output row; NaN when `got` holds NaN.
+inline double relative_l2_error(const uint16_t* got, const std::vector<double>& want) {
+    double diff = 0.0, norm = 0.0;
+    for (int d = 0; d < kHeadDim; ++d) {
+        const double e = bf16_to_float(got[d]) - want[d];
+        diff += e * e;
+        norm += want[d] * want[d];
+    }
+    return std::sqrt(diff / norm);
+}
+
+}  // namespace serving

@@ -1,0 +1,776 @@
+// serving_step.cpp: a small serving session on a unified KV pool, end to end.
+//
+// What a serving engine does with unikv, in call order (spec unified_kv §5.4):
+//
+//   startup  unikv_context_create              AUTO: the GPU backend when present
+//            unikv_pool_create                 per layer one [rows, 512] bf16 buffer
+//            unikv_*_plan_create               capture-time shapes; workspace sizes
+//   admit    unikv_pool_acquire_slot           one SWA ring per request; compressed
+//                                              rows are addressed by the engine's
+//                                              own KV page table
+//   prefill  per layer:
+//              unikv_store_compressed          groups the chunk closes: BEFORE attention
+//              unikv_build_prefill_streams     prefix (pool rows) + extend (chunk rows)
+//              unikv_sparse_prefill
+//              unikv_store_swa + final_pos     the chunk's last window: AFTER attention
+//   decode   unikv_build_decode_streams        once per step, shared by all layers
+//            per layer:
+//              unikv_store_compressed          groups this step closes
+//              unikv_store_swa                 this step's rows: BEFORE attention
+//              unikv_fill_csa_tail             ratio-4 layers: this layer's top-k
+//              unikv_sparse_decode
+//   finish   unikv_pool_release_slot
+//
+// The model is a stand-in: latent rows, compressed rows and queries are
+// pseudo-random, and the CSA "indexer" picks the most recent groups. The program
+// keeps a host copy of every row it stores and checks each output against a
+// dense float64 attention over the keys the token must see.
+//
+// Every tensor lives in the context's memory (unikv_memory_alloc) and results
+// come back with unikv_memory_copy + unikv_stream_synchronize, so the program
+// runs unchanged on a GPU backend.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <unikv.h>
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+constexpr uint32_t kNumLayers = 3;
+constexpr uint32_t kRatios[kNumLayers] = {0, 4, 128};  // dense, CSA, HCA
+constexpr uint32_t kWindow = 64;                       // 128 in DeepSeek-V4
+constexpr uint32_t kMaxRequests = 4;
+constexpr uint32_t kC128Blocks = 16;  // KV page space: 16 blocks of 128 tokens
+constexpr int kPageTokens = 256;      // one page = 2 blocks = 2 c128 rows = 64 c4 rows
+constexpr int kHeadDim = 512;
+constexpr int kHeads = 8;      // local query heads (V4-Flash at TP8)
+constexpr int kCsaTopk = 32;   // the indexer's top-k (512 or 1024 in production)
+constexpr int kC128Width = 8;  // c128 table width: up to 8 closed 128-groups
+constexpr int kNumRequests = 3;
+constexpr int kPromptLens[kNumRequests] = {100, 300, 200};
+constexpr int kDecodeSteps = 4;
+constexpr int kDecodeGraphTokens = 4;  // decode batch size the CUDA graph is captured for
+constexpr int kPrefillTokens = kPromptLens[0] + kPromptLens[1] + kPromptLens[2];  // one chunk each
+const float kSoftmaxScale = 1.0f / std::sqrt(512.0f);
+constexpr double kTolerance = 1e-2;  // relative L2 error per (token, head) output row
+
+// ---------------------------------------------------------------------------
+// Small helpers
+
+// Ends the program with the library's explanation when a call fails.
+#define CHECK(call) check_status((call), #call)
+
+void check_status(unikv_status status, const char* call) {
+    if (status == UNIKV_OK) return;
+    std::fprintf(stderr, "%s failed: %s: %s\n", call, unikv_status_string(status),
+                 unikv_last_error_message());
+    std::exit(1);
+}
+
+uint16_t float_to_bf16(float value) {  // round to nearest even
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if (std::isnan(value)) return 0x7FC0;
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+float bf16_to_float(uint16_t half) {
+    const uint32_t bits = static_cast<uint32_t>(half) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+using Row = std::vector<uint16_t>;  // 512 bf16 values
+
+// splitmix64: the same numbers on every platform, so the checksum is stable.
+class Random {
+public:
+    explicit Random(uint64_t seed) : state_(seed) {}
+    Row row(float amplitude) {
+        Row r(kHeadDim);
+        for (uint16_t& v : r) v = float_to_bf16(amplitude * static_cast<float>(2.0 * unit() - 1.0));
+        return r;
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(unit()); }
+
+private:
+    double unit() {
+        uint64_t x = (state_ += 0x9E3779B97F4A7C15ull);
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        return static_cast<double>((x ^ (x >> 31)) >> 11) * 0x1.0p-53;
+    }
+    uint64_t state_;
+};
+
+// Memory in the context's address space: device memory on GPU backends.
+class Buffer {
+public:
+    Buffer() = default;
+    Buffer(const unikv_context* ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
+        if (bytes_ > 0) CHECK(unikv_memory_alloc(ctx_, bytes_, &data_));
+    }
+    Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+    Buffer& operator=(Buffer&& other) noexcept {
+        std::swap(ctx_, other.ctx_);
+        std::swap(bytes_, other.bytes_);
+        std::swap(data_, other.data_);
+        return *this;
+    }
+    ~Buffer() {
+        if (data_ != nullptr) CHECK(unikv_memory_free(ctx_, data_));
+    }
+
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
+
+    template <class T>
+    void upload(const std::vector<T>& host) {
+        CHECK(unikv_memory_copy(ctx_, data_, host.data(), host.size() * sizeof(T), UNIKV_COPY_HOST_TO_DEVICE,
+                                nullptr));
+    }
+    template <class T>
+    std::vector<T> download(size_t count) const {
+        std::vector<T> host(count);
+        CHECK(unikv_memory_copy(ctx_, host.data(), data_, count * sizeof(T), UNIKV_COPY_DEVICE_TO_HOST,
+                                nullptr));
+        CHECK(unikv_stream_synchronize(ctx_, nullptr));  // the copy is ordered on the stream
+        return host;
+    }
+
+    // A contiguous row-major tensor descriptor over this buffer.
+    unikv_tensor tensor(uint32_t dtype, std::initializer_list<int64_t> shape) const {
+        unikv_tensor t{};
+        t.data = data_;
+        t.dtype = dtype;
+        t.ndim = static_cast<uint32_t>(shape.size());
+        int64_t stride = 1;
+        for (int axis = static_cast<int>(shape.size()) - 1; axis >= 0; --axis) {
+            t.shape[axis] = shape.begin()[axis];
+            t.strides[axis] = stride;
+            stride *= t.shape[axis];
+        }
+        return t;
+    }
+
+private:
+    const unikv_context* ctx_ = nullptr;
+    size_t bytes_ = 0;
+    void* data_ = nullptr;
+};
+
+Buffer i32_buffer(const unikv_context* ctx, int n) { return Buffer(ctx, n * sizeof(int32_t)); }
+Buffer bf16_buffer(const unikv_context* ctx, int rows) {
+    return Buffer(ctx, rows * kHeadDim * sizeof(uint16_t));
+}
+
+// Owning handles: each *_create has a *_destroy.
+template <class T, void (*Destroy)(T*)>
+struct Destroyer {
+    void operator()(T* handle) const { Destroy(handle); }
+};
+template <class T, void (*Destroy)(T*)>
+using Handle = std::unique_ptr<T, Destroyer<T, Destroy>>;
+
+const char* backend_name(uint32_t backend) {
+    switch (backend) {
+        case UNIKV_BACKEND_CPU: return "CPU";
+        case UNIKV_BACKEND_CUDA: return "CUDA";
+        case UNIKV_BACKEND_ROCM: return "ROCm";
+        default: return "unknown";
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests, the model stand-in and the dense reference
+
+struct Request {
+    int prompt_len = 0;
+    uint32_t slot = 0;       // from unikv_pool_acquire_slot
+    std::vector<int> pages;  // the engine's page table: page id per 256 tokens
+    int len = 0;             // tokens whose rows are in the pool
+};
+
+// Compressed page index of a request's group-th group of `ratio` (spec §1.3):
+// c4 group i -> pages[i / 64] * 64 + i % 64, c128 group i -> pages[i / 2] * 2 + i % 2.
+int page_index(const Request& r, uint32_t ratio, int group) {
+    const int per_page = kPageTokens / static_cast<int>(ratio);
+    return r.pages[group / per_page] * per_page + group % per_page;
+}
+
+// The CSA indexer stand-in: the most recent min(visible, topk) groups, newest first.
+std::vector<int> csa_topk(int pos) {
+    std::vector<int> groups;
+    for (int g = (pos + 1) / 4 - 1; g >= 0 && static_cast<int>(groups.size()) < kCsaTopk; --g)
+        groups.push_back(g);
+    return groups;
+}
+
+// Every row the model has produced, kept on the host for the reference:
+// latent[layer][request][position], compressed[layer][request][group].
+struct History {
+    std::vector<std::vector<Row>> latent[kNumLayers];
+    std::vector<std::vector<Row>> compressed[kNumLayers];
+};
+
+std::vector<double> to_double(const uint16_t* row) {
+    std::vector<double> out(kHeadDim);
+    for (int d = 0; d < kHeadDim; ++d) out[d] = bf16_to_float(row[d]);
+    return out;
+}
+
+// Dense attention in float64 for one (token, head) over `keys` (K = V), with
+// the sink as a virtual key of value zero (spec §3.2).
+std::vector<double> dense_attention(const std::vector<double>& q,
+                                    const std::vector<std::vector<double>>& keys, double sink) {
+    std::vector<double> logits;
+    double max_logit = sink;
+    for (const std::vector<double>& k : keys) {
+        double dot = 0;
+        for (int d = 0; d < kHeadDim; ++d) dot += q[d] * k[d];
+        logits.push_back(kSoftmaxScale * dot);
+        max_logit = std::max(max_logit, logits.back());
+    }
+    std::vector<double> out(kHeadDim, 0.0);
+    double denominator = std::exp(sink - max_logit);
+    for (size_t j = 0; j < keys.size(); ++j) {
+        const double w = std::exp(logits[j] - max_logit);
+        denominator += w;
+        for (int d = 0; d < kHeadDim; ++d) out[d] += w * keys[j][d];
+    }
+    for (double& v : out) v /= denominator;
+    return out;
+}
+
+// What the model hands the attention of one layer besides the latent rows.
+struct LayerQueries {
+    std::vector<uint16_t> q;  // [T, H, 512]
+    std::vector<float> sink;  // [H]
+};
+
+// ---------------------------------------------------------------------------
+// One forward pass: the batch layout every call of the step shares
+
+struct Forward {
+    std::vector<int32_t> batch_id;      // per token: request index, -1 = padding
+    std::vector<int32_t> positions;     // per token
+    std::vector<int32_t> req_slots;     // per request
+    std::vector<int32_t> chunk_start;   // per request: first position in this forward
+    std::vector<int32_t> extend_start;  // per request: row of its first token
+    std::vector<int32_t> final_pos;     // per request: last position in this forward
+    int tokens() const { return static_cast<int>(batch_id.size()); }
+};
+
+// Each request's tokens from its current length on (`count[r]` of them), then
+// CUDA-graph padding up to `graph_tokens`.
+Forward make_forward(const std::vector<Request>& requests, const std::vector<int>& count, int graph_tokens) {
+    Forward f;
+    for (int r = 0; r < static_cast<int>(requests.size()); ++r) {
+        f.req_slots.push_back(static_cast<int32_t>(requests[r].slot));
+        f.chunk_start.push_back(requests[r].len);
+        f.extend_start.push_back(f.tokens());
+        f.final_pos.push_back(requests[r].len + count[r] - 1);
+        for (int i = 0; i < count[r]; ++i) {
+            f.batch_id.push_back(r);
+            f.positions.push_back(requests[r].len + i);
+        }
+    }
+    while (f.tokens() < graph_tokens) {
+        f.batch_id.push_back(-1);
+        f.positions.push_back(0);
+    }
+    return f;
+}
+
+// ---------------------------------------------------------------------------
+// The engine
+
+class Engine {
+public:
+    Engine() {
+        create_context();
+        create_pool();
+        create_plans();
+        allocate_buffers();
+    }
+    void admit(int prompt_len) {
+        Request r;
+        r.prompt_len = prompt_len;
+        CHECK(unikv_pool_acquire_slot(pool_.get(), &r.slot));
+        const int max_tokens = prompt_len + kDecodeSteps;
+        for (int t = 0; t < max_tokens; t += kPageTokens) r.pages.push_back(next_page_++);
+        std::printf("request %zu: prompt %d tokens, slot %u, pages", requests_.size(), prompt_len, r.slot);
+        for (int p : r.pages) std::printf(" %d", p);
+        std::printf("\n");
+        requests_.push_back(r);
+        for (uint32_t l = 0; l < kNumLayers; ++l) {
+            history_.latent[l].emplace_back();
+            history_.compressed[l].emplace_back();
+        }
+    }
+
+    // One chunk per request: its whole prompt, all requests in one forward.
+    void prefill() {
+        std::vector<int> count;
+        for (const Request& r : requests_) count.push_back(r.prompt_len);
+        const Forward f = make_forward(requests_, count, 0);
+        upload_forward(f);
+        for (uint32_t layer = 0; layer < kNumLayers; ++layer) prefill_layer(f, layer);
+        finish_forward(count);
+        prefill_tokens_ += f.tokens();
+        std::printf("prefill: 1 forward, %d tokens x %u layers\n", f.tokens(), kNumLayers);
+    }
+
+    // One token per request plus padding up to the captured graph size.
+    void decode_step() {
+        const std::vector<int> count(requests_.size(), 1);
+        const Forward f = make_forward(requests_, count, kDecodeGraphTokens);
+        upload_forward(f);
+        build_decode_streams(f);
+        last_step_checksum_ = 0.0;
+        for (uint32_t layer = 0; layer < kNumLayers; ++layer) last_step_checksum_ += decode_layer(f, layer);
+        finish_forward(count);
+        ++decode_steps_;
+    }
+
+    void report() const {
+        const int padding = kDecodeGraphTokens - static_cast<int>(requests_.size());
+        std::printf("decode: %d steps x (%zu requests + %d padding) tokens x %u layers\n", decode_steps_,
+                    requests_.size(), padding, kNumLayers);
+        std::printf("tokens processed: %d prefill + %d decode\n", prefill_tokens_,
+                    decode_steps_ * static_cast<int>(requests_.size()));
+        const unikv_pool_info info = pool_info();
+        std::printf("pool occupancy: %u / %u slots in use; rows per layer:", info.slots_in_use,
+                    info.max_requests);
+        for (uint32_t l = 0; l < kNumLayers; ++l) {
+            unikv_pool_layer_info layer{};
+            layer.struct_size = sizeof layer;
+            CHECK(unikv_pool_get_layer(pool_.get(), l, &layer));
+            std::printf(" %llu (ratio %u)", static_cast<unsigned long long>(layer.rows),
+                        layer.compress_ratio);
+        }
+        std::printf("\n");
+        std::printf("checksum of the last decode step's outputs: %.6f\n", last_step_checksum_);
+        std::printf(
+            "max relative L2 error vs dense reference: %.3e over %ld (token, head) rows, %ld above %.0e\n",
+            max_error_, rows_checked_, rows_failed_, kTolerance);
+    }
+
+    void finish() {
+        for (const Request& r : requests_) CHECK(unikv_pool_release_slot(pool_.get(), r.slot));
+        const unikv_pool_info info = pool_info();
+        std::printf("requests finished: %u / %u slots in use\n", info.slots_in_use, info.max_requests);
+    }
+
+    bool outputs_match_reference() const { return rows_failed_ == 0; }
+
+private:
+    // --- startup ---------------------------------------------------------
+
+    void create_context() {
+        unikv_context_options options{};
+        options.struct_size = sizeof options;
+        options.backend = UNIKV_BACKEND_AUTO;
+        unikv_context* ctx = nullptr;
+        CHECK(unikv_context_create(&options, &ctx));
+        ctx_.reset(ctx);
+        unikv_context_info info{};
+        info.struct_size = sizeof info;
+        CHECK(unikv_context_get_info(ctx, &info));
+        if (info.backend == UNIKV_BACKEND_CPU)
+            std::printf("unikv %s: backend CPU (%u threads)\n", unikv_version_string(), info.cpu_threads);
+        else
+            std::printf("unikv %s: backend %s (device %d)\n", unikv_version_string(),
+                        backend_name(info.backend), info.device);
+    }
+
+    void create_pool() {
+        unikv_pool_params params{};
+        params.struct_size = sizeof params;
+        params.compress_ratios = kRatios;
+        params.layer_buffers = nullptr;  // the pool allocates (zeroed) buffers itself
+        params.num_layers = kNumLayers;
+        params.max_requests = kMaxRequests;
+        params.window = kWindow;
+        params.spec_extra = 0;  // no speculative decoding
+        params.c128_blocks = kC128Blocks;
+        params.kv_dtype = UNIKV_DTYPE_BF16;
+        unikv_pool* pool = nullptr;
+        CHECK(unikv_pool_create(ctx_.get(), &params, &pool));
+        pool_.reset(pool);
+        const unikv_pool_info info = pool_info();
+        std::printf("pool: %u layers (ratios 0/4/128), window %u, ring %u, %u request slots\n",
+                    info.num_layers, info.window, info.ring, info.max_requests);
+    }
+
+    unikv_pool_info pool_info() const {
+        unikv_pool_info info{};
+        info.struct_size = sizeof info;
+        CHECK(unikv_pool_get_info(pool_.get(), &info));
+        return info;
+    }
+
+    void create_plans() {
+        unikv_attention_plan_params p{};
+        p.struct_size = sizeof p;
+        p.num_heads = kHeads;
+        p.head_dim = kHeadDim;
+        p.q_dtype = p.kv_dtype = p.out_dtype = UNIKV_DTYPE_BF16;
+        size_t bytes = 0;
+
+        p.max_tokens = kPrefillTokens;
+        unikv_prefill_plan* prefill_plan = nullptr;
+        CHECK(unikv_prefill_plan_create(ctx_.get(), &p, &prefill_plan));
+        prefill_plan_.reset(prefill_plan);
+        CHECK(unikv_prefill_plan_workspace_size(prefill_plan, &bytes));
+        prefill_workspace_ = Buffer(ctx_.get(), bytes);  // 0 bytes on the CPU backend
+
+        p.max_tokens = kDecodeGraphTokens;
+        unikv_decode_plan* decode_plan = nullptr;
+        CHECK(unikv_decode_plan_create(ctx_.get(), &p, &decode_plan));
+        decode_plan_.reset(decode_plan);
+        CHECK(unikv_decode_plan_workspace_size(decode_plan, &bytes));
+        decode_workspace_ = Buffer(ctx_.get(), bytes);
+    }
+
+    // Sized once for the largest forward, as a CUDA-graph engine must.
+    void allocate_buffers() {
+        const int T = std::max(kPrefillTokens, kDecodeGraphTokens);
+        const int table_width = std::max(kC128Width, kCsaTopk);
+        const unikv_context* ctx = ctx_.get();
+        q_ = bf16_buffer(ctx, T * kHeads);
+        out_ = bf16_buffer(ctx, T * kHeads);
+        kv_ = bf16_buffer(ctx, T);
+        compressed_kv_ = bf16_buffer(ctx, T);
+        compressed_loc_ = i32_buffer(ctx, T);
+        sink_ = Buffer(ctx, kHeads * sizeof(float));
+        batch_id_ = i32_buffer(ctx, T);
+        positions_ = i32_buffer(ctx, T);
+        req_slots_ = i32_buffer(ctx, kNumRequests);
+        chunk_start_ = i32_buffer(ctx, kNumRequests);
+        extend_start_ = i32_buffer(ctx, kNumRequests);
+        final_pos_ = i32_buffer(ctx, kNumRequests);
+        c128_table_ = i32_buffer(ctx, T * kC128Width);
+        csa_table_ = i32_buffer(ctx, T * kCsaTopk);
+        // Index streams, at the worst-case capacities the builders require.
+        prefix_indptr_ = i32_buffer(ctx, T + 1);
+        prefix_indices_ = i32_buffer(ctx, T * (kWindow + table_width));
+        extend_indptr_ = i32_buffer(ctx, T + 1);
+        extend_indices_ = i32_buffer(ctx, T * kWindow);
+        swa_indptr_ = i32_buffer(ctx, T + 1);
+        swa_indices_ = i32_buffer(ctx, T * kWindow);
+        hca_indptr_ = i32_buffer(ctx, T + 1);
+        hca_indices_ = i32_buffer(ctx, T * (kWindow + kC128Width));
+        csa_indptr_ = i32_buffer(ctx, T + 1);
+        csa_indices_ = i32_buffer(ctx, T * (kWindow + kCsaTopk));
+    }
+
+    // --- per forward -----------------------------------------------------
+
+    void upload_forward(const Forward& f) {
+        batch_id_.upload(f.batch_id);
+        positions_.upload(f.positions);
+        req_slots_.upload(f.req_slots);
+        chunk_start_.upload(f.chunk_start);
+        extend_start_.upload(f.extend_start);
+        final_pos_.upload(f.final_pos);
+        c128_table_.upload(c128_table(f));
+    }
+
+    void finish_forward(const std::vector<int>& count) {
+        for (size_t r = 0; r < requests_.size(); ++r) requests_[r].len += count[r];
+    }
+
+    // [T, kC128Width]: page index of every 128-group closed at or before each
+    // token, -1 after (padding tokens: all -1).
+    std::vector<int32_t> c128_table(const Forward& f) const {
+        std::vector<int32_t> table(f.tokens() * kC128Width, -1);
+        for (int t = 0; t < f.tokens(); ++t) {
+            if (f.batch_id[t] < 0) continue;
+            for (int g = 0; g < (f.positions[t] + 1) / 128; ++g)
+                table[t * kC128Width + g] = page_index(requests_[f.batch_id[t]], 128, g);
+        }
+        return table;
+    }
+
+    // [T, kCsaTopk]: the indexer's top-k as page indices, front-packed, -1 after.
+    std::vector<int32_t> csa_table(const Forward& f) const {
+        std::vector<int32_t> table(f.tokens() * kCsaTopk, -1);
+        for (int t = 0; t < f.tokens(); ++t) {
+            if (f.batch_id[t] < 0) continue;
+            const std::vector<int> groups = csa_topk(f.positions[t]);
+            for (size_t j = 0; j < groups.size(); ++j)
+                table[t * kCsaTopk + j] = page_index(requests_[f.batch_id[t]], 4, groups[j]);
+        }
+        return table;
+    }
+
+    // The model's outputs for one layer: the tokens' latent rows into `kv_`,
+    // queries into `q_`, the layer's sink into `sink_`, and the compressor's
+    // rows of the groups this forward closes into the pool.
+    LayerQueries run_model_layer(const Forward& f, uint32_t layer) {
+        const uint32_t ratio = kRatios[layer];
+        std::vector<uint16_t> kv, q, compressed;
+        std::vector<int32_t> loc;
+        for (int t = 0; t < f.tokens(); ++t) {
+            const Row row = rng_.row(1.0f);
+            kv.insert(kv.end(), row.begin(), row.end());
+            for (int h = 0; h < kHeads; ++h) {
+                const Row qh = rng_.row(3.0f);
+                q.insert(q.end(), qh.begin(), qh.end());
+            }
+            const int r = f.batch_id[t];
+            if (r < 0) continue;  // padding: its rows are never stored
+            const int pos = f.positions[t];
+            history_.latent[layer][r].push_back(row);
+            if (ratio != 0 && (pos + 1) % ratio == 0) {  // this token closes a group
+                const int group = (pos + 1) / static_cast<int>(ratio) - 1;
+                const Row c = rng_.row(1.0f);
+                history_.compressed[layer][r].push_back(c);
+                compressed.insert(compressed.end(), c.begin(), c.end());
+                loc.push_back(page_index(requests_[r], ratio, group));
+            }
+        }
+        std::vector<float> sink;
+        for (int h = 0; h < kHeads; ++h) sink.push_back(rng_.uniform(-1.0f, 1.0f));
+        kv_.upload(kv);
+        q_.upload(q);
+        sink_.upload(sink);
+        if (!loc.empty()) store_compressed(compressed, loc, layer);
+        return {std::move(q), std::move(sink)};
+    }
+
+    // Compressed rows go to pool row swa_rows + page index; they must be in the
+    // pool before the attention of the tokens that see them.
+    void store_compressed(const std::vector<uint16_t>& compressed, const std::vector<int32_t>& loc,
+                          uint32_t layer) {
+        compressed_kv_.upload(compressed);
+        compressed_loc_.upload(loc);
+        unikv_store_compressed_args a{};
+        a.struct_size = sizeof a;
+        a.kv = compressed_kv_.tensor(UNIKV_DTYPE_BF16, {int64_t(loc.size()), kHeadDim});
+        a.loc = compressed_loc_.tensor(UNIKV_DTYPE_I32, {int64_t(loc.size())});
+        a.layer = layer;
+        a.num_rows = static_cast<uint32_t>(loc.size());
+        CHECK(unikv_store_compressed(pool_.get(), &a, nullptr));
+    }
+
+    // Writes the forward's latent rows into the requests' SWA rings. With
+    // final_pos (prefill), only each request's last `window` positions are
+    // written, so a chunk longer than the ring does not overwrite itself.
+    void store_swa(const Forward& f, uint32_t layer, bool final_window_only) {
+        const int64_t T = f.tokens(), R = int64_t(f.req_slots.size());
+        unikv_store_swa_args a{};
+        a.struct_size = sizeof a;
+        a.kv = kv_.tensor(UNIKV_DTYPE_BF16, {T, kHeadDim});
+        a.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
+        a.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {R});
+        a.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
+        if (final_window_only) a.final_pos = final_pos_.tensor(UNIKV_DTYPE_I32, {R});
+        a.layer = layer;
+        a.num_tokens = static_cast<uint32_t>(T);
+        CHECK(unikv_store_swa(pool_.get(), &a, nullptr));
+    }
+
+    void prefill_layer(const Forward& f, uint32_t layer) {
+        const uint32_t ratio = kRatios[layer];
+        const int64_t T = f.tokens(), R = int64_t(f.req_slots.size());
+        const LayerQueries model = run_model_layer(f, layer);
+
+        // Index streams for this layer's kind: prefix = earlier ring rows +
+        // compressed rows, extend = rows of this chunk's own K tensor.
+        const int64_t width = ratio == 128 ? kC128Width : ratio == 4 ? kCsaTopk : 0;
+        unikv_prefill_streams_args s{};
+        s.struct_size = sizeof s;
+        s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
+        s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {R});
+        s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
+        s.chunk_start = chunk_start_.tensor(UNIKV_DTYPE_I32, {R});
+        s.extend_start = extend_start_.tensor(UNIKV_DTYPE_I32, {R});
+        if (ratio == 128) s.page_indices = c128_table_.tensor(UNIKV_DTYPE_I32, {T, width});
+        if (ratio == 4) {
+            csa_table_.upload(csa_table(f));  // this layer's indexer output
+            s.page_indices = csa_table_.tensor(UNIKV_DTYPE_I32, {T, width});
+        }
+        s.prefix_indptr = prefix_indptr_.tensor(UNIKV_DTYPE_I32, {T + 1});
+        s.prefix_indices = prefix_indices_.tensor(UNIKV_DTYPE_I32, {T * (kWindow + width)});
+        s.extend_indptr = extend_indptr_.tensor(UNIKV_DTYPE_I32, {T + 1});
+        s.extend_indices = extend_indices_.tensor(UNIKV_DTYPE_I32, {T * kWindow});
+        s.num_tokens = static_cast<uint32_t>(T);
+        s.compress_ratio = ratio;
+        CHECK(unikv_build_prefill_streams(pool_.get(), &s, nullptr));
+
+        unikv_prefill_args a{};
+        a.struct_size = sizeof a;
+        a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
+        a.indices = s.prefix_indices;
+        a.indptr = s.prefix_indptr;
+        a.sink = sink_.tensor(UNIKV_DTYPE_F32, {kHeads});
+        a.out = out_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
+        a.extend_kv = kv_.tensor(UNIKV_DTYPE_BF16, {T, kHeadDim});
+        a.extend_indices = s.extend_indices;
+        a.extend_indptr = s.extend_indptr;
+        a.layer = layer;
+        a.num_tokens = static_cast<uint32_t>(T);
+        a.softmax_scale = kSoftmaxScale;
+        CHECK(unikv_sparse_prefill(prefill_plan_.get(), pool_.get(), &a, prefill_workspace_.data(),
+                                   prefill_workspace_.bytes(), nullptr));
+
+        store_swa(f, layer, /*final_window_only=*/true);
+        check_outputs(f, layer, model);
+    }
+
+    // Decode streams are layer-invariant except the CSA tail: build them once.
+    void build_decode_streams(const Forward& f) {
+        const int64_t T = f.tokens();
+        unikv_decode_streams_args s{};
+        s.struct_size = sizeof s;
+        s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
+        s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {int64_t(f.req_slots.size())});
+        s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
+        s.c128_page_indices = c128_table_.tensor(UNIKV_DTYPE_I32, {T, kC128Width});
+        s.swa_indptr = swa_indptr_.tensor(UNIKV_DTYPE_I32, {T + 1});
+        s.swa_indices = swa_indices_.tensor(UNIKV_DTYPE_I32, {T * kWindow});
+        s.hca_indptr = hca_indptr_.tensor(UNIKV_DTYPE_I32, {T + 1});
+        s.hca_indices = hca_indices_.tensor(UNIKV_DTYPE_I32, {T * (kWindow + kC128Width)});
+        s.csa_indptr = csa_indptr_.tensor(UNIKV_DTYPE_I32, {T + 1});
+        s.csa_indices = csa_indices_.tensor(UNIKV_DTYPE_I32, {T * (kWindow + kCsaTopk)});
+        s.num_tokens = static_cast<uint32_t>(T);
+        s.csa_topk = kCsaTopk;
+        CHECK(unikv_build_decode_streams(pool_.get(), &s, nullptr));
+        decode_streams_ = s;
+    }
+
+    // Returns the sum of the layer's outputs (for the checksum).
+    double decode_layer(const Forward& f, uint32_t layer) {
+        const uint32_t ratio = kRatios[layer];
+        const int64_t T = f.tokens();
+        const unikv_decode_streams_args& s = decode_streams_;
+        const LayerQueries model = run_model_layer(f, layer);
+        store_swa(f, layer, /*final_window_only=*/false);  // before attention: the token sees itself
+
+        if (ratio == 4) {  // this layer's indexer ran: write its top-k into the CSA slices
+            csa_table_.upload(csa_table(f));
+            unikv_csa_tail_args c{};
+            c.struct_size = sizeof c;
+            c.batch_id = s.batch_id;
+            c.positions = s.positions;
+            c.csa_page_indices = csa_table_.tensor(UNIKV_DTYPE_I32, {T, kCsaTopk});
+            c.csa_indptr = s.csa_indptr;
+            c.csa_indices = s.csa_indices;
+            c.num_tokens = static_cast<uint32_t>(T);
+            CHECK(unikv_fill_csa_tail(pool_.get(), &c, nullptr));
+        }
+
+        unikv_decode_args a{};
+        a.struct_size = sizeof a;
+        a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
+        a.indices = ratio == 0 ? s.swa_indices : ratio == 4 ? s.csa_indices : s.hca_indices;
+        a.indptr = ratio == 0 ? s.swa_indptr : ratio == 4 ? s.csa_indptr : s.hca_indptr;
+        a.sink = sink_.tensor(UNIKV_DTYPE_F32, {kHeads});
+        a.out = out_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
+        a.layer = layer;
+        a.num_tokens = static_cast<uint32_t>(T);
+        a.softmax_scale = kSoftmaxScale;
+        CHECK(unikv_sparse_decode(decode_plan_.get(), pool_.get(), &a, decode_workspace_.data(),
+                                  decode_workspace_.bytes(), nullptr));
+        return check_outputs(f, layer, model);
+    }
+
+    // --- checking --------------------------------------------------------
+
+    // The keys token (r, pos) must see: its window, then all closed 128-groups
+    // (HCA) or the indexer's top-k groups (CSA).
+    std::vector<std::vector<double>> visible_keys(uint32_t layer, int r, int pos) const {
+        std::vector<std::vector<double>> keys;
+        for (int p = std::max(0, pos - static_cast<int>(kWindow) + 1); p <= pos; ++p)
+            keys.push_back(to_double(history_.latent[layer][r][p].data()));
+        const std::vector<Row>& groups = history_.compressed[layer][r];
+        if (kRatios[layer] == 128)
+            for (int g = 0; g < (pos + 1) / 128; ++g) keys.push_back(to_double(groups[g].data()));
+        if (kRatios[layer] == 4)
+            for (int g : csa_topk(pos)) keys.push_back(to_double(groups[g].data()));
+        return keys;
+    }
+
+    // Compares every real token's output with the dense reference; returns the
+    // sum of those outputs.
+    double check_outputs(const Forward& f, uint32_t layer, const LayerQueries& model) {
+        const std::vector<uint16_t> out = out_.download<uint16_t>(size_t(f.tokens()) * kHeads * kHeadDim);
+        double sum = 0.0;
+        for (int t = 0; t < f.tokens(); ++t) {
+            if (f.batch_id[t] < 0) continue;  // padding: output is zeros, ignored
+            const std::vector<std::vector<double>> keys = visible_keys(layer, f.batch_id[t], f.positions[t]);
+            for (int h = 0; h < kHeads; ++h) {
+                const size_t at = (size_t(t) * kHeads + h) * kHeadDim;
+                const std::vector<double> ref = dense_attention(to_double(&model.q[at]), keys, model.sink[h]);
+                double diff = 0, norm = 0;
+                for (int d = 0; d < kHeadDim; ++d) {
+                    const double got = bf16_to_float(out[at + d]);
+                    sum += got;
+                    diff += (got - ref[d]) * (got - ref[d]);
+                    norm += ref[d] * ref[d];
+                }
+                const double error = std::sqrt(diff / norm);
+                if (!(error < kTolerance)) ++rows_failed_;  // NaN counts as a failure
+                max_error_ = std::max(max_error_, error);
+                ++rows_checked_;
+            }
+        }
+        return sum;
+    }
+
+    // Declared first, destroyed last: the buffers below are freed through the context.
+    Handle<unikv_context, unikv_context_destroy> ctx_;
+    Handle<unikv_pool, unikv_pool_destroy> pool_;
+    Handle<unikv_prefill_plan, unikv_prefill_plan_destroy> prefill_plan_;
+    Handle<unikv_decode_plan, unikv_decode_plan_destroy> decode_plan_;
+    Buffer prefill_workspace_, decode_workspace_;
+    Buffer q_, out_, kv_, compressed_kv_, compressed_loc_, sink_;
+    Buffer batch_id_, positions_, req_slots_, chunk_start_, extend_start_, final_pos_;
+    Buffer c128_table_, csa_table_;
+    Buffer prefix_indptr_, prefix_indices_, extend_indptr_, extend_indices_;
+    Buffer swa_indptr_, swa_indices_, hca_indptr_, hca_indices_, csa_indptr_, csa_indices_;
+    unikv_decode_streams_args decode_streams_{};
+
+    std::vector<Request> requests_;
+    int next_page_ = 0;  // a trivial page allocator
+    History history_;
+    Random rng_{2024};
+    int prefill_tokens_ = 0;
+    int decode_steps_ = 0;
+    long rows_checked_ = 0;
+    long rows_failed_ = 0;
+    double max_error_ = 0.0;
+    double last_step_checksum_ = 0.0;
+};
+
+}  // namespace
+
+int main() {
+    Engine engine;
+    for (int len : kPromptLens) engine.admit(len);
+    engine.prefill();
+    for (int step = 0; step < kDecodeSteps; ++step) engine.decode_step();
+    engine.report();
+    engine.finish();
+    if (!engine.outputs_match_reference()) {
+        std::fprintf(stderr, "FAILED: outputs differ from the dense reference\n");
+        return 1;
+    }
+    return 0;
+}
