@@ -497,8 +497,10 @@ unikv_status unikv_context_get_info(const struct unikv_context *ctx,
 
 // Allocates `bytes` of zeroed memory in the context's memory space (device
 // memory for GPU backends, host memory for the CPU backend), aligned to 256
-// bytes. `*out` receives the pointer, owned by the caller; free it with
-// `unikv_memory_free` on the same context. Synchronous. Thread-safe.
+// bytes (`bytes == 0` still returns a unique pointer). `*out` receives the
+// pointer, owned by the caller; free it with `unikv_memory_free` on the same
+// context. Allocations still live when the context is finally released (after
+// its last pool and plan) are freed with it. Synchronous. Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_memory_alloc(const struct unikv_context *ctx,
                                 size_t bytes,
@@ -667,7 +669,8 @@ unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
 // `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;
 // `args` is host memory read during the call. Runs on `stream` (ignored by the
 // CPU backend). Device values: the CPU backend checks every slot, position and
-// batch id (OUT_OF_RANGE, nothing written); GPU backends skip invalid rows.
+// batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
+// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows.
 // Thread-safe for writes to disjoint rows.
 UNIKV_NODISCARD
 unikv_status unikv_store_swa(const struct unikv_pool *pool,

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::backend::{cpu::CpuBackend, Backend, BackendKind};
-use crate::error::{ensure, err, Result};
+use crate::error::{ensure, err, Error, Result};
 
 /// What the caller asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,14 +45,20 @@ impl Context {
             options.device
         );
         let backend: Box<dyn Backend> = match options.backend {
-            BackendChoice::Auto | BackendChoice::Cpu => {
-                Box::new(CpuBackend::new(options.cpu_threads)?)
-            }
-            BackendChoice::Cuda | BackendChoice::Rocm => {
+            BackendChoice::Cpu => Box::new(CpuBackend::new(options.cpu_threads)?),
+            BackendChoice::Auto => match gpu_backend(options.device) {
+                Ok(gpu) => gpu,
+                // No driver or no device: the embedded default takes over.
+                Err(Error::BackendUnavailable(_)) => {
+                    Box::new(CpuBackend::new(options.cpu_threads)?)
+                }
+                Err(e) => return Err(e),
+            },
+            BackendChoice::Cuda => gpu_backend(options.device)?,
+            BackendChoice::Rocm => {
                 return Err(err!(
                     BackendUnavailable,
-                    "backend: {:?} was not compiled into this build of unikv",
-                    options.backend
+                    "backend: ROCm was not compiled into this build of unikv"
                 ))
             }
         };
@@ -87,10 +93,23 @@ impl Context {
     /// Fails once the context has seen a fatal error.
     pub fn check_usable(&self) -> Result<()> {
         ensure!(
-            !self.failed.load(Ordering::SeqCst),
+            !self.failed.load(Ordering::SeqCst) && self.backend.healthy(),
             InvalidState,
             "context: unusable after an earlier fatal error"
         );
         Ok(())
     }
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_backend(device: i32) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(crate::backend::gpu::GpuBackend::open(device)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_backend(_device: i32) -> Result<Box<dyn Backend>> {
+    Err(err!(
+        BackendUnavailable,
+        "backend: CUDA was not compiled into this build of unikv (cargo feature `cuda`)"
+    ))
 }

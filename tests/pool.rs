@@ -376,3 +376,44 @@ fn memory_helpers_copy_and_set() {
     ok(unsafe { unikv_memory_free(ctx.0, p) });
     ok(unsafe { unikv_memory_free(ctx.0, ptr::null_mut()) });
 }
+
+#[test]
+fn store_swa_refuses_rows_that_alias_in_the_ring() {
+    let mut rng = rand::rng();
+    let ctx = Ctx::cpu(1);
+    let spec = PoolSpec {
+        ratios: vec![0],
+        max_requests: 1,
+        window: 4,
+        spec_extra: 0,
+        c128_blocks: 0,
+    };
+    let pool = Pool::new(&ctx, &spec);
+    let kv = random_bf16(&mut rng, 8 * 512);
+    let batch = [0; 8];
+    let pos: Vec<i32> = (0..8).collect();
+    let args = unikv_store_swa_args {
+        struct_size: std::mem::size_of::<unikv_store_swa_args>(),
+        kv: tensor(&kv, &[8, 512]),
+        batch_id: vec1(&batch),
+        req_slots: vec1(&[1]),
+        positions: vec1(&pos),
+        final_pos: absent(),
+        layer: 0,
+        num_tokens: 8,
+    };
+    let before = bytes_of(pool.rows_mut(0));
+    fails(
+        unsafe { unikv_store_swa(pool.0, &args, ptr::null_mut()) },
+        UNIKV_INVALID_ARGUMENT,
+        "positions[4]",
+    );
+    assert_eq!(bytes_of(pool.rows_mut(0)), before);
+    // With the final window filter only positions 4..7 are written.
+    let last = [7];
+    let args = unikv_store_swa_args {
+        final_pos: vec1(&last),
+        ..args
+    };
+    ok(unsafe { unikv_store_swa(pool.0, &args, ptr::null_mut()) });
+}

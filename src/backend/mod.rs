@@ -3,6 +3,8 @@
 //! always compiled; GPU backends implement the same trait over the kernel shim.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 use std::ffi::c_void;
 use std::fmt::Debug;
@@ -39,7 +41,10 @@ pub enum CopyKind {
 
 /// Backend-specific launch configuration kept in a plan (kernels loaded, split
 /// counts chosen). The CPU backend keeps none.
-pub trait PlanState: Send + Sync + Debug {}
+pub trait PlanState: Send + Sync + Debug {
+    /// For the backend that made the plan to recover its own type.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
 
 /// What a backend decided for a plan: its workspace needs and private state.
 #[derive(Debug)]
@@ -52,6 +57,11 @@ pub struct PlannedLaunch {
 /// pointers are in the backend's memory space (host memory for the CPU backend).
 pub trait Backend: Send + Sync + Debug {
     fn kind(&self) -> BackendKind;
+
+    /// False after a fatal device error; the context then refuses all work.
+    fn healthy(&self) -> bool {
+        true
+    }
 
     /// Host worker threads the backend computes with (0 when it runs on a device).
     fn worker_threads(&self) -> usize {

@@ -167,8 +167,10 @@ pub unsafe extern "C" fn unikv_context_get_info(
 
 /// Allocates `bytes` of zeroed memory in the context's memory space (device
 /// memory for GPU backends, host memory for the CPU backend), aligned to 256
-/// bytes. `*out` receives the pointer, owned by the caller; free it with
-/// `unikv_memory_free` on the same context. Synchronous. Thread-safe.
+/// bytes (`bytes == 0` still returns a unique pointer). `*out` receives the
+/// pointer, owned by the caller; free it with `unikv_memory_free` on the same
+/// context. Allocations still live when the context is finally released (after
+/// its last pool and plan) are freed with it. Synchronous. Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_memory_alloc(

@@ -62,7 +62,8 @@ unsafe impl Versioned for unikv_store_compressed_args {
 /// `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;
 /// `args` is host memory read during the call. Runs on `stream` (ignored by the
 /// CPU backend). Device values: the CPU backend checks every slot, position and
-/// batch id (OUT_OF_RANGE, nothing written); GPU backends skip invalid rows.
+/// batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
+/// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows.
 /// Thread-safe for writes to disjoint rows.
 #[must_use]
 #[no_mangle]

@@ -2,7 +2,7 @@
 //! then the rows are copied, so a rejected call writes nothing.
 
 use crate::backend::cpu::host::{put_row, row, slice};
-use crate::error::{ensure, Result};
+use crate::error::{ensure, err, Result};
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Checks a request index and returns its slot.
@@ -58,6 +58,17 @@ pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
             }
         }
         moves.push((t, g.swa_row(slot, pos)));
+    }
+    // Two rows aimed at one ring row would race on a GPU; refuse them here too.
+    let mut owner = std::collections::HashMap::with_capacity(moves.len());
+    for &(t, dst) in &moves {
+        if let Some(first) = owner.insert(dst, t) {
+            return Err(err!(
+                InvalidArgument,
+                "positions[{t}]: token {t} and token {first} both map to ring row {dst}; a request's rows \
+                 must span at most `ring` positions (pass final_pos for prefill chunks)"
+            ));
+        }
     }
     for (t, dst) in moves {
         // SAFETY: `dst` < swa_rows <= pool rows; `t` < n <= kv rows.

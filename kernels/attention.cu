@@ -1,0 +1,484 @@
+// Sparse decode / prefill attention over gathered latent rows (K = V, MQA).
+//
+// One CTA = (token, head block of 16*MT heads, key split). Eight warps share
+// every gathered row: each 64-key tile is read from global memory once per CTA
+// (cp.async, double-buffered) and serves all heads of the block.
+//   QK:  S[Hb, 64] = Q[Hb, 512] . K[64, 512]^T, warp w computes keys 8w..8w+7
+//        (mma.sync m16n8k16, bf16 in, f32 accumulate).
+//   softmax (online, log2 domain): warp w owns rows w, w+8, ...; P rounded to
+//        bf16 and the denominator summed from the rounded values.
+//   PV:  O[Hb, 512] += P[Hb, 64] . V[64, 512], warp w owns dims 64w..64w+63.
+// One split writes the output with the sink folded in; several splits write
+// (m, l, acc) partials to the plan's workspace and a combine kernel merges them
+// in a fixed order (deterministic).
+//
+// Keys come from up to two sources (pool rows, then the prefill chunk's own
+// rows); an index outside its source (-1 included) is skipped, never read.
+#include <math.h>
+
+#include "shim.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / UKV_WARP;
+constexpr int kD = 512;
+constexpr int kBK = 64;                 // keys per tile
+constexpr int kChunks = kD * 2 / 16;    // 16-byte chunks per row
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMaxSplits = 64;
+
+// Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
+template <int MT>
+struct Smem {
+  static constexpr int kHb = 16 * MT;
+  static constexpr size_t kQ = 0;                                   // bf16 [Hb][512], swizzled
+  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [2][64][512], swizzled
+  static constexpr size_t kS = kK + (size_t)2 * kBK * kD * 2;       // f32 [Hb][64]
+  static constexpr size_t kP = kS + (size_t)kHb * kBK * 4;          // bf16 [Hb][64], swizzled
+  static constexpr size_t kValid = kP + (size_t)kHb * kBK * 2;      // int [2][64]
+  static constexpr size_t kM = kValid + 2 * kBK * 4;                // f32 [Hb] running max
+  static constexpr size_t kL = kM + kHb * 4;                        // f32 [Hb] running sum
+  static constexpr size_t kAlpha = kL + kHb * 4;                    // f32 [Hb] rescale of this tile
+  static constexpr size_t kBytes = kAlpha + kHb * 4;
+};
+
+// Byte offset of 16-byte chunk `c` of row `r` in a 1024-byte-row tile: XOR
+// swizzle so the 8 rows an ldmatrix reads hit distinct banks.
+__device__ __forceinline__ uint32_t row_chunk(int r, int c) {
+  return (uint32_t)r * 1024u + (uint32_t)((c ^ (r & 7)) << 4);
+}
+// Same for the 128-byte rows of P.
+__device__ __forceinline__ uint32_t p_chunk(int r, int c) {
+  return (uint32_t)r * 128u + (uint32_t)((c ^ (r & 7)) << 4);
+}
+
+// Resolved key list of one token: source 0 then source 1.
+struct TokenKeys {
+  const int32_t* idx[2];
+  int len[2];
+  int total;
+};
+
+__device__ TokenKeys token_keys(const ukv_attention_params& p, int t) {
+  TokenKeys k{};
+  for (int s = 0; s < 2; ++s) {
+    k.idx[s] = nullptr;
+    k.len[s] = 0;
+    if (s >= p.num_sources) continue;
+    const ukv_kv_source& src = p.src[s];
+    const int64_t begin = src.indptr[t];
+    int64_t end = src.indptr[t + 1];
+    if (begin < 0 || end <= begin || begin >= src.capacity) continue;
+    if (end > src.capacity) end = src.capacity;
+    k.idx[s] = src.indices + begin;
+    k.len[s] = (int)(end - begin);
+  }
+  k.total = k.len[0] + k.len[1];
+  return k;
+}
+
+// Global address of key j of the token and whether it is valid.
+__device__ __forceinline__ const ukv_bf16* key_row(const ukv_attention_params& p, const TokenKeys& k, int j,
+                                                    bool& valid) {
+  valid = false;
+  int s = 0;
+  if (j >= k.len[0]) {
+    j -= k.len[0];
+    s = 1;
+  }
+  const ukv_kv_source& src = p.src[s];
+  if (j < k.len[s]) {
+    const int r = k.idx[s][j];
+    if (r >= 0 && r < src.rows) {
+      valid = true;
+      return static_cast<const ukv_bf16*>(src.kv) + (int64_t)r * src.kv_stride;
+    }
+  }
+  return static_cast<const ukv_bf16*>(p.src[0].kv);
+}
+
+// Issues the cp.async loads of one 64-key tile into `stage` and records which
+// keys are valid. Warp w covers keys {w/2, w/2 + 4, ...}: lane i resolves key
+// 4i + w/2 once and the warp shares it by shuffle.
+template <int MT>
+__device__ void load_tile(const ukv_attention_params& p, const TokenKeys& k, int tile, int stage, char* smem) {
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  const int half = warp & 1;  // which 32 chunks of the row this warp copies
+  const int key_of_lane = lane * 4 + (warp >> 1);
+  bool lane_valid = false;
+  const ukv_bf16* lane_row = nullptr;
+  if (lane < kBK / 4) lane_row = key_row(p, k, tile * kBK + key_of_lane, lane_valid);
+  if (lane < kBK / 4 && half == 0) {
+    reinterpret_cast<int*>(smem + Smem<MT>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
+  }
+  const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
+  char* ks = smem + Smem<MT>::kK + (size_t)stage * kBK * kD * 2;
+#pragma unroll 4
+  for (int i = 0; i < kBK / 4; ++i) {
+    const int key = i * 4 + (warp >> 1);
+    const uint64_t addr = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)row_bits, i, UKV_WARP)) |
+                          ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
+    const bool valid = ukv_shfl(lane_valid ? 1 : 0, i, UKV_WARP) != 0;
+    const int chunk = half * 32 + lane;
+    const char* src = reinterpret_cast<const char*>(addr) + chunk * 16;
+    ukv_cp_async16(ks + row_chunk(key, chunk), src, valid);
+  }
+}
+
+// Loads the block's query rows (zeros past the last head).
+template <int MT>
+__device__ void load_q(const ukv_attention_params& p, int t, int h0, char* smem) {
+  constexpr int kHb = 16 * MT;
+  for (int c = threadIdx.x; c < kHb * kChunks; c += kThreads) {
+    const int r = c / kChunks, chunk = c % kChunks;
+    const int h = h0 + r;
+    const bool valid = h < p.num_heads;
+    const ukv_bf16* q = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                        (int64_t)(valid ? h : 0) * p.q_stride_head;
+    ukv_cp_async16(smem + Smem<MT>::kQ + row_chunk(r, chunk), reinterpret_cast<const char*>(q) + chunk * 16,
+                   valid);
+  }
+}
+
+// Folds the sink into (m, l) and returns the scale of acc (0 when the output is
+// zero) and the natural-log LSE.
+__device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h, float m, float l, float* lse) {
+  const float z = p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+  const float mf = fmaxf(m, z);
+  if (mf == -INFINITY) {
+    *lse = -INFINITY;
+    return 0.f;
+  }
+  const float a_kv = exp2f(m - mf);
+  const float lf = l * a_kv + exp2f(z - mf);
+  *lse = (mf + log2f(lf)) * kLn2;
+  return lf > 0.f ? a_kv / lf : 0.f;
+}
+
+struct SplitConfig {
+  int splits;
+};
+
+// Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
+__host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_params p, SplitConfig cfg) {
+  constexpr int kHb = 16 * MT;
+  extern __shared__ __align__(128) char smem[];
+  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int h0 = hb * kHb;
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  const int g = lane >> 2, tq = lane & 3;  // mma fragment row / column-pair
+  float* m_s = reinterpret_cast<float*>(smem + Smem<MT>::kM);
+  float* l_s = reinterpret_cast<float*>(smem + Smem<MT>::kL);
+  float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT>::kAlpha);
+  float* s_s = reinterpret_cast<float*>(smem + Smem<MT>::kS);
+  const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT>::kValid);
+
+  const TokenKeys keys = token_keys(p, t);
+  const int tiles = (keys.total + kBK - 1) / kBK;
+  const int per_split = (tiles + cfg.splits - 1) / cfg.splits;
+  const int tile_begin = split * per_split;
+  const int tile_end = min(tiles, tile_begin + per_split);
+
+  for (int r = threadIdx.x; r < kHb; r += kThreads) {
+    m_s[r] = -INFINITY;
+    l_s[r] = 0.f;
+  }
+  float acc[MT][8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
+
+  if (tile_begin < tile_end) {
+    load_q<MT>(p, t, h0, smem);
+    load_tile<MT>(p, keys, tile_begin, 0, smem);
+  }
+  ukv_cp_async_commit();
+  const float qk_scale = p.softmax_scale * kLog2e;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) & 1;
+    if (tile + 1 < tile_end) {
+      load_tile<MT>(p, keys, tile + 1, stage ^ 1, smem);
+      ukv_cp_async_commit();
+      ukv_cp_async_wait<1>();
+    } else {
+      ukv_cp_async_wait<0>();
+    }
+    __syncthreads();
+    const char* ks = smem + Smem<MT>::kK + (size_t)stage * kBK * kD * 2;
+
+    // QK: this warp's 8 keys against all heads of the block.
+    {
+      float s[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][e] = 0.f;
+      const int key_row_l = warp * 8 + (lane & 7);
+#pragma unroll 2
+      for (int k0 = 0; k0 < kD; k0 += 32) {
+        uint32_t b[4];  // b0,b1 of k-step k0 and of k-step k0+16
+        ukv_ldmatrix_x4(b, ks + row_chunk(key_row_l, (k0 >> 3) + (lane >> 3)));
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            uint32_t a[4];
+            const int qr = mt * 16 + (lane & 15);
+            const int qc = ((k0 + half * 16) >> 3) + (lane >> 4);
+            ukv_ldmatrix_x4(a, smem + Smem<MT>::kQ + row_chunk(qr, qc));
+            ukv_mma_bf16_16816(s[mt], a, b[half * 2], b[half * 2 + 1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int col = warp * 8 + tq * 2;
+        float2* lo = reinterpret_cast<float2*>(s_s + (mt * 16 + g) * kBK + col);
+        float2* hi = reinterpret_cast<float2*>(s_s + (mt * 16 + g + 8) * kBK + col);
+        *lo = make_float2(s[mt][0], s[mt][1]);
+        *hi = make_float2(s[mt][2], s[mt][3]);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one row per warp at a time; lanes own keys lane, lane+32.
+    {
+      const int* valid = valid_s + stage * kBK;
+      const bool v0 = valid[lane] != 0, v1 = valid[lane + 32] != 0;
+      for (int r = warp; r < kHb; r += kWarps) {
+        const float x0 = s_s[r * kBK + lane] * qk_scale;
+        const float x1 = s_s[r * kBK + lane + 32] * qk_scale;
+        float mx = fmaxf(v0 ? x0 : -INFINITY, v1 ? x1 : -INFINITY);
+        for (int o = UKV_WARP / 2; o > 0; o /= 2) mx = fmaxf(mx, ukv_shfl_xor(mx, o, UKV_WARP));
+        const float m_old = m_s[r];
+        const float m_new = fmaxf(m_old, mx);
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        const ukv_bf16 p0 = ukv_float_to_bf16(v0 ? exp2f(x0 - base) : 0.f);
+        const ukv_bf16 p1 = ukv_float_to_bf16(v1 ? exp2f(x1 - base) : 0.f);
+        float sum = ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
+        for (int o = UKV_WARP / 2; o > 0; o /= 2) sum += ukv_shfl_xor(sum, o, UKV_WARP);
+        char* prow = smem + Smem<MT>::kP;
+        reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, lane >> 3))[lane & 7] = p0;
+        reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, (lane + 32) >> 3))[lane & 7] = p1;
+        if (lane == 0) {
+          const float alpha = exp2f(m_old - base);
+          alpha_s[r] = alpha;
+          l_s[r] = l_s[r] * alpha + sum;
+          m_s[r] = m_new;
+        }
+      }
+    }
+    __syncthreads();
+
+    // PV: rescale, then this warp's 64 output dims.
+    {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const float a_lo = alpha_s[mt * 16 + g], a_hi = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[mt][n][0] *= a_lo;
+          acc[mt][n][1] *= a_lo;
+          acc[mt][n][2] *= a_hi;
+          acc[mt][n][3] *= a_hi;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBK; kk += 16) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ukv_ldmatrix_x4(a[mt], smem + Smem<MT>::kP + p_chunk(mt * 16 + (lane & 15), (kk >> 3) + (lane >> 4)));
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n += 2) {
+          uint32_t b[4];  // b0,b1 of dims n*8.. and of dims (n+1)*8..
+          const int vkey = kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+          const int vchunk = (warp * 64 + n * 8) / 8 + (lane >> 4);
+          ukv_ldmatrix_x4_trans(b, ks + row_chunk(vkey, vchunk));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            ukv_mma_bf16_16816(acc[mt][n], a[mt], b[0], b[1]);
+            ukv_mma_bf16_16816(acc[mt][n + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  __syncthreads();  // m_s / l_s written before the loop, read below
+
+  // Epilogue. Rows g and g+8 of every m-tile; columns warp*64 + n*8 + 2tq.
+  if (cfg.splits == 1) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 16 + g + half * 8;
+        const int h = h0 + r;
+        if (h >= p.num_heads) continue;
+        float lse;
+        const float scale = fold_sink(p, h, m_s[r], l_s[r], &lse);
+        ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const int col = warp * 64 + n * 8 + tq * 2;
+          *reinterpret_cast<uint32_t*>(out + col) =
+              ukv_pack_bf16x2(acc[mt][n][half * 2] * scale, acc[mt][n][half * 2 + 1] * scale);
+        }
+        if (p.lse != nullptr && warp == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+      }
+    }
+  } else {
+    float* rec = static_cast<float*>(p.workspace) +
+                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(kHb);
+    for (int r = threadIdx.x; r < kHb; r += kThreads) {
+      rec[r] = m_s[r];
+      rec[kHb + r] = l_s[r];
+    }
+    if (tile_begin < tile_end) {
+      float* acc_out = rec + 2 * kHb;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mt * 16 + g + half * 8;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            const int col = warp * 64 + n * 8 + tq * 2;
+            *reinterpret_cast<float2*>(acc_out + (size_t)r * kD + col) =
+                make_float2(acc[mt][n][half * 2], acc[mt][n][half * 2 + 1]);
+          }
+        }
+    }
+  }
+}
+
+// Merges the splits of one (token, head) in split order; 128 threads x 4 dims.
+__global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int block_heads) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int hb = h / block_heads, r = h % block_heads;
+  const size_t rec_floats = partial_floats(block_heads);
+  const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
+  const float* base =
+      static_cast<const float*>(p.workspace) + ((size_t)t * head_blocks + hb) * cfg.splits * rec_floats;
+  float m = -INFINITY;
+  for (int s = 0; s < cfg.splits; ++s) m = fmaxf(m, base[s * rec_floats + r]);
+  float l = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const int d0 = threadIdx.x * 4;
+  if (m != -INFINITY) {
+    for (int s = 0; s < cfg.splits; ++s) {
+      const float* rec = base + s * rec_floats;
+      const float ms = rec[r];
+      if (ms == -INFINITY) continue;  // empty split: its acc was never written
+      const float w = exp2f(ms - m);
+      l += w * rec[block_heads + r];
+      const float4 a = *reinterpret_cast<const float4*>(rec + 2 * block_heads + (size_t)r * kD + d0);
+      acc[0] += w * a.x;
+      acc[1] += w * a.y;
+      acc[2] += w * a.z;
+      acc[3] += w * a.w;
+    }
+  }
+  float lse;
+  const float scale = fold_sink(p, h, m, l, &lse);
+  ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+  uint2 packed = make_uint2(ukv_pack_bf16x2(acc[0] * scale, acc[1] * scale), ukv_pack_bf16x2(acc[2] * scale, acc[3] * scale));
+  *reinterpret_cast<uint2*>(out + d0) = packed;
+  if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+}
+
+// Key splits for T tokens: enough CTAs for two waves, at most kMaxSplits.
+int splits_for(const ukv_attention_plan& plan, int tokens) {
+  const int base = tokens * plan.head_blocks;
+  if (base <= 0) return 1;
+  const int want = (2 * plan.sm_count) / base;
+  return want < 1 ? 1 : (want > plan.max_splits ? plan.max_splits : want);
+}
+
+template <int MT>
+int configure(const ukv_attention_plan&) {
+  ukv_error_t e = ukv_func_set_max_dynamic_smem(attention_kernel<MT>, (int)Smem<MT>::kBytes);
+  return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "set attention shared memory");
+}
+
+template <int MT>
+void launch(const ukv_attention_params& p, SplitConfig cfg, int head_blocks, ukv_stream_t s) {
+  dim3 grid(p.num_tokens, head_blocks, cfg.splits);
+  attention_kernel<MT><<<grid, kThreads, Smem<MT>::kBytes, s>>>(p, cfg);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Chooses the launch configuration for capture-time shapes, configures the
+// kernels, and reports the workspace every launch through the plan needs.
+int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_attention_plan* plan) {
+  UKV_ENTRY(device, {
+    int sms = 0, smem_optin = 0;
+    ukv_error_t e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
+    if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&smem_optin, UKV_ATTR_MAX_SMEM_OPTIN, device);
+    if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
+    ukv_attention_plan pl{};
+    pl.max_tokens = max_tokens;
+    pl.num_heads = num_heads;
+    pl.head_blocks = (int)ukv::cdiv(num_heads, 64);
+    pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
+    pl.sm_count = sms;
+    pl.max_splits = kMaxSplits;
+    size_t smem = 0;
+    int r = UKV_SHIM_OK;
+    switch (pl.block_m_tiles) {
+      case 1: smem = Smem<1>::kBytes; r = configure<1>(pl); break;
+      case 2: smem = Smem<2>::kBytes; r = configure<2>(pl); break;
+      case 3: smem = Smem<3>::kBytes; r = configure<3>(pl); break;
+      default: smem = Smem<4>::kBytes; r = configure<4>(pl); break;
+    }
+    if (r != UKV_SHIM_OK) return r;
+    if ((int)smem > smem_optin) {
+      ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
+                     std::to_string(smem_optin));
+      return UKV_SHIM_INVALID;
+    }
+    // Largest T * splits(T) over 1..max_tokens sizes the partials.
+    size_t worst = 0;
+    for (int t = 1; t <= max_tokens; ++t) {
+      const int s = splits_for(pl, t);
+      if (s > 1 && (size_t)t * s > worst) worst = (size_t)t * s;
+    }
+    pl.workspace_bytes = (int64_t)(worst * pl.head_blocks * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
+    *plan = pl;
+    return UKV_SHIM_OK;
+  })
+}
+
+int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_attention_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    ukv_stream_t s = (ukv_stream_t)stream;
+    SplitConfig cfg{splits_for(*plan, p->num_tokens)};
+    switch (plan->block_m_tiles) {
+      case 1: launch<1>(*p, cfg, plan->head_blocks, s); break;
+      case 2: launch<2>(*p, cfg, plan->head_blocks, s); break;
+      case 3: launch<3>(*p, cfg, plan->head_blocks, s); break;
+      default: launch<4>(*p, cfg, plan->head_blocks, s); break;
+    }
+    if (int r = ukv::check_launch("attention_kernel")) return r;
+    if (cfg.splits == 1) return UKV_SHIM_OK;
+    combine_kernel<<<dim3(p->num_tokens, p->num_heads), kD / 4, 0, s>>>(*p, cfg, 16 * plan->block_m_tiles);
+    return ukv::check_launch("combine_kernel");
+  })
+}
+
+}  // extern "C"

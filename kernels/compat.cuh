@@ -1,0 +1,145 @@
+// The only file that names the GPU vendor's runtime, types and intrinsics.
+// Kernel files use the ukv_* names below; a HIP build maps them to hip* here.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIPCC__)
+#error "HIP mapping arrives with the ROCm backend; kernels are written against this header only"
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+typedef cudaStream_t ukv_stream_t;
+typedef cudaError_t ukv_error_t;
+typedef __nv_bfloat16 ukv_bf16;
+typedef __nv_bfloat162 ukv_bf16x2;
+
+#define UKV_SUCCESS cudaSuccess
+#define ukv_get_device cudaGetDevice
+#define ukv_set_device cudaSetDevice
+#define ukv_get_device_count cudaGetDeviceCount
+#define ukv_malloc cudaMalloc
+#define ukv_free cudaFree
+#define ukv_memcpy_async cudaMemcpyAsync
+#define ukv_memset_async cudaMemsetAsync
+#define ukv_stream_synchronize cudaStreamSynchronize
+#define ukv_get_last_error cudaGetLastError
+#define ukv_peek_at_last_error cudaPeekAtLastError
+#define ukv_get_error_string cudaGetErrorString
+#define ukv_func_set_max_dynamic_smem(f, bytes) \
+  cudaFuncSetAttribute((const void*)(f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
+#define ukv_device_get_attribute cudaDeviceGetAttribute
+#define UKV_ATTR_SM_COUNT cudaDevAttrMultiProcessorCount
+#define UKV_ATTR_MAX_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define UKV_MEMCPY_HOST_TO_DEVICE cudaMemcpyHostToDevice
+#define UKV_MEMCPY_DEVICE_TO_HOST cudaMemcpyDeviceToHost
+#define UKV_MEMCPY_DEVICE_TO_DEVICE cudaMemcpyDeviceToDevice
+#define UKV_ERROR_MEMORY_ALLOCATION cudaErrorMemoryAllocation
+#define UKV_ERROR_NO_DEVICE cudaErrorNoDevice
+#define UKV_ERROR_INSUFFICIENT_DRIVER cudaErrorInsufficientDriver
+#define UKV_STREAM_CAPTURE_GLOBAL cudaStreamCaptureModeGlobal
+#define ukv_memset cudaMemset
+typedef cudaMemcpyKind ukv_memcpy_kind;
+
+// Errors after which the device context is unusable (a kernel faulted).
+inline bool ukv_error_is_sticky(ukv_error_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+#endif
+
+// Logical warp: 32 lanes everywhere. Code that depends on the physical wave
+// (64 on CDNA) uses UKV_WAVE_SIZE.
+#define UKV_WARP 32
+#define UKV_WAVE_SIZE 32
+
+// Shuffles always name their width.
+__device__ __forceinline__ float ukv_shfl_xor(float v, int mask, int width) {
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+}
+__device__ __forceinline__ int ukv_shfl_xor(int v, int mask, int width) {
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+}
+__device__ __forceinline__ int ukv_shfl_up(int v, int delta, int width) {
+  return __shfl_up_sync(0xffffffffu, v, delta, width);
+}
+__device__ __forceinline__ int ukv_shfl(int v, int src, int width) {
+  return __shfl_sync(0xffffffffu, v, src, width);
+}
+__device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
+  return (uint64_t)__ballot_sync(0xffffffffu, pred);
+}
+
+// 1-based index of the lowest set bit, 0 when none.
+__device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long)x); }
+
+__device__ __forceinline__ float ukv_bf16_to_float(ukv_bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ ukv_bf16 ukv_float_to_bf16(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
+  ukv_bf16x2 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Tensor-core and async-copy feature macros: kernel files test these, not vendors.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define UKV_HAS_MMA_BF16 1
+#define UKV_HAS_CP_ASYNC 1
+#endif
+
+// 16-byte asynchronous global->shared copy; `valid == false` fills zeros and
+// reads nothing (the source must still be a mapped address).
+__device__ __forceinline__ void ukv_cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(UKV_HAS_CP_ASYNC)
+  uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+  int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void ukv_cp_async_commit() {
+#if defined(UKV_HAS_CP_ASYNC)
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ukv_cp_async_wait() {
+#if defined(UKV_HAS_CP_ASYNC)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Tensor-core fragments (m16n8k16, bf16 in, f32 accumulate). Layouts follow the
+// PTX ISA: A row-major 16x16 (4 regs), B column-major 16x8 (2 regs), C/D 16x8 f32.
+__device__ __forceinline__ void ukv_ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ukv_ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ukv_mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

@@ -1,0 +1,222 @@
+// Index-stream builders. Each builder is three launches, all sized by the
+// capture-time token count: (1) one warp per token computes slice lengths into
+// indptr[t + 1]; (2) one block turns them into exclusive prefix sums in place;
+// (3) one block per token writes its slice. Invalid device values give empty
+// slices (or, inside a CSA tail, a repeat of the token's newest window row), so
+// no -1 and no row outside the pool is ever written.
+#include "shim.cuh"
+
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kScanThreads = 1024;
+constexpr int kFillThreads = 128;
+
+// Leading entries of row[0..limit) that are valid page indices (< rows), for a
+// whole warp; every lane returns the same count.
+__device__ int leading_valid(const int32_t* row, int limit, int rows) {
+  const int lane = threadIdx.x % UKV_WARP;
+  for (int base = 0; base < limit; base += UKV_WARP) {
+    const int j = base + lane;
+    bool ok = false;
+    if (j < limit) {
+      const int v = row[j];
+      ok = v >= 0 && v < rows;
+    }
+    const uint64_t bad = ukv_ballot(!ok);
+    if (bad != 0) return base + ukv_ffs64(bad) - 1;
+  }
+  return limit;
+}
+
+// Request slot of token t, or -1 when the token is padding or its values are invalid.
+__device__ int token_slot(const int32_t* batch_id, const int32_t* req_slots, int num_requests,
+                          int num_slots, const int32_t* positions, int t) {
+  const int b = batch_id[t];
+  if (b < 0 || b >= num_requests) return -1;
+  const int slot = req_slots[b];
+  if (slot < 0 || slot >= num_slots || positions[t] < 0) return -1;
+  return slot;
+}
+
+__global__ void decode_lengths_kernel(ukv_decode_streams_params p) {
+  const int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / UKV_WARP;
+  if (t >= p.num_tokens) return;
+  int swa = 0, hca = 0, csa = 0;
+  if (token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t) >= 0) {
+    const int pos = p.positions[t];
+    swa = min(pos + 1, p.window);
+    if (p.c128 != nullptr) {
+      const int limit = min((pos + 1) / 128, p.c128_width);
+      hca = leading_valid(p.c128 + t * p.c128_stride, limit, p.hca_rows);
+    }
+    csa = min((pos + 1) / 4, p.csa_topk);
+  }
+  if (threadIdx.x % UKV_WARP == 0) {
+    p.swa.indptr[t + 1] = swa;
+    p.hca.indptr[t + 1] = swa + hca;
+    p.csa.indptr[t + 1] = swa + csa;
+  }
+}
+
+// In-place exclusive scan of the lengths in indptr[1..=n] of up to three streams.
+__global__ void scan_kernel(int32_t* a, int32_t* b, int32_t* c, int n) {
+  __shared__ int32_t partial[kScanThreads / UKV_WARP];
+  int32_t* ptr = blockIdx.x == 0 ? a : blockIdx.x == 1 ? b : c;
+  if (ptr == nullptr) return;
+  int carry = 0;
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  for (int base = 0; base < n; base += kScanThreads) {
+    const int i = base + threadIdx.x;
+    int v = i < n ? ptr[i + 1] : 0;
+    // Inclusive scan within the warp, then across warps.
+    for (int d = 1; d < UKV_WARP; d *= 2) {
+      const int up = ukv_shfl_up(v, d, UKV_WARP);
+      if (lane >= d) v += up;
+    }
+    if (lane == UKV_WARP - 1) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < kScanThreads / UKV_WARP ? partial[lane] : 0;
+      for (int d = 1; d < UKV_WARP; d *= 2) {
+        const int up = ukv_shfl_up(w, d, UKV_WARP);
+        if (lane >= d) w += up;
+      }
+      partial[lane] = w;
+    }
+    __syncthreads();
+    const int total = v + (warp > 0 ? partial[warp - 1] : 0) + carry;
+    if (i < n) ptr[i + 1] = total;
+    carry += partial[kScanThreads / UKV_WARP - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ptr[0] = 0;
+}
+
+__device__ __forceinline__ void put(const ukv_stream_out& s, int64_t at, int32_t row) {
+  if (at >= 0 && at < s.capacity) s.indices[at] = row;
+}
+
+__global__ void decode_fill_kernel(ukv_decode_streams_params p) {
+  const int t = blockIdx.x;
+  const int slot = token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t);
+  if (slot < 0) return;
+  const int pos = p.positions[t];
+  const int swa = min(pos + 1, p.window);
+  const int64_t s0 = p.swa.indptr[t], h0 = p.hca.indptr[t], c0 = p.csa.indptr[t];
+  for (int i = threadIdx.x; i < swa; i += blockDim.x) {
+    const int32_t row = slot * p.ring + (pos - swa + 1 + i) % p.ring;
+    put(p.swa, s0 + i, row);
+    put(p.hca, h0 + i, row);
+    put(p.csa, c0 + i, row);
+  }
+  const int hca = p.hca.indptr[t + 1] - (int)h0 - swa;
+  for (int j = threadIdx.x; j < hca; j += blockDim.x) {
+    put(p.hca, h0 + swa + j, p.swa_rows + p.c128[t * p.c128_stride + j]);
+  }
+}
+
+__global__ void csa_tail_kernel(ukv_csa_tail_params p) {
+  const int t = blockIdx.x;
+  if (p.batch_id[t] < 0 || p.positions[t] < 0) return;
+  const int swa = min(p.positions[t] + 1, p.window);
+  const int64_t start = p.indptr[t];
+  const int tail = min(p.indptr[t + 1] - (int)start - swa, p.width);
+  if (start < 0 || swa < 1 || start + swa > p.capacity) return;
+  const int32_t newest = p.indices[start + swa - 1];
+  for (int j = threadIdx.x; j < tail; j += blockDim.x) {
+    const int pi = p.table[t * p.table_stride + j];
+    const bool ok = pi >= 0 && pi < p.csa_rows;
+    const int64_t at = start + swa + j;
+    if (at < p.capacity) p.indices[at] = ok ? p.swa_rows + pi : newest;
+  }
+}
+
+__global__ void prefill_lengths_kernel(ukv_prefill_streams_params p) {
+  const int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / UKV_WARP;
+  if (t >= p.num_tokens) return;
+  int prefix = 0, extend = 0;
+  if (token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t) >= 0) {
+    const int b = p.batch_id[t], pos = p.positions[t], start = p.chunk_start[b];
+    if (start >= 0 && start <= pos && p.extend_start[b] >= 0) {
+      const int swa_low = max(pos - p.window + 1, 0);
+      extend = min(pos - start + 1, p.window);
+      prefix = min(max(start - swa_low, 0), p.window);
+      if (p.table != nullptr) {
+        const int visible = p.ratio == 0 ? 0 : (pos + 1) / p.ratio;
+        prefix += leading_valid(p.table + t * p.table_stride, min(visible, p.width), p.compressed_rows);
+      }
+    }
+  }
+  if (threadIdx.x % UKV_WARP == 0) {
+    p.prefix.indptr[t + 1] = prefix;
+    p.extend.indptr[t + 1] = extend;
+  }
+}
+
+__global__ void prefill_fill_kernel(ukv_prefill_streams_params p) {
+  const int t = blockIdx.x;
+  const int slot = token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t);
+  if (slot < 0) return;
+  const int b = p.batch_id[t], pos = p.positions[t], start = p.chunk_start[b];
+  if (start < 0 || start > pos || p.extend_start[b] < 0) return;
+  const int swa_low = max(pos - p.window + 1, 0);
+  const int extend = min(pos - start + 1, p.window);
+  const int prefix_swa = min(max(start - swa_low, 0), p.window);
+  const int64_t x0 = p.prefix.indptr[t], e0 = p.extend.indptr[t];
+  const int compressed = p.prefix.indptr[t + 1] - (int)x0 - prefix_swa;
+  for (int k = threadIdx.x; k < prefix_swa; k += blockDim.x) {
+    put(p.prefix, x0 + k, slot * p.ring + (swa_low + k) % p.ring);
+  }
+  for (int j = threadIdx.x; j < compressed; j += blockDim.x) {
+    put(p.prefix, x0 + prefix_swa + j, p.swa_rows + p.table[t * p.table_stride + j]);
+  }
+  const int first = p.extend_start[b] + (pos - start) + 1 - extend;
+  for (int k = threadIdx.x; k < extend; k += blockDim.x) put(p.extend, e0 + k, first + k);
+}
+
+}  // namespace
+
+extern "C" {
+
+int unikv_gpu_build_decode_streams(int device, const ukv_decode_streams_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    ukv_stream_t s = (ukv_stream_t)stream;
+    const int t = p->num_tokens;
+    if (t > 0) {
+      decode_lengths_kernel<<<ukv::cdiv(t, kWarpsPerBlock), kWarpsPerBlock * UKV_WARP, 0, s>>>(*p);
+      if (int r = ukv::check_launch("decode_lengths_kernel")) return r;
+    }
+    scan_kernel<<<3, kScanThreads, 0, s>>>(p->swa.indptr, p->hca.indptr, p->csa.indptr, t);
+    if (int r = ukv::check_launch("scan_kernel")) return r;
+    if (t == 0) return UKV_SHIM_OK;
+    decode_fill_kernel<<<t, kFillThreads, 0, s>>>(*p);
+    return ukv::check_launch("decode_fill_kernel");
+  })
+}
+
+int unikv_gpu_fill_csa_tail(int device, const ukv_csa_tail_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    csa_tail_kernel<<<p->num_tokens, kFillThreads, 0, (ukv_stream_t)stream>>>(*p);
+    return ukv::check_launch("csa_tail_kernel");
+  })
+}
+
+int unikv_gpu_build_prefill_streams(int device, const ukv_prefill_streams_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    ukv_stream_t s = (ukv_stream_t)stream;
+    const int t = p->num_tokens;
+    if (t > 0) {
+      prefill_lengths_kernel<<<ukv::cdiv(t, kWarpsPerBlock), kWarpsPerBlock * UKV_WARP, 0, s>>>(*p);
+      if (int r = ukv::check_launch("prefill_lengths_kernel")) return r;
+    }
+    scan_kernel<<<2, kScanThreads, 0, s>>>(p->prefix.indptr, p->extend.indptr, nullptr, t);
+    if (int r = ukv::check_launch("scan_kernel")) return r;
+    if (t == 0) return UKV_SHIM_OK;
+    prefill_fill_kernel<<<t, kFillThreads, 0, s>>>(*p);
+    return ukv::check_launch("prefill_fill_kernel");
+  })
+}
+
+}  // extern "C"

@@ -1,0 +1,164 @@
+/* Plain parameter structs of the kernel shim. Mirrored by src/backend/gpu/params.rs
+ * (#[repr(C)]); unikv_gpu_params_size() lets the Rust side check the sizes agree.
+ * Pointers are device memory; strides are in elements; offsets are 64-bit. */
+#pragma once
+
+#include <stdint.h>
+
+/* SWA ring scatter (spec unified_kv 5.2). */
+typedef struct ukv_store_swa_params {
+  const void* kv;           /* [num_tokens, 512] bf16, row stride kv_stride */
+  const int32_t* batch_id;  /* [num_tokens] */
+  const int32_t* req_slots; /* [num_requests] */
+  const int32_t* positions; /* [num_tokens] */
+  const int32_t* final_pos; /* [num_requests] or NULL */
+  void* pool;               /* layer buffer [pool_rows, 512] bf16 */
+  int64_t kv_stride;
+  int64_t pool_rows;
+  int32_t num_tokens;
+  int32_t num_requests;
+  int32_t window;
+  int32_t ring;
+  int32_t num_slots;
+  int32_t reserved;
+} ukv_store_swa_params;
+
+/* Compressed-row scatter (spec unified_kv 5.1). */
+typedef struct ukv_store_compressed_params {
+  const void* kv;      /* [num_rows, 512] bf16 */
+  const int32_t* loc;  /* [num_rows], < 0 = skip */
+  void* pool;
+  int64_t kv_stride;
+  int64_t swa_rows;
+  int64_t compressed_rows;
+  int32_t num_rows;
+  int32_t reserved;
+} ukv_store_compressed_params;
+
+/* One output stream of an index builder. */
+typedef struct ukv_stream_out {
+  int32_t* indptr;  /* [num_tokens + 1] */
+  int32_t* indices; /* [capacity] */
+  int64_t capacity;
+} ukv_stream_out;
+
+/* Decode streams (spec unified_kv 2). */
+typedef struct ukv_decode_streams_params {
+  const int32_t* batch_id;
+  const int32_t* req_slots;
+  const int32_t* positions;
+  const int32_t* c128; /* [num_tokens, c128_width] row stride c128_stride, or NULL */
+  ukv_stream_out swa;
+  ukv_stream_out hca;
+  ukv_stream_out csa;
+  int64_t c128_stride;
+  int32_t c128_width;
+  int32_t num_tokens;
+  int32_t num_requests;
+  int32_t window;
+  int32_t ring;
+  int32_t num_slots;
+  int32_t swa_rows;
+  int32_t hca_rows; /* compressed rows of a ratio-128 layer */
+  int32_t csa_topk;
+  int32_t reserved;
+} ukv_decode_streams_params;
+
+/* Per-layer CSA tail fill (spec unified_kv 2.3). */
+typedef struct ukv_csa_tail_params {
+  const int32_t* batch_id;
+  const int32_t* positions;
+  const int32_t* table; /* [num_tokens, width] row stride table_stride */
+  const int32_t* indptr;
+  int32_t* indices;
+  int64_t table_stride;
+  int64_t capacity;
+  int32_t width;
+  int32_t num_tokens;
+  int32_t window;
+  int32_t swa_rows;
+  int32_t csa_rows; /* compressed rows of a ratio-4 layer */
+  int32_t reserved;
+} ukv_csa_tail_params;
+
+/* Prefill streams (spec unified_kv 4.3). */
+typedef struct ukv_prefill_streams_params {
+  const int32_t* batch_id;
+  const int32_t* req_slots;
+  const int32_t* positions;
+  const int32_t* chunk_start;
+  const int32_t* extend_start;
+  const int32_t* table; /* page indices of the layer's ratio, or NULL */
+  ukv_stream_out prefix;
+  ukv_stream_out extend;
+  int64_t table_stride;
+  int32_t width;
+  int32_t ratio;
+  int32_t num_tokens;
+  int32_t num_requests;
+  int32_t window;
+  int32_t ring;
+  int32_t num_slots;
+  int32_t swa_rows;
+  int32_t compressed_rows;
+  int32_t reserved;
+} ukv_prefill_streams_params;
+
+/* One key source of sparse attention. */
+typedef struct ukv_kv_source {
+  const void* kv;          /* [rows, 512] bf16 */
+  const int32_t* indices;
+  const int32_t* indptr;   /* [num_tokens + 1] */
+  int64_t kv_stride;
+  int64_t rows;
+  int64_t capacity;        /* entries of `indices` */
+} ukv_kv_source;
+
+/* Sparse decode / prefill attention (spec unified_kv 3-4). */
+typedef struct ukv_attention_params {
+  const void* q;           /* [num_tokens, H, 512] bf16 */
+  void* out;               /* [num_tokens, H, 512] bf16 */
+  float* lse;              /* [num_tokens, H] f32 or NULL */
+  const float* sink;       /* [H] f32 or NULL */
+  void* workspace;
+  ukv_kv_source src[2];
+  int64_t q_stride_token, q_stride_head;
+  int64_t out_stride_token, out_stride_head;
+  int64_t lse_stride_token;
+  int64_t workspace_bytes;
+  int32_t num_sources;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t skip_negative;
+  float softmax_scale;
+  int32_t reserved;
+} ukv_attention_params;
+
+/* Merge of partial attention results over disjoint key sets. */
+typedef struct ukv_merge_params {
+  const void* parts_out;   /* [num_parts][num_tokens, H, 512] bf16 */
+  const float* parts_lse;  /* [num_parts][num_tokens, H] */
+  const float* sink;       /* [H] or NULL */
+  void* out;
+  float* lse;              /* or NULL */
+  int64_t part_stride_out; /* elements between parts */
+  int64_t part_stride_lse;
+  int64_t out_stride_token, out_stride_head;
+  int64_t in_stride_token, in_stride_head;
+  int64_t lse_stride_token, in_lse_stride_token;
+  int32_t num_parts;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t reserved;
+} ukv_merge_params;
+
+/* Launch configuration chosen at plan creation (capture-time shapes only). */
+typedef struct ukv_attention_plan {
+  int32_t max_tokens;
+  int32_t num_heads;
+  int32_t head_blocks;   /* CTAs per token along heads */
+  int32_t block_m_tiles; /* 16-row MMA tiles per head block */
+  int32_t sm_count;
+  int32_t max_splits;
+  int64_t workspace_bytes;
+} ukv_attention_plan;

@@ -1,0 +1,133 @@
+// Runtime side of the shim: errors, device selection, memory helpers, streams.
+#include <cstring>
+
+#include "shim.cuh"
+
+namespace ukv {
+
+namespace {
+thread_local std::string g_message;
+}  // namespace
+
+void set_error(const std::string& message) { g_message = message; }
+
+int report(ukv_error_t e, const char* what) {
+  set_error(std::string(what) + ": " + ukv_get_error_string(e));
+  if (e == UKV_ERROR_MEMORY_ALLOCATION) return UKV_SHIM_OUT_OF_MEMORY;
+  if (e == UKV_ERROR_NO_DEVICE || e == UKV_ERROR_INSUFFICIENT_DRIVER) return UKV_SHIM_UNAVAILABLE;
+  return ukv_error_is_sticky(e) ? UKV_SHIM_FATAL : UKV_SHIM_ERROR;
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  ukv_error_t e = ukv_get_device(&previous_);
+  if (e != UKV_SUCCESS) {
+    status_ = report(e, "get device");
+    return;
+  }
+  if (previous_ != device) {
+    e = ukv_set_device(device);
+    if (e != UKV_SUCCESS) {
+      status_ = report(e, "set device");
+      return;
+    }
+    changed_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) ukv_set_device(previous_);
+}
+
+}  // namespace ukv
+
+extern "C" {
+
+const char* unikv_gpu_last_error(void) { return ukv::g_message.c_str(); }
+
+// Sizes of the params structs, checked against the Rust mirrors.
+size_t unikv_gpu_params_size(int which) {
+  switch (which) {
+    case 0: return sizeof(ukv_store_swa_params);
+    case 1: return sizeof(ukv_store_compressed_params);
+    case 2: return sizeof(ukv_decode_streams_params);
+    case 3: return sizeof(ukv_csa_tail_params);
+    case 4: return sizeof(ukv_prefill_streams_params);
+    case 5: return sizeof(ukv_attention_params);
+    case 6: return sizeof(ukv_merge_params);
+    case 7: return sizeof(ukv_attention_plan);
+    default: return 0;
+  }
+}
+
+// Number of devices; UKV_SHIM_UNAVAILABLE (with the reason) when there is no
+// driver or no device, which a CPU-only machine reports here.
+int unikv_gpu_device_count(int* count) {
+  *count = 0;
+  ukv_error_t e = ukv_get_device_count(count);
+  if (e != UKV_SUCCESS) {
+    *count = 0;
+    ukv_get_last_error();
+    return ukv::report(e, "device count");
+  }
+  return UKV_SHIM_OK;
+}
+
+int unikv_gpu_sm_count(int device, int* count) {
+  UKV_ENTRY(device, {
+    ukv_error_t e = ukv_device_get_attribute(count, UKV_ATTR_SM_COUNT, device);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "device attribute");
+  })
+}
+
+int unikv_gpu_malloc(int device, size_t bytes, void** out) {
+  UKV_ENTRY(device, {
+    void* p = nullptr;
+    ukv_error_t e = ukv_malloc(&p, bytes == 0 ? 1 : bytes);
+    if (e != UKV_SUCCESS) {
+      ukv_get_last_error();
+      return ukv::report(e, "device malloc");
+    }
+    // Pools and workspaces start zeroed, as on the CPU backend.
+    e = ukv_memset(p, 0, bytes);
+    if (e != UKV_SUCCESS) {
+      ukv_free(p);
+      return ukv::report(e, "memset");
+    }
+    *out = p;
+    return UKV_SHIM_OK;
+  })
+}
+
+int unikv_gpu_free(int device, void* ptr) {
+  UKV_ENTRY(device, {
+    ukv_error_t e = ukv_free(ptr);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "device free");
+  })
+}
+
+// kind: 0 host->device, 1 device->host, 2 device->device.
+int unikv_gpu_memcpy_async(int device, void* dst, const void* src, size_t bytes, int kind, void* stream) {
+  UKV_ENTRY(device, {
+    ukv_memcpy_kind k = kind == 0 ? UKV_MEMCPY_HOST_TO_DEVICE
+                       : kind == 1 ? UKV_MEMCPY_DEVICE_TO_HOST
+                                   : UKV_MEMCPY_DEVICE_TO_DEVICE;
+    ukv_error_t e = ukv_memcpy_async(dst, src, bytes, k, (ukv_stream_t)stream);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "memcpy async");
+  })
+}
+
+int unikv_gpu_memset_async(int device, void* ptr, int value, size_t bytes, void* stream) {
+  UKV_ENTRY(device, {
+    ukv_error_t e = ukv_memset_async(ptr, value, bytes, (ukv_stream_t)stream);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "memset async");
+  })
+}
+
+int unikv_gpu_stream_synchronize(int device, void* stream) {
+  UKV_ENTRY(device, {
+    ukv_error_t e = ukv_stream_synchronize((ukv_stream_t)stream);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "stream synchronize");
+  })
+}
+
+}  // extern "C"

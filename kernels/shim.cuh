@@ -1,0 +1,67 @@
+// Shared by the shim's translation units: status codes, the thread-local error
+// message, the device guard and the entry/launch checks. Nothing here is
+// visible to Rust except through the extern "C" functions of shim.cu.
+#pragma once
+
+#include <exception>
+#include <string>
+
+#include "compat.cuh"
+#include "params.h"
+
+// Status codes returned by every extern "C" shim function (src/backend/gpu/shim.rs).
+enum : int {
+  UKV_SHIM_OK = 0,
+  UKV_SHIM_ERROR = 1,        // a recoverable runtime or launch error
+  UKV_SHIM_FATAL = 2,        // a sticky error: the device context is unusable
+  UKV_SHIM_OUT_OF_MEMORY = 3,
+  UKV_SHIM_UNAVAILABLE = 4,  // no driver or no device
+  UKV_SHIM_INVALID = 5,      // an argument the shim cannot launch with
+};
+
+namespace ukv {
+
+void set_error(const std::string& message);
+
+// Maps a runtime error to a shim status and records its message.
+int report(ukv_error_t e, const char* what);
+
+// Sets the context's device for the current scope and restores the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  int status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+  int status_ = UKV_SHIM_OK;
+};
+
+// Checks the launch that was just issued.
+inline int check_launch(const char* kernel) {
+  ukv_error_t e = ukv_get_last_error();
+  return e == UKV_SUCCESS ? UKV_SHIM_OK : report(e, kernel);
+}
+
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace ukv
+
+// Every extern "C" entry: sets the device, runs the body, turns C++ exceptions
+// into a status so none crosses into Rust.
+#define UKV_ENTRY(device, ...)                                  \
+  try {                                                         \
+    ukv::DeviceGuard guard_(device);                            \
+    if (guard_.status() != UKV_SHIM_OK) return guard_.status(); \
+    __VA_ARGS__                                                 \
+  } catch (const std::exception& e) {                           \
+    ukv::set_error(e.what());                                   \
+    return UKV_SHIM_ERROR;                                      \
+  } catch (...) {                                               \
+    ukv::set_error("unknown C++ exception in the kernel shim"); \
+    return UKV_SHIM_ERROR;                                      \
+  }

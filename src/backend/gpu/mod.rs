@@ -1,0 +1,411 @@
+//! The NVIDIA GPU backend: turns validated views into the shim's params structs
+//! and launches on the caller's stream. Rust never calls the CUDA runtime
+//! directly; kernels/shim.cu owns launches, memory and error reporting.
+
+mod shim;
+
+use std::collections::HashSet;
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::backend::{Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
+use crate::error::{err, Error, Result};
+use crate::geometry::{Ratio, HEAD_DIM};
+use crate::ops::attention::{AttentionArgs, KvSource, PlanShape};
+use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
+use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+
+#[derive(Debug)]
+pub struct GpuBackend {
+    device: c_int,
+    /// Set after a sticky device error: the CUDA context is unusable.
+    fatal: AtomicBool,
+    /// Live allocations, so `free` rejects foreign pointers and the context
+    /// releases what callers left behind.
+    live: Mutex<HashSet<usize>>,
+}
+
+#[derive(Debug)]
+struct GpuPlan(shim::AttentionPlan);
+
+impl PlanState for GpuPlan {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: the shim returns a valid NUL-terminated thread-local string.
+    unsafe { CStr::from_ptr(shim::unikv_gpu_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+impl GpuBackend {
+    /// Opens `device`, or says why the GPU backend is unavailable here.
+    pub fn open(device: i32) -> Result<Self> {
+        for (which, rust_size, name) in shim::MIRRORS {
+            // SAFETY: a pure query of the shim.
+            let c_size = unsafe { shim::unikv_gpu_params_size(which) };
+            if c_size != rust_size {
+                return Err(err!(
+                    Internal,
+                    "kernel shim mismatch: {name} is {c_size} bytes in C, {rust_size} in Rust"
+                ));
+            }
+        }
+        let mut count: c_int = 0;
+        // SAFETY: writes one int.
+        let code = unsafe { shim::unikv_gpu_device_count(&mut count) };
+        if code != shim::SHIM_OK || count == 0 {
+            let why = if code == shim::SHIM_OK {
+                "no CUDA device present".to_string()
+            } else {
+                last_error()
+            };
+            return Err(err!(BackendUnavailable, "backend: CUDA unavailable: {why}"));
+        }
+        if device >= count {
+            return Err(err!(
+                OutOfRange,
+                "device: {device} but only {count} CUDA devices are present"
+            ));
+        }
+        Ok(GpuBackend {
+            device,
+            fatal: AtomicBool::new(false),
+            live: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn check(&self, code: c_int, what: &str) -> Result<()> {
+        match code {
+            shim::SHIM_OK => Ok(()),
+            shim::SHIM_OUT_OF_MEMORY => Err(err!(OutOfMemory, "{what}: {}", last_error())),
+            shim::SHIM_UNAVAILABLE => Err(err!(BackendUnavailable, "{what}: {}", last_error())),
+            shim::SHIM_INVALID => Err(err!(InvalidArgument, "{what}: {}", last_error())),
+            shim::SHIM_FATAL => {
+                self.fatal.store(true, Ordering::SeqCst);
+                Err(err!(
+                    Gpu,
+                    "{what}: fatal device error, the context is unusable: {}",
+                    last_error()
+                ))
+            }
+            // SHIM_ERROR and anything unexpected: a recoverable runtime error.
+            _ => Err(err!(Gpu, "{what}: {}", last_error())),
+        }
+    }
+
+    fn stream_out(s: &StreamOut) -> shim::StreamOut {
+        shim::StreamOut {
+            indptr: s.indptr.as_ptr(),
+            indices: s.indices.as_ptr(),
+            capacity: s.indices.shape[0] as i64,
+        }
+    }
+}
+
+fn kv_source(s: &KvSource) -> shim::KvSource {
+    shim::KvSource {
+        kv: s.kv.as_ptr() as *const c_void,
+        indices: s.indices.as_ptr(),
+        indptr: s.indptr.as_ptr(),
+        kv_stride: s.kv.strides[0] as i64,
+        rows: s.kv.shape[0] as i64,
+        capacity: s.indices.shape[0] as i64,
+    }
+}
+
+fn null_source() -> shim::KvSource {
+    shim::KvSource {
+        kv: std::ptr::null(),
+        indices: std::ptr::null(),
+        indptr: std::ptr::null(),
+        kv_stride: 0,
+        rows: 0,
+        capacity: 0,
+    }
+}
+
+impl Drop for GpuBackend {
+    fn drop(&mut self) {
+        for ptr in self.live.get_mut().drain() {
+            // SAFETY: allocated by this backend; its context is going away. A
+            // failure (e.g. after a fatal error) has nowhere to be reported.
+            let _ = unsafe { shim::unikv_gpu_free(self.device, ptr as *mut c_void) };
+        }
+    }
+}
+
+impl Backend for GpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn healthy(&self) -> bool {
+        !self.fatal.load(Ordering::SeqCst)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<*mut u8> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        self.check(
+            unsafe { shim::unikv_gpu_malloc(self.device, bytes, &mut ptr) },
+            "bytes",
+        )?;
+        self.live.lock().insert(ptr as usize);
+        Ok(ptr as *mut u8)
+    }
+
+    unsafe fn free(&self, ptr: *mut u8) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        if !self.live.lock().remove(&(ptr as usize)) {
+            return Err(err!(
+                InvalidArgument,
+                "ptr: {ptr:p} was not allocated by this context"
+            ));
+        }
+        self.check(shim::unikv_gpu_free(self.device, ptr as *mut c_void), "ptr")
+    }
+
+    unsafe fn memset(&self, ptr: *mut u8, value: u8, bytes: usize, stream: Stream) -> Result<()> {
+        let code = shim::unikv_gpu_memset_async(
+            self.device,
+            ptr as *mut c_void,
+            value as c_int,
+            bytes,
+            stream.0,
+        );
+        self.check(code, "ptr")
+    }
+
+    unsafe fn copy(
+        &self,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: usize,
+        kind: CopyKind,
+        stream: Stream,
+    ) -> Result<()> {
+        let kind = match kind {
+            CopyKind::HostToDevice => 0,
+            CopyKind::DeviceToHost => 1,
+            CopyKind::DeviceToDevice => 2,
+        };
+        let code = shim::unikv_gpu_memcpy_async(
+            self.device,
+            dst as *mut c_void,
+            src as *const c_void,
+            bytes,
+            kind,
+            stream.0,
+        );
+        self.check(code, "copy")
+    }
+
+    fn synchronize(&self, stream: Stream) -> Result<()> {
+        // SAFETY: the stream handle comes from the caller.
+        self.check(
+            unsafe { shim::unikv_gpu_stream_synchronize(self.device, stream.0) },
+            "stream",
+        )
+    }
+
+    fn plan_attention(&self, shape: &PlanShape) -> Result<PlannedLaunch> {
+        let mut plan = shim::AttentionPlan::default();
+        // SAFETY: writes one plan struct.
+        let code = unsafe {
+            shim::unikv_gpu_attention_plan(
+                self.device,
+                shape.max_tokens as c_int,
+                shape.num_heads as c_int,
+                &mut plan,
+            )
+        };
+        self.check(code, "plan")?;
+        Ok(PlannedLaunch {
+            workspace_bytes: plan.workspace_bytes as usize,
+            state: Some(Box::new(GpuPlan(plan))),
+        })
+    }
+
+    fn store_swa(&self, a: &StoreSwaArgs, stream: Stream) -> Result<()> {
+        let g = a.geometry;
+        let p = shim::StoreSwaParams {
+            kv: a.kv.as_ptr() as *const c_void,
+            batch_id: a.batch_id.as_ptr(),
+            req_slots: a.req_slots.as_ptr(),
+            positions: a.positions.as_ptr(),
+            final_pos: a
+                .final_pos
+                .map_or(std::ptr::null(), |v| v.as_ptr() as *const i32),
+            pool: a.pool_layer.as_ptr() as *mut c_void,
+            kv_stride: a.kv.strides[0] as i64,
+            pool_rows: a.pool_layer.shape[0] as i64,
+            num_tokens: a.num_tokens as i32,
+            num_requests: a.req_slots.shape[0] as i32,
+            window: g.config.window as i32,
+            ring: g.ring as i32,
+            num_slots: g.num_slots as i32,
+            reserved: 0,
+        };
+        // SAFETY: pointers validated by `ops::store`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_store_swa(self.device, &p, stream.0) },
+            "store_swa",
+        )
+    }
+
+    fn store_compressed(&self, a: &StoreCompressedArgs, stream: Stream) -> Result<()> {
+        let p = shim::StoreCompressedParams {
+            kv: a.kv.as_ptr() as *const c_void,
+            loc: a.loc.as_ptr(),
+            pool: a.pool_layer.as_ptr() as *mut c_void,
+            kv_stride: a.kv.strides[0] as i64,
+            swa_rows: a.geometry.swa_rows as i64,
+            compressed_rows: a.compressed_rows as i64,
+            num_rows: a.num_rows as i32,
+            reserved: 0,
+        };
+        // SAFETY: as above.
+        self.check(
+            unsafe { shim::unikv_gpu_store_compressed(self.device, &p, stream.0) },
+            "store_compressed",
+        )
+    }
+
+    fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {
+        let g = a.geometry;
+        let p = shim::DecodeStreamsParams {
+            batch_id: a.batch_id.as_ptr(),
+            req_slots: a.req_slots.as_ptr(),
+            positions: a.positions.as_ptr(),
+            c128: a
+                .c128_page_indices
+                .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
+            swa: Self::stream_out(&a.swa),
+            hca: Self::stream_out(&a.hca),
+            csa: Self::stream_out(&a.csa),
+            c128_stride: a.c128_page_indices.map_or(0, |m| m.strides[0] as i64),
+            c128_width: a.c128_page_indices.map_or(0, |m| m.shape[1] as i32),
+            num_tokens: a.num_tokens as i32,
+            num_requests: a.req_slots.shape[0] as i32,
+            window: g.config.window as i32,
+            ring: g.ring as i32,
+            num_slots: g.num_slots as i32,
+            swa_rows: g.swa_rows as i32,
+            hca_rows: g.compressed_rows(Ratio::Hca) as i32,
+            csa_topk: a.csa_topk.min(i32::MAX as usize) as i32,
+            reserved: 0,
+        };
+        // SAFETY: as above.
+        self.check(
+            unsafe { shim::unikv_gpu_build_decode_streams(self.device, &p, stream.0) },
+            "build_decode_streams",
+        )
+    }
+
+    fn fill_csa_tail(&self, a: &CsaTailArgs, stream: Stream) -> Result<()> {
+        let g = a.geometry;
+        let p = shim::CsaTailParams {
+            batch_id: a.batch_id.as_ptr(),
+            positions: a.positions.as_ptr(),
+            table: a.csa_page_indices.as_ptr(),
+            indptr: a.csa.indptr.as_ptr(),
+            indices: a.csa.indices.as_ptr(),
+            table_stride: a.csa_page_indices.strides[0] as i64,
+            capacity: a.csa.indices.shape[0] as i64,
+            width: a.csa_page_indices.shape[1] as i32,
+            num_tokens: a.num_tokens as i32,
+            window: g.config.window as i32,
+            swa_rows: g.swa_rows as i32,
+            csa_rows: g.compressed_rows(Ratio::Csa) as i32,
+            reserved: 0,
+        };
+        // SAFETY: as above.
+        self.check(
+            unsafe { shim::unikv_gpu_fill_csa_tail(self.device, &p, stream.0) },
+            "fill_csa_tail",
+        )
+    }
+
+    fn build_prefill_streams(&self, a: &PrefillStreamsArgs, stream: Stream) -> Result<()> {
+        let g = a.geometry;
+        let p = shim::PrefillStreamsParams {
+            batch_id: a.batch_id.as_ptr(),
+            req_slots: a.req_slots.as_ptr(),
+            positions: a.positions.as_ptr(),
+            chunk_start: a.chunk_start.as_ptr(),
+            extend_start: a.extend_start.as_ptr(),
+            table: a
+                .page_indices
+                .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
+            prefix: Self::stream_out(&a.prefix),
+            extend: Self::stream_out(&a.extend),
+            table_stride: a.page_indices.map_or(0, |m| m.strides[0] as i64),
+            width: a.page_indices.map_or(0, |m| m.shape[1] as i32),
+            ratio: a.ratio.value() as i32,
+            num_tokens: a.num_tokens as i32,
+            num_requests: a.req_slots.shape[0] as i32,
+            window: g.config.window as i32,
+            ring: g.ring as i32,
+            num_slots: g.num_slots as i32,
+            swa_rows: g.swa_rows as i32,
+            compressed_rows: g.compressed_rows(a.ratio) as i32,
+            reserved: 0,
+        };
+        // SAFETY: as above.
+        self.check(
+            unsafe { shim::unikv_gpu_build_prefill_streams(self.device, &p, stream.0) },
+            "build_prefill_streams",
+        )
+    }
+
+    fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
+        let plan = a
+            .plan
+            .launch()
+            .state
+            .as_ref()
+            .and_then(|s| s.as_any().downcast_ref::<GpuPlan>())
+            .ok_or_else(|| Error::InvalidArgument("plan: not made by the CUDA backend".into()))?;
+        let mut src = [null_source(), null_source()];
+        for (slot, s) in src.iter_mut().zip(&a.sources) {
+            *slot = kv_source(s);
+        }
+        debug_assert_eq!(a.q.shape[2], HEAD_DIM);
+        let p = shim::AttentionParams {
+            q: a.q.as_ptr() as *const c_void,
+            out: a.out.as_ptr() as *mut c_void,
+            lse: a.lse.map_or(std::ptr::null_mut(), |l| l.as_ptr()),
+            sink: a
+                .sink
+                .map_or(std::ptr::null(), |s| s.as_ptr() as *const f32),
+            workspace: a.workspace.ptr as *mut c_void,
+            src,
+            q_stride_token: a.q.strides[0] as i64,
+            q_stride_head: a.q.strides[1] as i64,
+            out_stride_token: a.out.strides[0] as i64,
+            out_stride_head: a.out.strides[1] as i64,
+            lse_stride_token: a.lse.map_or(0, |l| l.strides[0] as i64),
+            workspace_bytes: a.workspace.bytes as i64,
+            num_sources: a.sources.len() as i32,
+            num_tokens: a.num_tokens as i32,
+            num_heads: a.num_heads as i32,
+            skip_negative: a.skip_negative as i32,
+            softmax_scale: a.softmax_scale,
+            reserved: 0,
+        };
+        // SAFETY: as above; the workspace holds at least the plan's bytes.
+        self.check(
+            unsafe { shim::unikv_gpu_attention(self.device, &plan.0, &p, stream.0) },
+            "attention",
+        )
+    }
+}

@@ -1,0 +1,246 @@
+//! `extern "C"` declarations of the kernel shim (kernels/shim.cu and friends)
+//! and `#[repr(C)]` mirrors of kernels/params.h. Sizes are checked against the
+//! C side when the backend starts.
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub const SHIM_OK: c_int = 0;
+pub const SHIM_FATAL: c_int = 2;
+pub const SHIM_OUT_OF_MEMORY: c_int = 3;
+pub const SHIM_UNAVAILABLE: c_int = 4;
+pub const SHIM_INVALID: c_int = 5;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSwaParams {
+    pub kv: *const c_void,
+    pub batch_id: *const i32,
+    pub req_slots: *const i32,
+    pub positions: *const i32,
+    pub final_pos: *const i32,
+    pub pool: *mut c_void,
+    pub kv_stride: i64,
+    pub pool_rows: i64,
+    pub num_tokens: i32,
+    pub num_requests: i32,
+    pub window: i32,
+    pub ring: i32,
+    pub num_slots: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StoreCompressedParams {
+    pub kv: *const c_void,
+    pub loc: *const i32,
+    pub pool: *mut c_void,
+    pub kv_stride: i64,
+    pub swa_rows: i64,
+    pub compressed_rows: i64,
+    pub num_rows: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOut {
+    pub indptr: *mut i32,
+    pub indices: *mut i32,
+    pub capacity: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeStreamsParams {
+    pub batch_id: *const i32,
+    pub req_slots: *const i32,
+    pub positions: *const i32,
+    pub c128: *const i32,
+    pub swa: StreamOut,
+    pub hca: StreamOut,
+    pub csa: StreamOut,
+    pub c128_stride: i64,
+    pub c128_width: i32,
+    pub num_tokens: i32,
+    pub num_requests: i32,
+    pub window: i32,
+    pub ring: i32,
+    pub num_slots: i32,
+    pub swa_rows: i32,
+    pub hca_rows: i32,
+    pub csa_topk: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CsaTailParams {
+    pub batch_id: *const i32,
+    pub positions: *const i32,
+    pub table: *const i32,
+    pub indptr: *const i32,
+    pub indices: *mut i32,
+    pub table_stride: i64,
+    pub capacity: i64,
+    pub width: i32,
+    pub num_tokens: i32,
+    pub window: i32,
+    pub swa_rows: i32,
+    pub csa_rows: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillStreamsParams {
+    pub batch_id: *const i32,
+    pub req_slots: *const i32,
+    pub positions: *const i32,
+    pub chunk_start: *const i32,
+    pub extend_start: *const i32,
+    pub table: *const i32,
+    pub prefix: StreamOut,
+    pub extend: StreamOut,
+    pub table_stride: i64,
+    pub width: i32,
+    pub ratio: i32,
+    pub num_tokens: i32,
+    pub num_requests: i32,
+    pub window: i32,
+    pub ring: i32,
+    pub num_slots: i32,
+    pub swa_rows: i32,
+    pub compressed_rows: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvSource {
+    pub kv: *const c_void,
+    pub indices: *const i32,
+    pub indptr: *const i32,
+    pub kv_stride: i64,
+    pub rows: i64,
+    pub capacity: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionParams {
+    pub q: *const c_void,
+    pub out: *mut c_void,
+    pub lse: *mut f32,
+    pub sink: *const f32,
+    pub workspace: *mut c_void,
+    pub src: [KvSource; 2],
+    pub q_stride_token: i64,
+    pub q_stride_head: i64,
+    pub out_stride_token: i64,
+    pub out_stride_head: i64,
+    pub lse_stride_token: i64,
+    pub workspace_bytes: i64,
+    pub num_sources: i32,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub skip_negative: i32,
+    pub softmax_scale: f32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttentionPlan {
+    pub max_tokens: i32,
+    pub num_heads: i32,
+    pub head_blocks: i32,
+    pub block_m_tiles: i32,
+    pub sm_count: i32,
+    pub max_splits: i32,
+    pub workspace_bytes: i64,
+}
+
+/// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
+pub const MIRRORS: [(c_int, usize, &str); 7] = [
+    (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
+    (
+        1,
+        std::mem::size_of::<StoreCompressedParams>(),
+        "StoreCompressedParams",
+    ),
+    (
+        2,
+        std::mem::size_of::<DecodeStreamsParams>(),
+        "DecodeStreamsParams",
+    ),
+    (3, std::mem::size_of::<CsaTailParams>(), "CsaTailParams"),
+    (
+        4,
+        std::mem::size_of::<PrefillStreamsParams>(),
+        "PrefillStreamsParams",
+    ),
+    (5, std::mem::size_of::<AttentionParams>(), "AttentionParams"),
+    (7, std::mem::size_of::<AttentionPlan>(), "AttentionPlan"),
+];
+
+extern "C" {
+    pub fn unikv_gpu_last_error() -> *const c_char;
+    pub fn unikv_gpu_params_size(which: c_int) -> usize;
+    pub fn unikv_gpu_device_count(count: *mut c_int) -> c_int;
+    pub fn unikv_gpu_malloc(device: c_int, bytes: usize, out: *mut *mut c_void) -> c_int;
+    pub fn unikv_gpu_free(device: c_int, ptr: *mut c_void) -> c_int;
+    pub fn unikv_gpu_memcpy_async(
+        device: c_int,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        kind: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_memset_async(
+        device: c_int,
+        ptr: *mut c_void,
+        value: c_int,
+        bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_stream_synchronize(device: c_int, stream: *mut c_void) -> c_int;
+    pub fn unikv_gpu_store_swa(
+        device: c_int,
+        p: *const StoreSwaParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_store_compressed(
+        device: c_int,
+        p: *const StoreCompressedParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_build_decode_streams(
+        device: c_int,
+        p: *const DecodeStreamsParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_fill_csa_tail(
+        device: c_int,
+        p: *const CsaTailParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_build_prefill_streams(
+        device: c_int,
+        p: *const PrefillStreamsParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_attention_plan(
+        device: c_int,
+        max_tokens: c_int,
+        num_heads: c_int,
+        plan: *mut AttentionPlan,
+    ) -> c_int;
+    pub fn unikv_gpu_attention(
+        device: c_int,
+        plan: *const AttentionPlan,
+        p: *const AttentionParams,
+        stream: *mut c_void,
+    ) -> c_int;
+}
