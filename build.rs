@@ -18,7 +18,13 @@ mod cuda {
     use std::env;
     use std::path::PathBuf;
 
-    const SOURCES: [&str; 4] = ["shim.cu", "store.cu", "index.cu", "attention.cu"];
+    const SOURCES: [&str; 5] = [
+        "shim.cu",
+        "store.cu",
+        "index.cu",
+        "attention.cu",
+        "devtools.cu",
+    ];
     const HEADERS: [&str; 3] = ["compat.cuh", "shim.cuh", "params.h"];
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 

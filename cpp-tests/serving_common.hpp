@@ -122,6 +122,7 @@ public:
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
     void* data() const { return data_; }
+    size_t size() const { return bytes_; }
 
     template <class T>
     void upload(const std::vector<T>& host) {

@@ -1,4 +1,5 @@
-// End-to-end serving scenario on the CPU backend.
+// End-to-end serving scenario, on the CPU backend by default or on the backend
+// UNIKV_TEST_BACKEND names (cpu, cuda, auto), so the same test runs on a GPU.
 //
 // Three requests of different prompt lengths go through chunked prefill (chunks
 // longer than the SWA ring, several chunks per long prompt), then batched decode
@@ -15,6 +16,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -227,10 +230,18 @@ std::vector<std::vector<double>> visible_keys(int req, int layer, int pos) {
 // ---------------------------------------------------------------------------
 // The serving loop
 
-unikv_context* create_cpu_context() {
+uint32_t backend_from_env() {
+    const char* name = std::getenv("UNIKV_TEST_BACKEND");
+    if (name == nullptr || std::strcmp(name, "cpu") == 0) return UNIKV_BACKEND_CPU;
+    if (std::strcmp(name, "cuda") == 0) return UNIKV_BACKEND_CUDA;
+    if (std::strcmp(name, "auto") == 0) return UNIKV_BACKEND_AUTO;
+    fail("UNIKV_TEST_BACKEND must be cpu, cuda or auto");
+}
+
+unikv_context* create_context() {
     unikv_context_options options{};
     options.struct_size = sizeof options;
-    options.backend = UNIKV_BACKEND_CPU;
+    options.backend = backend_from_env();
     unikv_context* ctx = nullptr;
     check(unikv_context_create(&options, &ctx), "unikv_context_create");
     return ctx;
@@ -249,10 +260,22 @@ unikv_attention_plan_params plan_params(int max_tokens) {
 size_t bf16_rows(int rows) { return static_cast<size_t>(rows) * kHeadDim * sizeof(uint16_t); }
 size_t i32s(int n) { return static_cast<size_t>(n) * sizeof(int32_t); }
 
+size_t workspace_bytes(const unikv_decode_plan* plan) {
+    size_t bytes = 0;
+    check(unikv_decode_plan_workspace_size(plan, &bytes), "unikv_decode_plan_workspace_size");
+    return bytes;
+}
+
+size_t workspace_bytes(const unikv_prefill_plan* plan) {
+    size_t bytes = 0;
+    check(unikv_prefill_plan_workspace_size(plan, &bytes), "unikv_prefill_plan_workspace_size");
+    return bytes;
+}
+
 class Scenario {
 public:
     Scenario()
-        : ctx_(create_cpu_context()),
+        : ctx_(create_context()),
           pool_(create_pool()),
           decode_plan_(create_decode_plan()),
           prefill_plan_(create_prefill_plan()) {
@@ -282,7 +305,10 @@ private:
     Handle<unikv_prefill_plan, unikv_prefill_plan_destroy> prefill_plan_;
     std::vector<Request> reqs_;
 
-    // Forward inputs and outputs, in the context's memory.
+    // Plan workspaces (0 bytes on the CPU backend), then forward inputs and
+    // outputs, all in the context's memory.
+    DeviceBuffer decode_ws_{ctx_.get(), workspace_bytes(decode_plan_.get())};
+    DeviceBuffer prefill_ws_{ctx_.get(), workspace_bytes(prefill_plan_.get())};
     DeviceBuffer kv_{ctx_.get(), bf16_rows(kMaxTokens)};
     DeviceBuffer q_{ctx_.get(), bf16_rows(kMaxTokens * kHeads)};
     DeviceBuffer out_{ctx_.get(), bf16_rows(kMaxTokens * kHeads)};
@@ -337,9 +363,6 @@ private:
         const unikv_attention_plan_params p = plan_params(kDecodeMaxTokens);
         unikv_decode_plan* plan = nullptr;
         check(unikv_decode_plan_create(ctx_.get(), &p, &plan), "unikv_decode_plan_create");
-        size_t workspace = 0;
-        check(unikv_decode_plan_workspace_size(plan, &workspace), "unikv_decode_plan_workspace_size");
-        if (workspace != 0) fail("the CPU backend needs no decode workspace");
         return plan;
     }
 
@@ -347,9 +370,6 @@ private:
         const unikv_attention_plan_params p = plan_params(kPrefillMaxTokens);
         unikv_prefill_plan* plan = nullptr;
         check(unikv_prefill_plan_create(ctx_.get(), &p, &plan), "unikv_prefill_plan_create");
-        size_t workspace = 0;
-        check(unikv_prefill_plan_workspace_size(plan, &workspace), "unikv_prefill_plan_workspace_size");
-        if (workspace != 0) fail("the CPU backend needs no prefill workspace");
         return plan;
     }
 
@@ -512,7 +532,8 @@ private:
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kScale;
         out_.fill(0xFF);  // bf16 NaN: rows the library does not write fail the check
-        check(unikv_sparse_prefill(prefill_plan_.get(), pool_.get(), &a, nullptr, 0, nullptr),
+        check(unikv_sparse_prefill(prefill_plan_.get(), pool_.get(), &a, prefill_ws_.data(), prefill_ws_.size(),
+                                   nullptr),
               "unikv_sparse_prefill");
 
         store_swa(b, layer, /*final_window_only=*/true);
@@ -578,7 +599,8 @@ private:
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kScale;
         out_.fill(0xFF);
-        check(unikv_sparse_decode(decode_plan_.get(), pool_.get(), &a, nullptr, 0, nullptr),
+        check(unikv_sparse_decode(decode_plan_.get(), pool_.get(), &a, decode_ws_.data(), decode_ws_.size(),
+                                  nullptr),
               "unikv_sparse_decode");
         verify(b, layer, in);
     }

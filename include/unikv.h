@@ -322,6 +322,7 @@ typedef struct unikv_decode_args {
   uint32_t num_tokens;
   // Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
   float softmax_scale;
+  // Must be 0.
   uint32_t reserved;
 } unikv_decode_args;
 
@@ -345,6 +346,7 @@ typedef struct unikv_prefill_args {
   uint32_t layer;
   uint32_t num_tokens;
   float softmax_scale;
+  // Must be 0.
   uint32_t reserved;
 } unikv_prefill_args;
 
@@ -390,6 +392,7 @@ typedef struct unikv_csa_tail_args {
   struct unikv_tensor csa_indptr;
   struct unikv_tensor csa_indices;
   uint32_t num_tokens;
+  // Must be 0.
   uint32_t reserved;
 } unikv_csa_tail_args;
 
@@ -509,7 +512,7 @@ unikv_status unikv_memory_alloc(const struct unikv_context *ctx,
 // Frees memory from `unikv_memory_alloc` of the same context. NULL is accepted.
 // Returns INVALID_ARGUMENT for a pointer this context did not allocate.
 // Thread-safe.
-UNIKV_NODISCARD unikv_status unikv_memory_free(const struct unikv_context *ctx, void *ptr);
+unikv_status unikv_memory_free(const struct unikv_context *ctx, void *ptr);
 
 // Copies `bytes` between host and context memory in the direction `kind` (a
 // `unikv_copy_kind`), ordered on `stream` (a cudaStream_t/hipStream_t, NULL =
@@ -573,7 +576,7 @@ UNIKV_NODISCARD unikv_status unikv_pool_acquire_slot(const struct unikv_pool *po
 // Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
 // INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
 // cleared. Thread-safe.
-UNIKV_NODISCARD unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
+unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
 
 // Creates a decode plan for the given capture-time shapes: chooses the launch
 // configuration and loads kernels, so the first launch may be captured in a

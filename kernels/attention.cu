@@ -8,9 +8,12 @@
 //   softmax (online, log2 domain): warp w owns rows w, w+8, ...; P rounded to
 //        bf16 and the denominator summed from the rounded values.
 //   PV:  O[Hb, 512] += P[Hb, 64] . V[64, 512], warp w owns dims 64w..64w+63.
-// One split writes the output with the sink folded in; several splits write
-// (m, l, acc) partials to the plan's workspace and a combine kernel merges them
-// in a fixed order (deterministic).
+// A token's keys are cut into at most S splits (S fixed by the plan): tiles per
+// split = cdiv(tiles_t, S). The cut depends only on the token's own length and
+// the plan, never on num_tokens or the other tokens, so a token's output is
+// bitwise independent of its batch. A token with one split is written directly
+// with the sink folded in; otherwise each split writes (m, l, acc) partials to
+// the plan's workspace and a combine kernel merges them in split order.
 //
 // Keys come from up to two sources (pool rows, then the prefill chunk's own
 // rows); an index outside its source (-1 included) is skipped, never read.
@@ -158,8 +161,20 @@ __device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h,
 }
 
 struct SplitConfig {
-  int splits;
+  int splits;  // S: the plan's split cap, also gridDim.z
 };
+
+// The split cut of one token: tiles per split and the number of splits.
+struct TokenSplit {
+  int tiles, per_split, count;
+};
+__device__ __forceinline__ TokenSplit token_split(int total_keys, int cap) {
+  TokenSplit s;
+  s.tiles = (total_keys + kBK - 1) / kBK;
+  s.per_split = max(1, (s.tiles + cap - 1) / cap);
+  s.count = (s.tiles + s.per_split - 1) / s.per_split;
+  return s;
+}
 
 // Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
 __host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
@@ -179,10 +194,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
   const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT>::kValid);
 
   const TokenKeys keys = token_keys(p, t);
-  const int tiles = (keys.total + kBK - 1) / kBK;
-  const int per_split = (tiles + cfg.splits - 1) / cfg.splits;
-  const int tile_begin = split * per_split;
-  const int tile_end = min(tiles, tile_begin + per_split);
+  const TokenSplit cut = token_split(keys.total, cfg.splits);
+  // One split (or none: an empty slice) is finished by split 0 alone.
+  const bool direct = cut.count <= 1;
+  if (direct ? split != 0 : split >= cut.count) return;
+  const int tile_begin = split * cut.per_split;
+  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
 
   for (int r = threadIdx.x; r < kHb; r += kThreads) {
     m_s[r] = -INFINITY;
@@ -269,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
         char* prow = smem + Smem<MT>::kP;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, lane >> 3))[lane & 7] = p0;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, (lane + 32) >> 3))[lane & 7] = p1;
+        ukv_syncwarp();  // every lane has read m_s[r] / l_s[r] before lane 0 updates them
         if (lane == 0) {
           const float alpha = exp2f(m_old - base);
           alpha_s[r] = alpha;
@@ -318,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
   __syncthreads();  // m_s / l_s written before the loop, read below
 
   // Epilogue. Rows g and g+8 of every m-tile; columns warp*64 + n*8 + 2tq.
-  if (cfg.splits == 1) {
+  if (direct) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -345,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
       rec[r] = m_s[r];
       rec[kHb + r] = l_s[r];
     }
-    if (tile_begin < tile_end) {
+    {
       float* acc_out = rec + 2 * kHb;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -368,19 +386,21 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   const int t = blockIdx.x, h = blockIdx.y;
   const int hb = h / block_heads, r = h % block_heads;
   const size_t rec_floats = partial_floats(block_heads);
+  const TokenSplit cut = token_split(token_keys(p, t).total, cfg.splits);
+  if (cut.count <= 1) return;  // written directly by the attention kernel
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
   const float* base =
       static_cast<const float*>(p.workspace) + ((size_t)t * head_blocks + hb) * cfg.splits * rec_floats;
   float m = -INFINITY;
-  for (int s = 0; s < cfg.splits; ++s) m = fmaxf(m, base[s * rec_floats + r]);
+  for (int s = 0; s < cut.count; ++s) m = fmaxf(m, base[s * rec_floats + r]);
   float l = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const int d0 = threadIdx.x * 4;
   if (m != -INFINITY) {
-    for (int s = 0; s < cfg.splits; ++s) {
+    for (int s = 0; s < cut.count; ++s) {
       const float* rec = base + s * rec_floats;
       const float ms = rec[r];
-      if (ms == -INFINITY) continue;  // empty split: its acc was never written
+      if (ms == -INFINITY) continue;  // only invalid keys: contributes nothing
       const float w = exp2f(ms - m);
       l += w * rec[block_heads + r];
       const float4 a = *reinterpret_cast<const float4*>(rec + 2 * block_heads + (size_t)r * kD + d0);
@@ -398,12 +418,12 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
 }
 
-// Key splits for T tokens: enough CTAs for two waves, at most kMaxSplits.
-int splits_for(const ukv_attention_plan& plan, int tokens) {
-  const int base = tokens * plan.head_blocks;
-  if (base <= 0) return 1;
-  const int want = (2 * plan.sm_count) / base;
-  return want < 1 ? 1 : (want > plan.max_splits ? plan.max_splits : want);
+// Split cap S for a plan: about two waves of CTAs when max_tokens tokens run,
+// so small batches spread each token over many SMs and large ones write no
+// partials at all.
+int split_cap(int max_tokens, int head_blocks, int sm_count) {
+  const int want = (2 * sm_count) / (max_tokens * head_blocks);
+  return want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
 }
 
 template <int MT>
@@ -436,7 +456,6 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     pl.head_blocks = (int)ukv::cdiv(num_heads, 64);
     pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
     pl.sm_count = sms;
-    pl.max_splits = kMaxSplits;
     size_t smem = 0;
     int r = UKV_SHIM_OK;
     switch (pl.block_m_tiles) {
@@ -451,13 +470,9 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
                      std::to_string(smem_optin));
       return UKV_SHIM_INVALID;
     }
-    // Largest T * splits(T) over 1..max_tokens sizes the partials.
-    size_t worst = 0;
-    for (int t = 1; t <= max_tokens; ++t) {
-      const int s = splits_for(pl, t);
-      if (s > 1 && (size_t)t * s > worst) worst = (size_t)t * s;
-    }
-    pl.workspace_bytes = (int64_t)(worst * pl.head_blocks * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
+    pl.max_splits = split_cap(max_tokens, pl.head_blocks, sms);
+    const size_t records = pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
+    pl.workspace_bytes = (int64_t)(records * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
     *plan = pl;
     return UKV_SHIM_OK;
   })
@@ -467,7 +482,11 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
     ukv_stream_t s = (ukv_stream_t)stream;
-    SplitConfig cfg{splits_for(*plan, p->num_tokens)};
+    if (p->num_tokens > plan->max_tokens) {
+      ukv::set_error("num_tokens exceeds the plan's max_tokens");
+      return UKV_SHIM_INVALID;
+    }
+    SplitConfig cfg{plan->max_splits};
     switch (plan->block_m_tiles) {
       case 1: launch<1>(*p, cfg, plan->head_blocks, s); break;
       case 2: launch<2>(*p, cfg, plan->head_blocks, s); break;

@@ -40,6 +40,22 @@ typedef __nv_bfloat162 ukv_bf16x2;
 #define UKV_ERROR_INSUFFICIENT_DRIVER cudaErrorInsufficientDriver
 #define UKV_STREAM_CAPTURE_GLOBAL cudaStreamCaptureModeGlobal
 #define ukv_memset cudaMemset
+typedef cudaGraph_t ukv_graph_t;
+typedef cudaGraphExec_t ukv_graph_exec_t;
+typedef cudaEvent_t ukv_event_t;
+#define ukv_stream_create cudaStreamCreate
+#define ukv_stream_destroy cudaStreamDestroy
+#define ukv_stream_begin_capture cudaStreamBeginCapture
+#define ukv_stream_end_capture cudaStreamEndCapture
+#define ukv_graph_instantiate(exec, graph) cudaGraphInstantiate((exec), (graph), 0)
+#define ukv_graph_destroy cudaGraphDestroy
+#define ukv_graph_launch cudaGraphLaunch
+#define ukv_graph_exec_destroy cudaGraphExecDestroy
+#define ukv_event_create cudaEventCreate
+#define ukv_event_destroy cudaEventDestroy
+#define ukv_event_record cudaEventRecord
+#define ukv_event_synchronize cudaEventSynchronize
+#define ukv_event_elapsed_time cudaEventElapsedTime
 typedef cudaMemcpyKind ukv_memcpy_kind;
 
 // Errors after which the device context is unusable (a kernel faulted).
@@ -79,6 +95,7 @@ __device__ __forceinline__ int ukv_shfl_up(int v, int delta, int width) {
 __device__ __forceinline__ int ukv_shfl(int v, int src, int width) {
   return __shfl_sync(0xffffffffu, v, src, width);
 }
+__device__ __forceinline__ void ukv_syncwarp() { __syncwarp(0xffffffffu); }
 __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }

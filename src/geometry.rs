@@ -95,26 +95,31 @@ impl Geometry {
         ensure!(
             !config.ratios.is_empty(),
             InvalidArgument,
-            "num_layers: must be at least 1"
+            "params.num_layers: must be at least 1"
         );
         ensure!(
             config.max_requests >= 1,
             InvalidArgument,
-            "max_requests: must be at least 1"
+            "params.max_requests: must be at least 1"
         );
         ensure!(
             config.window >= 1,
             InvalidArgument,
-            "window: must be at least 1"
+            "params.window: must be at least 1"
         );
         let ring = config
             .window
             .checked_add(config.spec_extra)
-            .ok_or_else(|| err!(InvalidArgument, "spec_extra: window + spec_extra overflows"))?;
+            .ok_or_else(|| {
+                err!(
+                    InvalidArgument,
+                    "params.spec_extra: window + spec_extra overflows"
+                )
+            })?;
         let num_slots = config.max_requests + 1;
         let swa_rows = num_slots
             .checked_mul(ring)
-            .ok_or_else(|| too_big("max_requests"))?;
+            .ok_or_else(|| too_big("params.max_requests"))?;
         let geometry = Geometry {
             config,
             ring,
@@ -131,7 +136,7 @@ impl Geometry {
             ensure!(
                 rows.is_some(),
                 InvalidArgument,
-                "c128_blocks: layer {layer} would exceed the address space"
+                "params.c128_blocks: layer {layer} would exceed the address space"
             );
         }
         Ok(geometry)

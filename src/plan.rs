@@ -36,25 +36,25 @@ impl PlanShape {
         ensure!(
             self.max_tokens >= 1 && self.max_tokens <= i32::MAX as usize,
             InvalidArgument,
-            "max_tokens: {} is outside 1..=2^31-1",
+            "params.max_tokens: {} is outside 1..=2^31-1",
             self.max_tokens
         );
         ensure!(
             (1..=MAX_HEADS).contains(&self.num_heads),
             InvalidArgument,
-            "num_heads: {} is outside 1..={MAX_HEADS}",
+            "params.num_heads: {} is outside 1..={MAX_HEADS}",
             self.num_heads
         );
         ensure!(
             self.head_dim == HEAD_DIM,
             InvalidArgument,
-            "head_dim: {} is not supported, expected {HEAD_DIM}",
+            "params.head_dim: {} is not supported, expected {HEAD_DIM}",
             self.head_dim
         );
         for (name, dtype) in [
-            ("q_dtype", self.q_dtype),
-            ("kv_dtype", self.kv_dtype),
-            ("out_dtype", self.out_dtype),
+            ("params.q_dtype", self.q_dtype),
+            ("params.kv_dtype", self.kv_dtype),
+            ("params.out_dtype", self.out_dtype),
         ] {
             ensure!(
                 dtype == DType::Bf16,

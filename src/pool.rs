@@ -39,7 +39,7 @@ impl Pool {
             ensure!(
                 geometry.rows(layer) <= i32::MAX as usize,
                 InvalidArgument,
-                "c128_blocks: layer {layer} has {} rows, more than 32-bit row ids address",
+                "params.c128_blocks: layer {layer} has {} rows, more than 32-bit row ids address",
                 geometry.rows(layer)
             );
         }
@@ -63,16 +63,20 @@ impl Pool {
         ensure!(
             buffers.len() == geometry.num_layers(),
             BadShape,
-            "layer_buffers: {} buffers for {} layers",
+            "params.layer_buffers: {} buffers for {} layers",
             buffers.len(),
             geometry.num_layers()
         );
         for (layer, ptr) in buffers.iter().enumerate() {
-            ensure!(!ptr.is_null(), NullArgument, "layer_buffers[{layer}]");
+            ensure!(
+                !ptr.is_null(),
+                NullArgument,
+                "params.layer_buffers[{layer}]"
+            );
             ensure!(
                 (*ptr as usize) % ROW_ALIGN == 0,
                 BadAlignment,
-                "layer_buffers[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
+                "params.layer_buffers[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
             );
         }
         Ok(Pool {

@@ -73,6 +73,7 @@ pub struct unikv_decode_args {
     pub num_tokens: u32,
     /// Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
     pub softmax_scale: f32,
+    /// Must be 0.
     pub reserved: u32,
 }
 
@@ -103,6 +104,7 @@ pub struct unikv_prefill_args {
     pub layer: u32,
     pub num_tokens: u32,
     pub softmax_scale: f32,
+    /// Must be 0.
     pub reserved: u32,
 }
 
@@ -245,6 +247,7 @@ pub unsafe extern "C" fn unikv_sparse_decode(
         let plan = entered(&handle("plan", plan)?.inner);
         let pool = pool_of(pool)?;
         let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
         let raw = AttentionRaw {
             layer: a.layer,
             num_tokens: a.num_tokens as usize,
@@ -284,6 +287,7 @@ pub unsafe extern "C" fn unikv_sparse_prefill(
         let plan = entered(&handle("plan", plan)?.inner);
         let pool = pool_of(pool)?;
         let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
         let raw = AttentionRaw {
             layer: a.layer,
             num_tokens: a.num_tokens as usize,

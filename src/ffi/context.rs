@@ -190,7 +190,6 @@ pub unsafe extern "C" fn unikv_memory_alloc(
 /// Frees memory from `unikv_memory_alloc` of the same context. NULL is accepted.
 /// Returns INVALID_ARGUMENT for a pointer this context did not allocate.
 /// Thread-safe.
-#[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_memory_free(
     ctx: *const unikv_context,

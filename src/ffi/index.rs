@@ -3,6 +3,7 @@
 use std::os::raw::c_void;
 
 use crate::backend::Stream;
+use crate::error::ensure;
 use crate::ffi::boundary::{boundary, read_params, Versioned};
 use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
@@ -61,6 +62,7 @@ pub struct unikv_csa_tail_args {
     pub csa_indptr: unikv_tensor,
     pub csa_indices: unikv_tensor,
     pub num_tokens: u32,
+    /// Must be 0.
     pub reserved: u32,
 }
 
@@ -149,6 +151,7 @@ pub unsafe extern "C" fn unikv_fill_csa_tail(
     boundary(|| {
         let pool = pool_of(pool)?;
         let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
         let raw = CsaTailRaw {
             num_tokens: a.num_tokens as usize,
             batch_id: (&a.batch_id).into(),

@@ -272,7 +272,6 @@ pub unsafe extern "C" fn unikv_pool_acquire_slot(
 /// Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
 /// INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
 /// cleared. Thread-safe.
-#[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_pool_release_slot(
     pool: *const unikv_pool,

@@ -1,0 +1,558 @@
+//! unikv-bench: times every GPU operation under CUDA-graph replay on the H200
+//! and prints achieved bandwidth / FLOP rate against the floor
+//! max(bytes / copy_bw, flops / mma_peak), with both ceilings measured in the
+//! same run (copy here, the bf16 matmul by the calling script through PyTorch,
+//! passed as UNIKV_MATMUL_TFLOPS). Inputs: a 1,000,000-row pool of random
+//! values, random unique rows per token, index sets rotating over >= 3x L2.
+
+use std::os::raw::c_void;
+use std::ptr;
+
+use half::bf16;
+use rand::seq::IndexedRandom;
+use rand::Rng;
+use unikv::backend::gpu::devtools::{copy_kernel, Event, Graph, OwnedStream};
+use unikv::ffi::attention::*;
+use unikv::ffi::context::*;
+use unikv::ffi::index::*;
+use unikv::ffi::pool::*;
+use unikv::ffi::status::unikv_status;
+use unikv::ffi::store::*;
+use unikv::ffi::types::unikv_tensor;
+
+const L2_BYTES: usize = 60 << 20;
+const POOL_ROWS_MIN: usize = 1_000_000;
+
+fn ok(status: unikv_status, what: &str) {
+    if status != unikv_status::UNIKV_OK {
+        let msg = unsafe { std::ffi::CStr::from_ptr(unikv::ffi::unikv_last_error_message()) };
+        panic!("{what}: {status:?}: {}", msg.to_string_lossy());
+    }
+}
+
+struct Dev {
+    ctx: *mut unikv_context,
+    ptr: *mut c_void,
+    bytes: usize,
+}
+
+impl Dev {
+    fn new(ctx: *mut unikv_context, bytes: usize) -> Dev {
+        let mut ptr = ptr::null_mut();
+        ok(unsafe { unikv_memory_alloc(ctx, bytes, &mut ptr) }, "alloc");
+        Dev { ctx, ptr, bytes }
+    }
+    fn upload<T>(ctx: *mut unikv_context, data: &[T]) -> Dev {
+        let d = Dev::new(ctx, std::mem::size_of_val(data).max(4));
+        let n = std::mem::size_of_val(data);
+        ok(
+            unsafe { unikv_memory_copy(ctx, d.ptr, data.as_ptr().cast(), n, 0, ptr::null_mut()) },
+            "upload",
+        );
+        d
+    }
+    fn t(&self, dtype: u32, elem: usize, shape: &[usize]) -> unikv_tensor {
+        let mut d = unikv_tensor {
+            data: self.ptr,
+            dtype,
+            ndim: shape.len() as u32,
+            shape: [0; 4],
+            strides: [0; 4],
+        };
+        let mut stride = 1i64;
+        for axis in (0..shape.len()).rev() {
+            d.shape[axis] = shape[axis] as i64;
+            d.strides[axis] = stride;
+            stride *= shape[axis] as i64;
+        }
+        assert!(stride as usize * elem <= self.bytes);
+        d
+    }
+    fn i32s(&self, shape: &[usize]) -> unikv_tensor {
+        self.t(4, 4, shape)
+    }
+    fn bf16s(&self, shape: &[usize]) -> unikv_tensor {
+        self.t(1, 2, shape)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        unsafe { unikv_memory_free(self.ctx, self.ptr) };
+    }
+}
+
+/// Median milliseconds of one graph replay.
+fn time_graph(graph: &Graph, stream: &OwnedStream, reps: usize) -> f64 {
+    let (a, b) = (Event::new(0).unwrap(), Event::new(0).unwrap());
+    for _ in 0..3 {
+        graph.launch(stream).unwrap();
+    }
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            a.record(stream).unwrap();
+            graph.launch(stream).unwrap();
+            b.record(stream).unwrap();
+            a.elapsed_ms(&b).unwrap() as f64
+        })
+        .collect();
+    times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    times[times.len() / 2]
+}
+
+/// Captures `launches` calls of `body(i)` into one graph and returns the median
+/// time per call in microseconds.
+fn per_call_us(
+    stream: &OwnedStream,
+    launches: usize,
+    mut body: impl FnMut(usize, *mut c_void),
+) -> f64 {
+    stream.begin_capture().unwrap();
+    for i in 0..launches {
+        body(i, stream.raw);
+    }
+    let graph = stream.end_capture().unwrap();
+    time_graph(&graph, stream, 15) * 1000.0 / launches as f64
+}
+
+struct Ceilings {
+    copy_bw: f64,   // bytes/s, read + write
+    mma_flops: f64, // FLOP/s
+}
+
+struct Row {
+    op: String,
+    t: usize,
+    h: usize,
+    keys: usize,
+    us: f64,
+    bytes: f64,
+    flops: f64,
+}
+
+impl Row {
+    fn print(&self, c: &Ceilings) {
+        let s = self.us * 1e-6;
+        let floor = (self.bytes / c.copy_bw).max(self.flops / c.mma_flops);
+        println!(
+            "| {:<16} | {:>5} | {:>3} | {:>5} | {:>9.2} | {:>7.0} | {:>7.1} | {:>8.2} | {:>5.1}% |",
+            self.op,
+            self.t,
+            self.h,
+            self.keys,
+            self.us,
+            self.bytes / s / 1e9,
+            self.flops / s / 1e12,
+            floor * 1e6,
+            100.0 * floor / s
+        );
+    }
+}
+
+fn measure_copy(ctx: *mut unikv_context, stream: &OwnedStream) -> f64 {
+    let bytes = 2usize << 30;
+    let (a, b) = (Dev::new(ctx, bytes), Dev::new(ctx, bytes));
+    let us = per_call_us(stream, 4, |_, _| {
+        unsafe { copy_kernel(0, b.ptr, a.ptr, bytes, stream) }.unwrap();
+    });
+    2.0 * bytes as f64 / (us * 1e-6)
+}
+
+fn main() {
+    let mut rng = rand::rng();
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend: 2,
+        device: 0,
+        cpu_threads: 0,
+        validate: 0,
+    };
+    let mut ctx = ptr::null_mut();
+    ok(
+        unsafe { unikv_context_create(&options, &mut ctx) },
+        "CUDA context",
+    );
+    let stream = OwnedStream::new(0).unwrap();
+    let mma_tflops: f64 = std::env::var("UNIKV_MATMUL_TFLOPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .expect(
+            "UNIKV_MATMUL_TFLOPS: the measured bf16 matmul rate (scripts/gpu-check.sh sets it)",
+        );
+    let c = Ceilings {
+        copy_bw: measure_copy(ctx, &stream),
+        mma_flops: mma_tflops * 1e12,
+    };
+    println!(
+        "ceilings: copy {:.2} TB/s (read + write), bf16 matmul {:.0} TFLOP/s",
+        c.copy_bw / 1e12,
+        mma_tflops
+    );
+    if c.copy_bw < 4.0e12 || mma_tflops < 700.0 {
+        eprintln!("ceilings are implausibly low (< 4.0 TB/s or < 700 TFLOP/s): refusing to report");
+        std::process::exit(2);
+    }
+    let only = std::env::var("UNIKV_BENCH_ONLY").unwrap_or_default();
+
+    // A dense single-layer pool of >= 1M rows filled with random values.
+    let ratios = [0u32];
+    let window = 128u32;
+    let max_requests = (POOL_ROWS_MIN as u32).div_ceil(window);
+    let params = unikv_pool_params {
+        struct_size: std::mem::size_of::<unikv_pool_params>(),
+        compress_ratios: ratios.as_ptr(),
+        layer_buffers: ptr::null(),
+        num_layers: 1,
+        max_requests,
+        window,
+        spec_extra: 0,
+        c128_blocks: 0,
+        kv_dtype: 1,
+    };
+    let mut pool = ptr::null_mut();
+    ok(
+        unsafe { unikv_pool_create(ctx, &params, &mut pool) },
+        "pool",
+    );
+    let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+    layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
+    ok(
+        unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
+        "layer",
+    );
+    let rows = layer.rows as usize;
+    {
+        let chunk = random_bf16(&mut rng, 64 << 20);
+        let total = rows * 512;
+        let mut done = 0;
+        while done < total {
+            let n = (total - done).min(chunk.len());
+            ok(
+                unsafe {
+                    unikv_memory_copy(
+                        ctx,
+                        (layer.data as *mut bf16).add(done).cast(),
+                        chunk.as_ptr().cast(),
+                        n * 2,
+                        0,
+                        ptr::null_mut(),
+                    )
+                },
+                "fill pool",
+            );
+            done += n;
+        }
+    }
+    println!(
+        "pool: {rows} rows x 1024 B = {:.2} GB\n",
+        rows as f64 * 1024.0 / 1e9
+    );
+    println!("| op               |     T |   H |  keys |  us/call |    GB/s | TFLOP/s | floor us | floor |");
+    println!("|------------------|-------|-----|-------|----------|---------|---------|----------|-------|");
+
+    let all_rows: Vec<i32> = (0..rows as i32).collect();
+    let idx_set = |t: usize, keys: usize, rng: &mut rand::rngs::ThreadRng| -> Vec<i32> {
+        let mut v = Vec::with_capacity(t * keys);
+        for _ in 0..t {
+            v.extend(all_rows.choose_multiple(rng, keys).copied());
+        }
+        v
+    };
+
+    if only.is_empty() || only == "decode" {
+        for &t in &[1usize, 4, 16, 64, 128, 256] {
+            for &h in &[8usize, 16, 32, 64, 128] {
+                for &keys in &[640usize, 1152, 2176, 8320] {
+                    let bytes_call = t * keys * 1024;
+                    let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
+                    let idx: Vec<Dev> = (0..sets)
+                        .map(|_| Dev::upload(ctx, &idx_set(t, keys, &mut rng)))
+                        .collect();
+                    let indptr: Vec<i32> = (0..=t).map(|i| (i * keys) as i32).collect();
+                    let indptr = Dev::upload(ctx, &indptr);
+                    let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
+                    let out = Dev::new(ctx, t * h * 512 * 2);
+                    let sink = Dev::upload(ctx, &vec![0.5f32; h]);
+                    let (plan, ws, ws_bytes) = decode_plan(ctx, t, h);
+                    let us = per_call_us(&stream, sets, |i, s| {
+                        let args = unikv_decode_args {
+                            struct_size: std::mem::size_of::<unikv_decode_args>(),
+                            q: q.bf16s(&[t, h, 512]),
+                            indices: idx[i].i32s(&[t * keys]),
+                            indptr: indptr.i32s(&[t + 1]),
+                            sink: sink.t(3, 4, &[h]),
+                            out: out.bf16s(&[t, h, 512]),
+                            lse: unikv_tensor {
+                                data: ptr::null_mut(),
+                                dtype: 0,
+                                ndim: 0,
+                                shape: [0; 4],
+                                strides: [0; 4],
+                            },
+                            layer: 0,
+                            num_tokens: t as u32,
+                            softmax_scale: 0.044194173,
+                            reserved: 0,
+                        };
+                        ok(
+                            unsafe {
+                                unikv_sparse_decode(
+                                    plan,
+                                    pool,
+                                    &args,
+                                    ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr),
+                                    ws_bytes,
+                                    s,
+                                )
+                            },
+                            "decode",
+                        );
+                    });
+                    let bytes = (t * keys * (1024 + 4) + 2 * t * h * 1024) as f64;
+                    let flops = 4.0 * (t * h * keys * 512) as f64;
+                    Row {
+                        op: "decode".into(),
+                        t,
+                        h,
+                        keys,
+                        us,
+                        bytes,
+                        flops,
+                    }
+                    .print(&c);
+                    unsafe { unikv_decode_plan_destroy(plan) };
+                }
+            }
+        }
+    }
+
+    if only.is_empty() || only == "prefill" {
+        for &t in &[1024usize, 4096] {
+            for &h in &[16usize, 64] {
+                let (prefix, extend) = (1024usize, 128usize);
+                let keys = prefix + extend;
+                let idx = Dev::upload(ctx, &idx_set(t, prefix, &mut rng));
+                let indptr = Dev::upload(
+                    ctx,
+                    &(0..=t).map(|i| (i * prefix) as i32).collect::<Vec<_>>(),
+                );
+                let ext_kv = Dev::upload(ctx, &random_bf16(&mut rng, t * 512));
+                let ext_idx: Vec<i32> = (0..t)
+                    .flat_map(|i| (0..extend).map(move |k| ((i + k) % t) as i32))
+                    .collect();
+                let ext_idx = Dev::upload(ctx, &ext_idx);
+                let ext_ptr = Dev::upload(
+                    ctx,
+                    &(0..=t).map(|i| (i * extend) as i32).collect::<Vec<_>>(),
+                );
+                let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
+                let out = Dev::new(ctx, t * h * 512 * 2);
+                let pp = unikv_attention_plan_params {
+                    struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
+                    max_tokens: t as u32,
+                    num_heads: h as u32,
+                    head_dim: 512,
+                    q_dtype: 1,
+                    kv_dtype: 1,
+                    out_dtype: 1,
+                };
+                let mut plan = ptr::null_mut();
+                ok(
+                    unsafe { unikv_prefill_plan_create(ctx, &pp, &mut plan) },
+                    "prefill plan",
+                );
+                let mut ws_bytes = 0;
+                ok(
+                    unsafe { unikv_prefill_plan_workspace_size(plan, &mut ws_bytes) },
+                    "ws",
+                );
+                let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
+                let none = unikv_tensor {
+                    data: ptr::null_mut(),
+                    dtype: 0,
+                    ndim: 0,
+                    shape: [0; 4],
+                    strides: [0; 4],
+                };
+                let us = per_call_us(&stream, 2, |_, s| {
+                    let args = unikv_prefill_args {
+                        struct_size: std::mem::size_of::<unikv_prefill_args>(),
+                        q: q.bf16s(&[t, h, 512]),
+                        indices: idx.i32s(&[t * prefix]),
+                        indptr: indptr.i32s(&[t + 1]),
+                        sink: none,
+                        out: out.bf16s(&[t, h, 512]),
+                        lse: none,
+                        extend_kv: ext_kv.bf16s(&[t, 512]),
+                        extend_indices: ext_idx.i32s(&[t * extend]),
+                        extend_indptr: ext_ptr.i32s(&[t + 1]),
+                        layer: 0,
+                        num_tokens: t as u32,
+                        softmax_scale: 0.044194173,
+                        reserved: 0,
+                    };
+                    ok(
+                        unsafe {
+                            unikv_sparse_prefill(
+                                plan,
+                                pool,
+                                &args,
+                                ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr),
+                                ws_bytes,
+                                s,
+                            )
+                        },
+                        "prefill",
+                    );
+                });
+                let bytes = (t * keys * (1024 + 4) + 2 * t * h * 1024) as f64;
+                let flops = 4.0 * (t * h * keys * 512) as f64;
+                Row {
+                    op: "prefill".into(),
+                    t,
+                    h,
+                    keys,
+                    us,
+                    bytes,
+                    flops,
+                }
+                .print(&c);
+                unsafe { unikv_prefill_plan_destroy(plan) };
+            }
+        }
+    }
+
+    if only.is_empty() || only == "index" {
+        for &t in &[1usize, 64, 4096] {
+            let reqs = t;
+            let batch = Dev::upload(ctx, &(0..t as i32).collect::<Vec<_>>());
+            let slots = Dev::upload(
+                ctx,
+                &(0..reqs)
+                    .map(|i| 1 + (i % max_requests as usize) as i32)
+                    .collect::<Vec<_>>(),
+            );
+            let positions = Dev::upload(
+                ctx,
+                &(0..t)
+                    .map(|_| rng.random_range(20_000..60_000))
+                    .collect::<Vec<i32>>(),
+            );
+            let width = 512usize;
+            let topk = 1024usize;
+            let c128 = Dev::upload(
+                ctx,
+                &(0..t * width)
+                    .map(|j| (j % width) as i32)
+                    .collect::<Vec<_>>(),
+            );
+            let caps = [t * 128, t * (128 + width), t * (128 + topk)];
+            let outs: Vec<(Dev, Dev)> = caps
+                .iter()
+                .map(|&c| (Dev::new(ctx, (t + 1) * 4), Dev::new(ctx, c * 4)))
+                .collect();
+            let us = per_call_us(&stream, 4, |_, s| {
+                let args = unikv_decode_streams_args {
+                    struct_size: std::mem::size_of::<unikv_decode_streams_args>(),
+                    batch_id: batch.i32s(&[t]),
+                    req_slots: slots.i32s(&[reqs]),
+                    positions: positions.i32s(&[t]),
+                    c128_page_indices: c128.i32s(&[t, width]),
+                    swa_indptr: outs[0].0.i32s(&[t + 1]),
+                    swa_indices: outs[0].1.i32s(&[caps[0]]),
+                    hca_indptr: outs[1].0.i32s(&[t + 1]),
+                    hca_indices: outs[1].1.i32s(&[caps[1]]),
+                    csa_indptr: outs[2].0.i32s(&[t + 1]),
+                    csa_indices: outs[2].1.i32s(&[caps[2]]),
+                    num_tokens: t as u32,
+                    csa_topk: topk as u32,
+                };
+                ok(
+                    unsafe { unikv_build_decode_streams(pool, &args, s) },
+                    "decode streams",
+                );
+            });
+            // Written: 3 SWA copies + the HCA tail; read: the c128 table.
+            let hca = (40_000 / 128).min(width);
+            let bytes = (t * (3 * 128 + 2 * hca) * 4) as f64;
+            Row {
+                op: "decode_streams".into(),
+                t,
+                h: 0,
+                keys: 128 + hca,
+                us,
+                bytes,
+                flops: 0.0,
+            }
+            .print(&c);
+
+            let kv = Dev::upload(ctx, &random_bf16(&mut rng, t * 512));
+            let pos_seq = Dev::upload(ctx, &(0..t as i32).collect::<Vec<_>>());
+            let one_slot = Dev::upload(ctx, &[1i32]);
+            let zeros = Dev::upload(ctx, &vec![0i32; t]);
+            let final_pos = Dev::upload(ctx, &[t as i32 - 1]);
+            let us = per_call_us(&stream, 4, |_, s| {
+                let args = unikv_store_swa_args {
+                    struct_size: std::mem::size_of::<unikv_store_swa_args>(),
+                    kv: kv.bf16s(&[t, 512]),
+                    batch_id: zeros.i32s(&[t]),
+                    req_slots: one_slot.i32s(&[1]),
+                    positions: pos_seq.i32s(&[t]),
+                    final_pos: final_pos.i32s(&[1]),
+                    layer: 0,
+                    num_tokens: t as u32,
+                };
+                ok(unsafe { unikv_store_swa(pool, &args, s) }, "store_swa");
+            });
+            let written = t.min(window as usize);
+            let bytes = (written * 2048 + t * 8) as f64;
+            Row {
+                op: "store_swa".into(),
+                t,
+                h: 0,
+                keys: 0,
+                us,
+                bytes,
+                flops: 0.0,
+            }
+            .print(&c);
+        }
+    }
+    unsafe {
+        unikv_pool_destroy(pool);
+        unikv_context_destroy(ctx);
+    }
+}
+
+fn random_bf16(rng: &mut impl Rng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
+        .collect()
+}
+
+fn decode_plan(
+    ctx: *mut unikv_context,
+    t: usize,
+    h: usize,
+) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
+    let params = unikv_attention_plan_params {
+        struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
+        max_tokens: t as u32,
+        num_heads: h as u32,
+        head_dim: 512,
+        q_dtype: 1,
+        kv_dtype: 1,
+        out_dtype: 1,
+    };
+    let mut plan = ptr::null_mut();
+    ok(
+        unsafe { unikv_decode_plan_create(ctx, &params, &mut plan) },
+        "decode plan",
+    );
+    let mut bytes = 0;
+    ok(
+        unsafe { unikv_decode_plan_workspace_size(plan, &mut bytes) },
+        "ws",
+    );
+    (plan, (bytes > 0).then(|| Dev::new(ctx, bytes)), bytes)
+}

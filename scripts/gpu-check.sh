@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# GPU verification in two halves (contributors: see README, "Checking on a GPU").
+#
+#   scripts/gpu-check.sh bundle      here (nvcc, no GPU): builds the CUDA test
+#                                    binary, the benchmark and a staged install
+#                                    tree into gpu-bundle/ (git-ignored, < 64 MiB)
+#   scripts/gpu-check.sh run [what]  on the GPU machine (driver, CMake, C++,
+#                                    PyTorch; no Rust), from the repository root
+#                                    with gpu-bundle/ carried along; `what` is
+#                                    tests, bench or all (default). Logs go to
+#                                    $OUT (or /tmp/unikv-gpu-out); a summary
+#                                    table is printed last.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUNDLE="$ROOT/gpu-bundle"
+cd "$ROOT"
+
+bundle() {
+    eval "$(scripts/install-nvcc.sh --env)"
+    export UNIKV_CUDA_ARCHS="${UNIKV_CUDA_ARCHS:-sm_90a}"
+    local target="$ROOT/build/cargo-gpu"
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/bin"
+    cargo build --release --features cuda --bin unikv-bench --target-dir "$target"
+    local tests
+    tests=$(cargo test --release --features cuda,test-hooks --no-run --test gpu --target-dir "$target" \
+        --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+    cp "$tests" "$BUNDLE/bin/gpu-tests"
+    cp "$target/release/unikv-bench" "$BUNDLE/bin/unikv-bench"
+    strip "$BUNDLE/bin/"*
+    source scripts/lib.sh
+    cmake_configure "$ROOT" "$ROOT/build/gpu" -DUNIKV_CARGO_FEATURES=cuda
+    cmake_build "$ROOT/build/gpu"
+    cmake --install "$ROOT/build/gpu" --prefix "$BUNDLE/stage"
+    strip "$BUNDLE"/stage/lib/libunikv.so.*.*.*
+    rm -f "$BUNDLE"/stage/lib/libunikv.a
+    du -sh "$BUNDLE"
+}
+
+run_tests() {
+    local out=$1
+    local status=0
+    UNIKV_EXPECT_GPU=1 "$BUNDLE/bin/gpu-tests" --test-threads=1 2>&1 | tee "$out/rust-gpu-tests.log" || status=1
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S cpp-tests -B /tmp/unikv-cpp-gpu "${gen[@]}" -DCMAKE_PREFIX_PATH="$BUNDLE/stage" >/tmp/cmake.log 2>&1
+    cmake --build /tmp/unikv-cpp-gpu >>/tmp/cmake.log 2>&1 || { cat /tmp/cmake.log; return 1; }
+    UNIKV_TEST_BACKEND=cuda ctest --test-dir /tmp/unikv-cpp-gpu --output-on-failure 2>&1 | tee "$out/cpp.log" || status=1
+    cmake -S examples -B /tmp/unikv-example-gpu "${gen[@]}" -DCMAKE_PREFIX_PATH="$BUNDLE/stage" >>/tmp/cmake.log 2>&1
+    cmake --build /tmp/unikv-example-gpu >>/tmp/cmake.log 2>&1 || { cat /tmp/cmake.log; return 1; }
+    /tmp/unikv-example-gpu/unikv_example 2>&1 | tee -a "$out/cpp.log" || status=1
+    for tool in memcheck racecheck initcheck; do
+        UNIKV_EXPECT_GPU=1 UNIKV_GPU_TEST_SMALL=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+            "$BUNDLE/bin/gpu-tests" --test-threads=1 >"$out/sanitizer-$tool.log" 2>&1 || status=1
+    done
+    return $status
+}
+
+run_bench() {
+    local out=$1
+    local tflops
+    tflops=$(python3 - <<'PY'
+import torch
+n = 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+for _ in range(3):
+    a @ b
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+times = []
+for _ in range(10):
+    s.record(); a @ b; e.record(); torch.cuda.synchronize()
+    times.append(s.elapsed_time(e))
+times.sort()
+print(f"{2 * n**3 / (times[len(times) // 2] * 1e-3) / 1e12:.1f}")
+PY
+)
+    echo "bf16 matmul (PyTorch, 8192^3, median of 10): $tflops TFLOP/s" | tee "$out/bench.md"
+    UNIKV_MATMUL_TFLOPS=$tflops "$BUNDLE/bin/unikv-bench" 2>&1 | tee -a "$out/bench.md"
+}
+
+summary() {
+    local out=$1
+    echo
+    echo "== summary =="
+    grep -h "test result" "$out/rust-gpu-tests.log" 2>/dev/null | sed 's/^/rust gpu tests: /' || true
+    grep -h "tests passed" "$out/cpp.log" 2>/dev/null | sed 's/^/ctest (cuda): /' || true
+    grep -h "max relative" "$out/cpp.log" 2>/dev/null | sed 's/^/example: /' || true
+    for tool in memcheck racecheck initcheck; do
+        [ -f "$out/sanitizer-$tool.log" ] || continue
+        echo "compute-sanitizer $tool: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1)"
+    done
+}
+
+case "${1:-}" in
+    bundle) bundle ;;
+    run)
+        what=${2:-all}
+        out=${OUT:-/tmp/unikv-gpu-out}
+        mkdir -p "$out"
+        nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+        status=0
+        case "$what" in
+            tests) run_tests "$out" || status=1 ;;
+            bench) run_bench "$out" || status=1 ;;
+            all) run_tests "$out" || status=1; run_bench "$out" || status=1 ;;
+            *) echo "unknown: $what" >&2; exit 2 ;;
+        esac
+        summary "$out"
+        [ "$what" = tests ] || tail -n +1 "$out/bench.md" | grep '^|' | tail -40
+        exit $status
+        ;;
+    *)
+        echo "usage: scripts/gpu-check.sh bundle | run [tests|bench|all]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,1136 @@
+//! The CUDA backend against the CPU backend (the oracle), through the C ABI.
+//! Without a usable GPU only `auto_context_falls_back_to_cpu` runs; set
+//! UNIKV_EXPECT_GPU=1 to make a missing GPU a failure. UNIKV_GPU_TEST_SMALL=1
+//! shrinks the shapes for compute-sanitizer runs.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::os::raw::c_void;
+use std::ptr;
+
+use common::*;
+use half::bf16;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::Rng;
+use unikv::ffi::attention::*;
+use unikv::ffi::context::*;
+use unikv::ffi::index::*;
+use unikv::ffi::store::*;
+use unikv::ffi::types::unikv_tensor;
+
+fn small() -> bool {
+    std::env::var_os("UNIKV_GPU_TEST_SMALL").is_some()
+}
+
+fn context(backend: u32) -> Result<Ctx, unikv::ffi::status::unikv_status> {
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend,
+        device: 0,
+        cpu_threads: 0,
+        validate: 0,
+    };
+    let mut ctx = ptr::null_mut();
+    match unsafe { unikv_context_create(&options, &mut ctx) } {
+        UNIKV_OK => Ok(Ctx(ctx)),
+        status => Err(status),
+    }
+}
+
+fn backend_of(ctx: &Ctx) -> u32 {
+    let mut info: unikv_context_info = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<unikv_context_info>();
+    ok(unsafe { unikv_context_get_info(ctx.0, &mut info) });
+    info.backend
+}
+
+/// The CUDA context, or None (with a note) when this machine has no GPU.
+fn gpu() -> Option<Ctx> {
+    match context(2) {
+        Ok(ctx) => Some(ctx),
+        Err(status) => {
+            assert_eq!(status, UNIKV_BACKEND_UNAVAILABLE, "{}", last_error());
+            assert!(
+                std::env::var_os("UNIKV_EXPECT_GPU").is_none(),
+                "UNIKV_EXPECT_GPU is set but CUDA is unavailable: {}",
+                last_error()
+            );
+            eprintln!("no GPU: {}", last_error());
+            None
+        }
+    }
+}
+
+#[test]
+fn auto_context_falls_back_to_cpu() {
+    let auto = context(0).expect("auto context");
+    match context(2) {
+        Ok(_) => assert_eq!(
+            backend_of(&auto),
+            2,
+            "auto must pick the GPU when one is present"
+        ),
+        Err(status) => {
+            assert_eq!(status, UNIKV_BACKEND_UNAVAILABLE);
+            assert!(last_error().contains("backend"), "{}", last_error());
+            assert_eq!(
+                backend_of(&auto),
+                1,
+                "auto without a GPU is the CPU backend"
+            );
+        }
+    }
+}
+
+/// A buffer in a context's memory (device memory on the GPU backend).
+struct Dev<'a> {
+    ctx: &'a Ctx,
+    ptr: *mut c_void,
+    bytes: usize,
+}
+
+impl<'a> Dev<'a> {
+    fn zeroed(ctx: &'a Ctx, bytes: usize) -> Self {
+        let mut ptr = ptr::null_mut();
+        ok(unsafe { unikv_memory_alloc(ctx.0, bytes, &mut ptr) });
+        Dev { ctx, ptr, bytes }
+    }
+
+    fn upload<T>(ctx: &'a Ctx, data: &[T]) -> Self {
+        let d = Dev::zeroed(ctx, std::mem::size_of_val(data));
+        d.write(data);
+        d
+    }
+
+    fn write<T>(&self, data: &[T]) {
+        assert!(std::mem::size_of_val(data) <= self.bytes);
+        let n = std::mem::size_of_val(data);
+        ok(unsafe {
+            unikv_memory_copy(
+                self.ctx.0,
+                self.ptr,
+                data.as_ptr().cast(),
+                n,
+                0,
+                ptr::null_mut(),
+            )
+        });
+    }
+
+    fn poison(&self) {
+        ok(unsafe {
+            unikv_memory_set(
+                self.ctx.0,
+                self.ptr,
+                POISON_BYTE,
+                self.bytes,
+                ptr::null_mut(),
+            )
+        });
+    }
+
+    fn read<T: Copy>(&self) -> Vec<T> {
+        let n = self.bytes / std::mem::size_of::<T>();
+        let mut out: Vec<T> = poisoned(n);
+        ok(unsafe {
+            unikv_memory_copy(
+                self.ctx.0,
+                out.as_mut_ptr().cast(),
+                self.ptr,
+                n * std::mem::size_of::<T>(),
+                1,
+                ptr::null_mut(),
+            )
+        });
+        ok(unsafe { unikv_stream_synchronize(self.ctx.0, ptr::null_mut()) });
+        out
+    }
+
+    /// Contiguous descriptor of dtype `T` over this buffer.
+    fn t<T: Dt>(&self, shape: &[usize]) -> unikv_tensor {
+        let mut d = absent();
+        d.data = self.ptr;
+        d.dtype = T::DTYPE as u32;
+        d.ndim = shape.len() as u32;
+        let mut stride = 1i64;
+        for axis in (0..shape.len()).rev() {
+            d.shape[axis] = shape[axis] as i64;
+            d.strides[axis] = stride;
+            stride *= shape[axis] as i64;
+        }
+        assert!(stride as usize * std::mem::size_of::<T>() <= self.bytes.max(1));
+        d
+    }
+}
+
+impl Drop for Dev<'_> {
+    fn drop(&mut self) {
+        unsafe { unikv_memory_free(self.ctx.0, self.ptr) };
+    }
+}
+
+/// Writes host rows into a pool layer of either backend.
+fn fill_layer(ctx: &Ctx, pool: &Pool, layer: u32, rows: &[bf16]) {
+    let info = pool.layer(layer);
+    assert_eq!(rows.len() as u64, info.rows * 512);
+    ok(unsafe {
+        unikv_memory_copy(
+            ctx.0,
+            info.data,
+            rows.as_ptr().cast(),
+            info.bytes as usize,
+            0,
+            ptr::null_mut(),
+        )
+    });
+}
+
+fn read_layer(ctx: &Ctx, pool: &Pool, layer: u32) -> Vec<bf16> {
+    let info = pool.layer(layer);
+    let mut out = vec![bf16::ZERO; info.rows as usize * 512];
+    ok(unsafe {
+        unikv_memory_copy(
+            ctx.0,
+            out.as_mut_ptr().cast(),
+            info.data,
+            info.bytes as usize,
+            1,
+            ptr::null_mut(),
+        )
+    });
+    ok(unsafe { unikv_stream_synchronize(ctx.0, ptr::null_mut()) });
+    out
+}
+
+/// A plan with its workspace; destroyed on drop.
+struct Plan<'a> {
+    handle: *mut c_void,
+    ws: Option<Dev<'a>>,
+    bytes: usize,
+    decode: bool,
+}
+
+impl Plan<'_> {
+    fn ws_ptr(&self) -> *mut c_void {
+        self.ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr)
+    }
+}
+
+impl Drop for Plan<'_> {
+    fn drop(&mut self) {
+        unsafe {
+            if self.decode {
+                unikv_decode_plan_destroy(self.handle.cast());
+            } else {
+                unikv_prefill_plan_destroy(self.handle.cast());
+            }
+        }
+    }
+}
+
+fn plan(ctx: &Ctx, decode: bool, max_tokens: usize, heads: usize) -> Plan<'_> {
+    let params = unikv_attention_plan_params {
+        struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
+        max_tokens: max_tokens as u32,
+        num_heads: heads as u32,
+        head_dim: 512,
+        q_dtype: 1,
+        kv_dtype: 1,
+        out_dtype: 1,
+    };
+    let mut bytes = 0usize;
+    let handle: *mut c_void = if decode {
+        let mut p = ptr::null_mut();
+        ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut p) });
+        ok(unsafe { unikv_decode_plan_workspace_size(p, &mut bytes) });
+        p.cast()
+    } else {
+        let mut p = ptr::null_mut();
+        ok(unsafe { unikv_prefill_plan_create(ctx.0, &params, &mut p) });
+        ok(unsafe { unikv_prefill_plan_workspace_size(p, &mut bytes) });
+        p.cast()
+    };
+    Plan {
+        handle,
+        ws: (bytes > 0).then(|| Dev::zeroed(ctx, bytes)),
+        bytes,
+        decode,
+    }
+}
+
+/// Host inputs of one attention call.
+#[derive(Clone)]
+struct AttnCase {
+    t: usize,
+    h: usize,
+    q: Vec<bf16>,
+    indices: Vec<i32>,
+    indptr: Vec<i32>,
+    sink: Option<Vec<f32>>,
+    scale: f32,
+    extend_kv: Vec<bf16>,
+    extend_indices: Vec<i32>,
+    extend_indptr: Vec<i32>,
+}
+
+fn random_lengths(rng: &mut impl Rng, t: usize, max: usize) -> Vec<usize> {
+    let menu = [0usize, 1, 2, 17, 64, 65, 128, 640, 1152, 2300];
+    let mut lens: Vec<usize> = (0..t)
+        .map(|_| *menu.choose(rng).unwrap())
+        .map(|l| l.min(max))
+        .collect();
+    // Every batch of more than a few tokens holds 0, 1 and the longest.
+    if t >= 3 {
+        lens[0] = 0;
+        lens[1] = 1;
+        lens[2] = max.min(2300);
+    }
+    lens
+}
+
+fn random_case(rng: &mut impl Rng, t: usize, h: usize, rows: usize, prefill: bool) -> AttnCase {
+    let max = if small() { 300 } else { 2300 };
+    let lens = random_lengths(rng, t, max.min(rows));
+    let mut indices = vec![];
+    let mut indptr = vec![0i32];
+    let mut all: Vec<i32> = (0..rows as i32).collect();
+    for &l in &lens {
+        all.shuffle(rng);
+        indices.extend(all[..l].iter().map(|&r| {
+            if prefill && rng.random_bool(0.05) {
+                -1
+            } else {
+                r
+            }
+        }));
+        indptr.push(indices.len() as i32);
+    }
+    let ext_rows = if prefill { 300 } else { 0 };
+    let mut extend_indices = vec![];
+    let mut extend_indptr = vec![0i32];
+    if prefill {
+        for _ in 0..t {
+            let l = rng.random_range(0..=128usize);
+            for _ in 0..l {
+                extend_indices.push(if rng.random_bool(0.05) {
+                    -1
+                } else {
+                    rng.random_range(0..ext_rows as i32)
+                });
+            }
+            extend_indptr.push(extend_indices.len() as i32);
+        }
+    }
+    AttnCase {
+        t,
+        h,
+        q: random_bf16(rng, t * h * 512),
+        indices,
+        indptr,
+        sink: rng
+            .random_bool(0.7)
+            .then(|| (0..h).map(|_| rng.random_range(-2.0f32..4.0)).collect()),
+        scale: 1.0 / (512f32).sqrt() * rng.random_range(0.5f32..2.0),
+        extend_kv: random_bf16(rng, ext_rows * 512),
+        extend_indices,
+        extend_indptr,
+    }
+}
+
+/// Runs one attention call on `ctx` and returns (out, lse).
+fn run_attention(
+    ctx: &Ctx,
+    pool: &Pool,
+    layer: u32,
+    c: &AttnCase,
+    plan: &Plan,
+) -> (Vec<bf16>, Vec<f32>) {
+    let prefill = !plan.decode;
+    let q = Dev::upload(ctx, &c.q);
+    let idx = Dev::upload(
+        ctx,
+        &c.indices.iter().copied().chain([0]).collect::<Vec<_>>(),
+    );
+    let ptr_ = Dev::upload(ctx, &c.indptr);
+    let sink = c.sink.as_ref().map(|s| Dev::upload(ctx, s));
+    let out = Dev::zeroed(ctx, c.t * c.h * 512 * 2);
+    let lse = Dev::zeroed(ctx, c.t * c.h * 4);
+    out.poison();
+    lse.poison();
+    let n_idx = c.indices.len().max(1);
+    if prefill {
+        let ekv = Dev::upload(ctx, &c.extend_kv);
+        let eidx = Dev::upload(
+            ctx,
+            &c.extend_indices
+                .iter()
+                .copied()
+                .chain([0])
+                .collect::<Vec<_>>(),
+        );
+        let eptr = Dev::upload(ctx, &c.extend_indptr);
+        let args = unikv_prefill_args {
+            struct_size: std::mem::size_of::<unikv_prefill_args>(),
+            q: q.t::<bf16>(&[c.t, c.h, 512]),
+            indices: idx.t::<i32>(&[n_idx]),
+            indptr: ptr_.t::<i32>(&[c.t + 1]),
+            sink: sink.as_ref().map_or(absent(), |s| s.t::<f32>(&[c.h])),
+            out: out.t::<bf16>(&[c.t, c.h, 512]),
+            lse: lse.t::<f32>(&[c.t, c.h]),
+            extend_kv: ekv.t::<bf16>(&[c.extend_kv.len() / 512, 512]),
+            extend_indices: eidx.t::<i32>(&[c.extend_indices.len().max(1)]),
+            extend_indptr: eptr.t::<i32>(&[c.t + 1]),
+            layer,
+            num_tokens: c.t as u32,
+            softmax_scale: c.scale,
+            reserved: 0,
+        };
+        ok(unsafe {
+            unikv_sparse_prefill(
+                plan.handle.cast(),
+                pool.0,
+                &args,
+                plan.ws_ptr(),
+                plan.bytes,
+                ptr::null_mut(),
+            )
+        });
+    } else {
+        let args = unikv_decode_args {
+            struct_size: std::mem::size_of::<unikv_decode_args>(),
+            q: q.t::<bf16>(&[c.t, c.h, 512]),
+            indices: idx.t::<i32>(&[n_idx]),
+            indptr: ptr_.t::<i32>(&[c.t + 1]),
+            sink: sink.as_ref().map_or(absent(), |s| s.t::<f32>(&[c.h])),
+            out: out.t::<bf16>(&[c.t, c.h, 512]),
+            lse: lse.t::<f32>(&[c.t, c.h]),
+            layer,
+            num_tokens: c.t as u32,
+            softmax_scale: c.scale,
+            reserved: 0,
+        };
+        ok(unsafe {
+            unikv_sparse_decode(
+                plan.handle.cast(),
+                pool.0,
+                &args,
+                plan.ws_ptr(),
+                plan.bytes,
+                ptr::null_mut(),
+            )
+        });
+    }
+    (out.read::<bf16>(), lse.read::<f32>())
+}
+
+/// Per (token, head): relative L2 error < 1e-2, exact zeros where the oracle
+/// has zeros (empty slices), nothing left unwritten, LSE close.
+fn compare(c: &AttnCase, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32>), what: &str) {
+    let mut worst = 0f64;
+    for t in 0..c.t {
+        for h in 0..c.h {
+            let o = (t * c.h + h) * 512;
+            let (g, w) = (&got.0[o..o + 512], &want.0[o..o + 512]);
+            let norm: f64 = w.iter().map(|x| (x.to_f64()).powi(2)).sum::<f64>().sqrt();
+            let diff: f64 = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a.to_f64() - b.to_f64()).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                g.iter().all(|x| x.is_finite()),
+                "{what}: non-finite output at token {t} head {h}"
+            );
+            if norm == 0.0 {
+                assert!(
+                    g.iter().all(|x| x.to_f32() == 0.0),
+                    "{what}: token {t} head {h} should be exact zeros"
+                );
+            } else {
+                let rel = diff / norm;
+                worst = worst.max(rel);
+                assert!(
+                    rel < 1e-2,
+                    "{what}: token {t} head {h} relative error {rel}"
+                );
+            }
+            let (gl, wl) = (got.1[t * c.h + h], want.1[t * c.h + h]);
+            if wl.is_infinite() {
+                assert_eq!(gl, wl, "{what}: lse of token {t} head {h}");
+            } else {
+                assert!(
+                    (gl - wl).abs() <= 2e-3 * wl.abs().max(1.0),
+                    "{what}: lse {gl} vs {wl} at token {t} head {h}"
+                );
+            }
+        }
+    }
+    eprintln!("{what}: max relative error {worst:.2e}");
+}
+
+struct Setup {
+    cpu: Ctx,
+    gpu: Ctx,
+}
+
+fn setup() -> Option<Setup> {
+    Some(Setup {
+        gpu: gpu()?,
+        cpu: context(1).unwrap(),
+    })
+}
+
+fn attention_pools(s: &Setup, rng: &mut impl Rng) -> (Pool, Pool, usize) {
+    let spec = PoolSpec {
+        ratios: vec![0, 0],
+        max_requests: 23,
+        window: 128,
+        spec_extra: 0,
+        c128_blocks: 0,
+    };
+    let (pc, pg) = (Pool::new(&s.cpu, &spec), Pool::new(&s.gpu, &spec));
+    let rows = pc.layer(1).rows as usize;
+    for layer in 0..2 {
+        let data = random_bf16(rng, rows * 512);
+        fill_layer(&s.cpu, &pc, layer, &data);
+        fill_layer(&s.gpu, &pg, layer, &data);
+    }
+    (pc, pg, rows)
+}
+
+#[test]
+fn decode_matches_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (pc, pg, rows) = attention_pools(&s, &mut rng);
+    let (tokens, heads): (&[usize], &[usize]) = if small() {
+        (&[1, 3], &[1, 16, 64])
+    } else {
+        (&[1, 3, 64, 257], &[1, 8, 16, 64, 128])
+    };
+    for &t in tokens {
+        for &h in heads {
+            let c = random_case(&mut rng, t, h, rows, false);
+            let cp = plan(&s.cpu, true, t, h);
+            let gp = plan(&s.gpu, true, t, h);
+            let want = run_attention(&s.cpu, &pc, 1, &c, &cp);
+            let got = run_attention(&s.gpu, &pg, 1, &c, &gp);
+            compare(&c, &got, &want, &format!("decode T={t} H={h}"));
+            let again = run_attention(&s.gpu, &pg, 1, &c, &gp);
+            assert_eq!(
+                bytes_of(&got.0),
+                bytes_of(&again.0),
+                "decode T={t} H={h}: not deterministic"
+            );
+        }
+    }
+}
+
+#[test]
+fn prefill_matches_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (pc, pg, rows) = attention_pools(&s, &mut rng);
+    let cases: &[(usize, usize)] = if small() {
+        &[(3, 8)]
+    } else {
+        &[(64, 8), (257, 64), (64, 128)]
+    };
+    for &(t, h) in cases {
+        let c = random_case(&mut rng, t, h, rows, true);
+        let cp = plan(&s.cpu, false, t, h);
+        let gp = plan(&s.gpu, false, t, h);
+        let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
+        let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
+        compare(&c, &got, &want, &format!("prefill T={t} H={h}"));
+    }
+}
+
+/// A victim token's output is bitwise the same alone, inside an MTP-sized batch,
+/// and among other batch-mates at another position (same plan).
+#[test]
+fn decode_is_batch_invariant() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (_pc, pg, rows) = attention_pools(&s, &mut rng);
+    let h = 16;
+    let gp = plan(&s.gpu, true, 8, h);
+    let base = random_case(&mut rng, 8, h, rows, false);
+    let slice = |c: &AttnCase, t: usize| -> (Vec<bf16>, Vec<i32>) {
+        let (lo, hi) = (c.indptr[t] as usize, c.indptr[t + 1] as usize);
+        (
+            c.q[t * h * 512..(t + 1) * h * 512].to_vec(),
+            c.indices[lo..hi].to_vec(),
+        )
+    };
+    let victim = 2; // the longest slice of the batch
+    let (vq, vidx) = slice(&base, victim);
+    let build = |order: &[usize]| -> AttnCase {
+        let mut c = base.clone();
+        c.t = order.len();
+        c.q.clear();
+        c.indices.clear();
+        c.indptr = vec![0];
+        for &t in order {
+            let (q, idx) = if t == victim {
+                (vq.clone(), vidx.clone())
+            } else {
+                slice(&base, t)
+            };
+            c.q.extend(q);
+            c.indices.extend(idx);
+            c.indptr.push(c.indices.len() as i32);
+        }
+        c
+    };
+    let row = |c: &AttnCase, out: &(Vec<bf16>, Vec<f32>), at: usize| {
+        let _ = c;
+        bytes_of(&out.0[at * h * 512..(at + 1) * h * 512])
+    };
+    let alone = build(&[victim]);
+    let want = run_attention(&s.gpu, &pg, 1, &alone, &gp);
+    for order in [
+        vec![0, victim, 1, 3],
+        vec![victim, 5, 6, 7, 4, 0, 1, 3],
+        vec![7, 6, victim],
+    ] {
+        let c = build(&order);
+        let got = run_attention(&s.gpu, &pg, 1, &c, &gp);
+        let at = order.iter().position(|&t| t == victim).unwrap();
+        assert_eq!(
+            row(&c, &got, at),
+            row(&alone, &want, 0),
+            "victim differs in batch {order:?}"
+        );
+    }
+}
+
+fn index_pools(s: &Setup) -> (Pool, Pool, PoolSpec) {
+    let spec = PoolSpec {
+        ratios: vec![0, 4, 128],
+        max_requests: 6,
+        window: 32,
+        spec_extra: 3,
+        c128_blocks: 64,
+    };
+    (Pool::new(&s.cpu, &spec), Pool::new(&s.gpu, &spec), spec)
+}
+
+/// Runs build_decode_streams + fill_csa_tail on one context; returns the six outputs.
+fn decode_streams(ctx: &Ctx, pool: &Pool, inp: &DecodeInputs) -> Vec<Vec<i32>> {
+    let t = inp.batch.len();
+    let win = 32;
+    let caps = [t * win, t * (win + inp.c128_width), t * (win + inp.topk)];
+    let b = Dev::upload(ctx, &inp.batch);
+    let sl = Dev::upload(ctx, &inp.slots);
+    let p = Dev::upload(ctx, &inp.pos);
+    let c128 = Dev::upload(ctx, &inp.c128);
+    let csa = Dev::upload(ctx, &inp.csa);
+    let outs: Vec<(Dev, Dev)> = caps
+        .iter()
+        .map(|&cap| {
+            (
+                Dev::zeroed(ctx, (t + 1) * 4),
+                Dev::zeroed(ctx, cap.max(1) * 4),
+            )
+        })
+        .collect();
+    for (a, b) in &outs {
+        a.poison();
+        b.poison();
+    }
+    let args = unikv_decode_streams_args {
+        struct_size: std::mem::size_of::<unikv_decode_streams_args>(),
+        batch_id: b.t::<i32>(&[t]),
+        req_slots: sl.t::<i32>(&[inp.slots.len()]),
+        positions: p.t::<i32>(&[t]),
+        c128_page_indices: c128.t::<i32>(&[t, inp.c128_width]),
+        swa_indptr: outs[0].0.t::<i32>(&[t + 1]),
+        swa_indices: outs[0].1.t::<i32>(&[caps[0]]),
+        hca_indptr: outs[1].0.t::<i32>(&[t + 1]),
+        hca_indices: outs[1].1.t::<i32>(&[caps[1]]),
+        csa_indptr: outs[2].0.t::<i32>(&[t + 1]),
+        csa_indices: outs[2].1.t::<i32>(&[caps[2]]),
+        num_tokens: t as u32,
+        csa_topk: inp.topk as u32,
+    };
+    ok(unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) });
+    if inp.topk > 0 {
+        let tail = unikv_csa_tail_args {
+            struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
+            batch_id: args.batch_id,
+            positions: args.positions,
+            csa_page_indices: csa.t::<i32>(&[t, inp.topk]),
+            csa_indptr: args.csa_indptr,
+            csa_indices: args.csa_indices,
+            num_tokens: t as u32,
+            reserved: 0,
+        };
+        ok(unsafe { unikv_fill_csa_tail(pool.0, &tail, ptr::null_mut()) });
+    }
+    let mut result = vec![];
+    for (ptr_, idx) in &outs {
+        let ptr_v = ptr_.read::<i32>();
+        let n = ptr_v[t] as usize;
+        result.push(ptr_v);
+        result.push(idx.read::<i32>()[..n].to_vec());
+    }
+    result
+}
+
+struct DecodeInputs {
+    batch: Vec<i32>,
+    slots: Vec<i32>,
+    pos: Vec<i32>,
+    c128: Vec<i32>,
+    c128_width: usize,
+    csa: Vec<i32>,
+    topk: usize,
+}
+
+#[test]
+fn index_builders_match_cpu_exactly() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (pc, pg, spec) = index_pools(&s);
+    let hca_rows = spec.c128_blocks as i32 + 2;
+    let csa_rows = spec.c128_blocks as i32 * 32 + 64;
+    for &t in &[1usize, 3, 64, 257] {
+        let reqs = 6;
+        let c128_width = rng.random_range(1..80usize);
+        let topk = *[0usize, 8, 64, 512].choose(&mut rng).unwrap();
+        let inp = DecodeInputs {
+            batch: (0..t).map(|_| rng.random_range(-1..reqs)).collect(),
+            slots: (0..reqs).map(|_| rng.random_range(0..7)).collect(),
+            pos: (0..t).map(|_| rng.random_range(0..12000)).collect(),
+            c128: (0..t * c128_width)
+                .map(|_| {
+                    if rng.random_bool(0.98) {
+                        rng.random_range(0..hca_rows)
+                    } else {
+                        -1
+                    }
+                })
+                .collect(),
+            c128_width,
+            csa: (0..t * topk)
+                .map(|_| rng.random_range(0..csa_rows))
+                .collect(),
+            topk,
+        };
+        let want = decode_streams(&s.cpu, &pc, &inp);
+        let got = decode_streams(&s.gpu, &pg, &inp);
+        assert_eq!(got, want, "decode streams T={t}");
+
+        // Prefill streams for each layer kind.
+        for ratio in [0u32, 4, 128] {
+            let width = 40;
+            let chunk_start: Vec<i32> = (0..reqs).map(|_| rng.random_range(0..6000)).collect();
+            let batch: Vec<i32> = (0..t).map(|_| rng.random_range(-1..reqs)).collect();
+            let pos: Vec<i32> = batch
+                .iter()
+                .map(|&b| {
+                    if b < 0 {
+                        0
+                    } else {
+                        chunk_start[b as usize] + rng.random_range(0..300)
+                    }
+                })
+                .collect();
+            let rows = if ratio == 4 { csa_rows } else { hca_rows };
+            let table: Vec<i32> = (0..t * width)
+                .map(|_| {
+                    if rng.random_bool(0.97) {
+                        rng.random_range(0..rows)
+                    } else {
+                        -1
+                    }
+                })
+                .collect();
+            let extend_start: Vec<i32> = (0..reqs).map(|_| rng.random_range(0..1000)).collect();
+            let run = |ctx: &Ctx, pool: &Pool| -> Vec<Vec<i32>> {
+                let up = |v: &Vec<i32>| Dev::upload(ctx, v);
+                let (b, sl, p, cs, es, tb) = (
+                    up(&batch),
+                    up(&inp.slots),
+                    up(&pos),
+                    up(&chunk_start),
+                    up(&extend_start),
+                    up(&table),
+                );
+                let caps = [t * (32 + width), t * 32];
+                let outs: Vec<(Dev, Dev)> = caps
+                    .iter()
+                    .map(|&cap| (Dev::zeroed(ctx, (t + 1) * 4), Dev::zeroed(ctx, cap * 4)))
+                    .collect();
+                let args = unikv_prefill_streams_args {
+                    struct_size: std::mem::size_of::<unikv_prefill_streams_args>(),
+                    batch_id: b.t::<i32>(&[t]),
+                    req_slots: sl.t::<i32>(&[reqs as usize]),
+                    positions: p.t::<i32>(&[t]),
+                    chunk_start: cs.t::<i32>(&[reqs as usize]),
+                    extend_start: es.t::<i32>(&[reqs as usize]),
+                    page_indices: tb.t::<i32>(&[t, width]),
+                    prefix_indptr: outs[0].0.t::<i32>(&[t + 1]),
+                    prefix_indices: outs[0].1.t::<i32>(&[caps[0]]),
+                    extend_indptr: outs[1].0.t::<i32>(&[t + 1]),
+                    extend_indices: outs[1].1.t::<i32>(&[caps[1]]),
+                    num_tokens: t as u32,
+                    compress_ratio: ratio,
+                };
+                ok(unsafe { unikv_build_prefill_streams(pool.0, &args, ptr::null_mut()) });
+                let mut r = vec![];
+                for (a, i) in &outs {
+                    let pv = a.read::<i32>();
+                    let n = pv[t] as usize;
+                    r.push(pv);
+                    r.push(i.read::<i32>()[..n].to_vec());
+                }
+                r
+            };
+            assert_eq!(
+                run(&s.gpu, &pg),
+                run(&s.cpu, &pc),
+                "prefill streams T={t} ratio {ratio}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stores_match_cpu_exactly() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (pc, pg, spec) = index_pools(&s);
+    let t = 300;
+    let kv = random_bf16(&mut rng, t * 512);
+    // Request 0 is a 200-token chunk (longer than the ring), then 99 decode-like rows and a pad.
+    let batch: Vec<i32> = (0..t)
+        .map(|i| {
+            if i < 200 {
+                0
+            } else if i < 299 {
+                1 + (i as i32 % 4)
+            } else {
+                -1
+            }
+        })
+        .collect();
+    let slots = [1, 2, 3, 4, 5];
+    let pos: Vec<i32> = (0..t)
+        .map(|i| {
+            if i < 200 {
+                1000 + i as i32
+            } else {
+                7 + i as i32
+            }
+        })
+        .collect();
+    let final_pos: Vec<i32> = (0..5)
+        .map(|b| {
+            batch
+                .iter()
+                .zip(&pos)
+                .filter(|(x, _)| **x == b)
+                .map(|(_, p)| *p)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    // Each of requests 1..4 writes ~25 consecutive positions: fewer than the ring.
+    let loc: Vec<i32> = (0..t)
+        .map(|i| {
+            if i % 3 == 0 {
+                -1
+            } else {
+                rng.random_range(0..spec.c128_blocks as i32 * 32 + 64)
+            }
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let loc: Vec<i32> = loc
+        .into_iter()
+        .map(|l| if l >= 0 && !seen.insert(l) { -1 } else { l })
+        .collect();
+    for (ctx, pool) in [(&s.cpu, &pc), (&s.gpu, &pg)] {
+        let (k, b, sl, p, f, l) = (
+            Dev::upload(ctx, &kv),
+            Dev::upload(ctx, &batch),
+            Dev::upload(ctx, &slots),
+            Dev::upload(ctx, &pos),
+            Dev::upload(ctx, &final_pos),
+            Dev::upload(ctx, &loc),
+        );
+        let args = unikv_store_swa_args {
+            struct_size: std::mem::size_of::<unikv_store_swa_args>(),
+            kv: k.t::<bf16>(&[t, 512]),
+            batch_id: b.t::<i32>(&[t]),
+            req_slots: sl.t::<i32>(&[5]),
+            positions: p.t::<i32>(&[t]),
+            final_pos: f.t::<i32>(&[5]),
+            layer: 1,
+            num_tokens: t as u32,
+        };
+        ok(unsafe { unikv_store_swa(pool.0, &args, ptr::null_mut()) });
+        let cargs = unikv_store_compressed_args {
+            struct_size: std::mem::size_of::<unikv_store_compressed_args>(),
+            kv: k.t::<bf16>(&[t, 512]),
+            loc: l.t::<i32>(&[t]),
+            layer: 1,
+            num_rows: t as u32,
+        };
+        ok(unsafe { unikv_store_compressed(pool.0, &cargs, ptr::null_mut()) });
+    }
+    assert_eq!(
+        bytes_of(&read_layer(&s.gpu, &pg, 1)),
+        bytes_of(&read_layer(&s.cpu, &pc, 1))
+    );
+}
+
+/// A full decode step (store, index build, CSA tail, attention on a dense, a CSA
+/// and an HCA layer) captured once into a CUDA graph on a test-owned stream and
+/// replayed with new positions, padding, empty and > 2048-key slices and new
+/// indices written into the same buffers; every replay matches the CPU backend.
+#[test]
+fn cuda_graph_replays_a_decode_step() {
+    use unikv::backend::gpu::devtools::OwnedStream;
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let spec = PoolSpec {
+        ratios: vec![0, 4, 128],
+        max_requests: 4,
+        window: 128,
+        spec_extra: 0,
+        c128_blocks: 2400,
+    };
+    let (pc, pg) = (Pool::new(&s.cpu, &spec), Pool::new(&s.gpu, &spec));
+    for layer in 0..3 {
+        let rows = pc.layer(layer).rows as usize;
+        let data = random_bf16(&mut rng, rows * 512);
+        fill_layer(&s.cpu, &pc, layer, &data);
+        fill_layer(&s.gpu, &pg, layer, &data);
+    }
+    let (t, h, reqs, w128, topk) = (6usize, 16usize, 4usize, 2300usize, 64usize);
+    let csa_rows = spec.c128_blocks as i32 * 32 + 64;
+    let stream = OwnedStream::new(0).unwrap();
+    // Device buffers written before every replay, read by the captured graph.
+    let g = &s.gpu;
+    let dv = |n: usize| Dev::zeroed(g, n);
+    let (d_kv, d_batch, d_slots, d_pos, d_c128, d_csa, d_q, d_sink) = (
+        dv(t * 512 * 2),
+        dv(t * 4),
+        dv(reqs * 4),
+        dv(t * 4),
+        dv(t * w128 * 4),
+        dv(t * topk * 4),
+        dv(3 * t * h * 512 * 2),
+        dv(h * 4),
+    );
+    let caps = [t * 128, t * (128 + w128), t * (128 + topk)];
+    let streams: Vec<(Dev, Dev)> = caps.iter().map(|&c| (dv((t + 1) * 4), dv(c * 4))).collect();
+    let outs: Vec<Dev> = (0..3).map(|_| dv(t * h * 512 * 2)).collect();
+    let gp = plan(g, true, t, h);
+    let stream_args = |ctx_streams: &[(Dev, Dev)], b: &Dev, sl: &Dev, p: &Dev, c128: &Dev| {
+        unikv_decode_streams_args {
+            struct_size: std::mem::size_of::<unikv_decode_streams_args>(),
+            batch_id: b.t::<i32>(&[t]),
+            req_slots: sl.t::<i32>(&[reqs]),
+            positions: p.t::<i32>(&[t]),
+            c128_page_indices: c128.t::<i32>(&[t, w128]),
+            swa_indptr: ctx_streams[0].0.t::<i32>(&[t + 1]),
+            swa_indices: ctx_streams[0].1.t::<i32>(&[caps[0]]),
+            hca_indptr: ctx_streams[1].0.t::<i32>(&[t + 1]),
+            hca_indices: ctx_streams[1].1.t::<i32>(&[caps[1]]),
+            csa_indptr: ctx_streams[2].0.t::<i32>(&[t + 1]),
+            csa_indices: ctx_streams[2].1.t::<i32>(&[caps[2]]),
+            num_tokens: t as u32,
+            csa_topk: topk as u32,
+        }
+    };
+    // One serving step on `pool`, on `strm`: the sequence the graph captures.
+    let step = |pool: &Pool,
+                plan: &Plan,
+                strm: *mut c_void,
+                ins: (&Dev, &Dev, &Dev, &Dev, &Dev, &Dev, &Dev, &Dev),
+                sts: &[(Dev, Dev)],
+                outs: &[Dev]| {
+        let (kv, b, sl, p, c128, csa, q, sink) = ins;
+        for layer in 0..3u32 {
+            let st = unikv_store_swa_args {
+                struct_size: std::mem::size_of::<unikv_store_swa_args>(),
+                kv: kv.t::<bf16>(&[t, 512]),
+                batch_id: b.t::<i32>(&[t]),
+                req_slots: sl.t::<i32>(&[reqs]),
+                positions: p.t::<i32>(&[t]),
+                final_pos: absent(),
+                layer,
+                num_tokens: t as u32,
+            };
+            ok(unsafe { unikv_store_swa(pool.0, &st, strm) });
+        }
+        let sa = stream_args(sts, b, sl, p, c128);
+        ok(unsafe { unikv_build_decode_streams(pool.0, &sa, strm) });
+        let tail = unikv_csa_tail_args {
+            struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
+            batch_id: sa.batch_id,
+            positions: sa.positions,
+            csa_page_indices: csa.t::<i32>(&[t, topk]),
+            csa_indptr: sa.csa_indptr,
+            csa_indices: sa.csa_indices,
+            num_tokens: t as u32,
+            reserved: 0,
+        };
+        ok(unsafe { unikv_fill_csa_tail(pool.0, &tail, strm) });
+        for (layer, out) in outs.iter().enumerate() {
+            let (ip, ix) = match layer {
+                0 => (sa.swa_indptr, sa.swa_indices),
+                1 => (sa.csa_indptr, sa.csa_indices),
+                _ => (sa.hca_indptr, sa.hca_indices),
+            };
+            let mut qd = q.t::<bf16>(&[t, h, 512]);
+            qd.data = unsafe { q.ptr.cast::<bf16>().add(layer * t * h * 512).cast() };
+            let args = unikv_decode_args {
+                struct_size: std::mem::size_of::<unikv_decode_args>(),
+                q: qd,
+                indices: ix,
+                indptr: ip,
+                sink: sink.t::<f32>(&[h]),
+                out: out.t::<bf16>(&[t, h, 512]),
+                lse: absent(),
+                layer: layer as u32,
+                num_tokens: t as u32,
+                softmax_scale: 1.0 / (512f32).sqrt(),
+                reserved: 0,
+            };
+            let ws = plan.ws_ptr();
+            ok(unsafe {
+                unikv_sparse_decode(plan.handle.cast(), pool.0, &args, ws, plan.bytes, strm)
+            });
+        }
+    };
+    let ins = (
+        &d_kv, &d_batch, &d_slots, &d_pos, &d_c128, &d_csa, &d_q, &d_sink,
+    );
+    stream.begin_capture().unwrap();
+    step(&pg, &gp, stream.raw, ins, &streams, &outs);
+    let graph = stream.end_capture().unwrap();
+
+    let cp = plan(&s.cpu, true, t, h);
+    let mut positions: Vec<i32> = vec![3, 1000, 130_000, 290_000];
+    for replay in 0..4i32 {
+        // New inputs each replay: positions advance, the padding moves, one request is empty-ish.
+        for p in positions.iter_mut() {
+            *p += 1 + replay;
+        }
+        let pad = (2 * replay as usize) % t; // never request 3's long token
+        let batch: Vec<i32> = (0..t)
+            .map(|i| if i == pad { -1 } else { (i % reqs) as i32 })
+            .collect();
+        let slots: Vec<i32> = vec![1, 2, 3, 4];
+        let pos: Vec<i32> = (0..t)
+            .map(|i| positions[i % reqs] + (i / reqs) as i32)
+            .collect();
+        // Request i's c128 table: (pos+1)/128 valid entries, a -1 cut on replay 2.
+        let mut c128 = vec![-1i32; t * w128];
+        for i in 0..t {
+            let n = (((pos[i] + 1) / 128) as usize).min(w128);
+            let cut = if replay == 2 && i == 1 { 0 } else { n };
+            for j in 0..cut {
+                c128[i * w128 + j] = ((i % reqs) * 50 + j) as i32 % (spec.c128_blocks as i32 + 2);
+            }
+        }
+        let csa: Vec<i32> = (0..t * topk)
+            .map(|_| rng.random_range(0..csa_rows))
+            .collect();
+        let kv = random_bf16(&mut rng, t * 512);
+        let q = random_bf16(&mut rng, 3 * t * h * 512);
+        let sink: Vec<f32> = (0..h).map(|_| rng.random_range(-1.0f32..2.0)).collect();
+        d_kv.write(&kv);
+        d_batch.write(&batch);
+        d_slots.write(&slots);
+        d_pos.write(&pos);
+        d_c128.write(&c128);
+        d_csa.write(&csa);
+        d_q.write(&q);
+        d_sink.write(&sink);
+        for o in &outs {
+            o.poison();
+        }
+        ok(unsafe { unikv_stream_synchronize(g.0, ptr::null_mut()) });
+        graph.launch(&stream).unwrap();
+        ok(unsafe { unikv_stream_synchronize(g.0, stream.raw) });
+
+        // The same step on the CPU backend.
+        let c = &s.cpu;
+        let up = |v: &[i32]| Dev::upload(c, v);
+        let (ckv, cq, csink) = (
+            Dev::upload(c, &kv),
+            Dev::upload(c, &q),
+            Dev::upload(c, &sink),
+        );
+        let (cb, csl, cpos, cc128, ccsa) = (up(&batch), up(&slots), up(&pos), up(&c128), up(&csa));
+        let cstreams: Vec<(Dev, Dev)> = caps
+            .iter()
+            .map(|&cap| (Dev::zeroed(c, (t + 1) * 4), Dev::zeroed(c, cap * 4)))
+            .collect();
+        let couts: Vec<Dev> = (0..3).map(|_| Dev::zeroed(c, t * h * 512 * 2)).collect();
+        step(
+            &pc,
+            &cp,
+            ptr::null_mut(),
+            (&ckv, &cb, &csl, &cpos, &cc128, &ccsa, &cq, &csink),
+            &cstreams,
+            &couts,
+        );
+        let lens: Vec<i32> = cstreams[1]
+            .0
+            .read::<i32>()
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect();
+        assert!(
+            lens.iter().any(|&l| l > 2048),
+            "replay {replay}: HCA lengths {lens:?} include > 2048"
+        );
+        for layer in 0..3 {
+            let case = AttnCase {
+                t,
+                h,
+                q: vec![],
+                indices: vec![],
+                indptr: vec![],
+                sink: None,
+                scale: 0.0,
+                extend_kv: vec![],
+                extend_indices: vec![],
+                extend_indptr: vec![],
+            };
+            let got = (outs[layer].read::<bf16>(), vec![0f32; t * h]);
+            let want = (couts[layer].read::<bf16>(), vec![0f32; t * h]);
+            compare(
+                &case,
+                &got,
+                &want,
+                &format!("graph replay {replay} layer {layer}"),
+            );
+        }
+        for (i, (gs, cs)) in streams.iter().zip(&cstreams).enumerate() {
+            let (gptr, cptr) = (gs.0.read::<i32>(), cs.0.read::<i32>());
+            assert_eq!(gptr, cptr, "replay {replay}: indptr of stream {i}");
+            let n = cptr[t] as usize;
+            assert_eq!(
+                gs.1.read::<i32>()[..n],
+                cs.1.read::<i32>()[..n],
+                "replay {replay}: stream {i}"
+            );
+        }
+    }
+    assert_eq!(
+        bytes_of(&read_layer(g, &pg, 0)),
+        bytes_of(&read_layer(&s.cpu, &pc, 0)),
+        "pool after replays"
+    );
+    drop(graph);
+}
