@@ -63,25 +63,32 @@ run_tests() {
 run_bench() {
     local out=$1
     local tflops
-    tflops=$(python3 - <<'PY'
+    local ceilings
+    ceilings=$(python3 - <<'PY'
 import torch
+def median_ms(fn, reps=10):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[reps // 2]
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-for _ in range(3):
-    a @ b
-torch.cuda.synchronize()
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-times = []
-for _ in range(10):
-    s.record(); a @ b; e.record(); torch.cuda.synchronize()
-    times.append(s.elapsed_time(e))
-times.sort()
-print(f"{2 * n**3 / (times[len(times) // 2] * 1e-3) / 1e12:.1f}")
+tflops = 2 * n**3 / (median_ms(lambda: a @ b) * 1e-3) / 1e12
+src = torch.randn(1 << 29, device="cuda")  # 2 GiB
+dst = torch.empty_like(src)
+tbps = 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
+print(f"{tflops:.1f} {tbps:.3f}")
 PY
 )
-    echo "bf16 matmul (PyTorch, 8192^3, median of 10): $tflops TFLOP/s" | tee "$out/bench.md"
-    UNIKV_MATMUL_TFLOPS=$tflops "$BUNDLE/bin/unikv-bench" 2>&1 | tee -a "$out/bench.md"
+    local tflops=${ceilings% *} tbps=${ceilings#* }
+    echo "PyTorch ceilings (median of 10): bf16 matmul 8192^3 $tflops TFLOP/s, 2 GiB device copy $tbps TB/s (read + write)" | tee "$out/bench.md"
+    UNIKV_MATMUL_TFLOPS=$tflops UNIKV_COPY_TBPS=$tbps "$BUNDLE/bin/unikv-bench" 2>&1 | tee -a "$out/bench.md"
 }
 
 summary() {
