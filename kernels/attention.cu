@@ -36,12 +36,16 @@ constexpr int kMaxSplits = 64;
 template <int MT>
 struct Smem {
   static constexpr int kHb = 16 * MT;
+  // cp.async stages of key tiles: three where shared memory allows (16 heads),
+  // so two tiles stay in flight while one is computed.
+  static constexpr int kStages = MT == 1 ? 3 : 2;
+  static constexpr size_t kTileBytes = (size_t)kBK * kD * 2;
   static constexpr size_t kQ = 0;                                   // bf16 [Hb][512], swizzled
-  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [2][64][512], swizzled
-  static constexpr size_t kS = kK + (size_t)2 * kBK * kD * 2;       // f32 [Hb][64]
+  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [stages][64][512], swizzled
+  static constexpr size_t kS = kK + kStages * kTileBytes;           // f32 [Hb][64]
   static constexpr size_t kP = kS + (size_t)kHb * kBK * 4;          // bf16 [Hb][64], swizzled
-  static constexpr size_t kValid = kP + (size_t)kHb * kBK * 2;      // int [2][64]
-  static constexpr size_t kM = kValid + 2 * kBK * 4;                // f32 [Hb] running max
+  static constexpr size_t kValid = kP + (size_t)kHb * kBK * 2;      // int [stages][64]
+  static constexpr size_t kM = kValid + kStages * kBK * 4;          // f32 [Hb] running max
   static constexpr size_t kL = kM + kHb * 4;                        // f32 [Hb] running sum
   static constexpr size_t kAlpha = kL + kHb * 4;                    // f32 [Hb] rescale of this tile
   static constexpr size_t kBytes = kAlpha + kHb * 4;
@@ -117,7 +121,7 @@ __device__ void load_tile(const ukv_attention_params& p, const TokenKeys& k, int
     reinterpret_cast<int*>(smem + Smem<MT>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
   }
   const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
-  char* ks = smem + Smem<MT>::kK + (size_t)stage * kBK * kD * 2;
+  char* ks = smem + Smem<MT>::kK + (size_t)stage * Smem<MT>::kTileBytes;
 #pragma unroll 4
   for (int i = 0; i < kBK / 4; ++i) {
     const int key = i * 4 + (warp >> 1);
@@ -193,6 +197,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
   float* s_s = reinterpret_cast<float*>(smem + Smem<MT>::kS);
   const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT>::kValid);
 
+  // The combine kernel (if any) may be scheduled now; it waits for this grid.
+  ukv_pdl_launch_dependents();
   const TokenKeys keys = token_keys(p, t);
   const TokenSplit cut = token_split(keys.total, cfg.splits);
   // One split (or none: an empty slice) is finished by split 0 alone.
@@ -213,34 +219,82 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
-  if (tile_begin < tile_end) {
-    load_q<MT>(p, t, h0, smem);
-    load_tile<MT>(p, keys, tile_begin, 0, smem);
+  constexpr int kStages = Smem<MT>::kStages;
+  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
+  // (empty groups keep the count uniform).
+  if (tile_begin < tile_end) load_q<MT>(p, t, h0, smem);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (tile_begin + i < tile_end) load_tile<MT>(p, keys, tile_begin + i, i, smem);
+    ukv_cp_async_commit();
   }
-  ukv_cp_async_commit();
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = (tile - tile_begin) & 1;
-    if (tile + 1 < tile_end) {
-      load_tile<MT>(p, keys, tile + 1, stage ^ 1, smem);
-      ukv_cp_async_commit();
-      ukv_cp_async_wait<1>();
-    } else {
-      ukv_cp_async_wait<0>();
-    }
+    const int stage = (tile - tile_begin) % kStages;
+    const int ahead = tile + kStages - 1;
+    if (ahead < tile_end) load_tile<MT>(p, keys, ahead, (ahead - tile_begin) % kStages, smem);
+    ukv_cp_async_commit();
+    ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
-    const char* ks = smem + Smem<MT>::kK + (size_t)stage * kBK * kD * 2;
+    const char* ks = smem + Smem<MT>::kK + (size_t)stage * Smem<MT>::kTileBytes;
 
-    // QK: this warp's 8 keys against all heads of the block.
-    {
-      float s[MT][4];
+    // QK. With an even number of m-tiles, warps form 2 head halves x 4 key
+    // quarters (16 keys each), halving the Q fragments each warp loads;
+    // otherwise every warp takes 8 keys against all heads.
+    if constexpr (MT % 2 == 0) {
+      constexpr int kMw = MT / 2;
+      const int hg = warp / 4, kq = warp % 4;
+      // Two accumulator sets (even / odd k-steps) halve the dependent mma chain.
+      float s[2][kMw][2][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int par = 0; par < 2; ++par)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][e] = 0.f;
+        for (int mt = 0; mt < kMw; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[par][mt][nt][e] = 0.f;
+      const int key_l = kq * 16 + (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll 4
+      for (int k0 = 0; k0 < kD; k0 += 32) {
+#pragma unroll
+        for (int par = 0; par < 2; ++par) {
+          const int kc = ((k0 + par * 16) >> 3);
+          uint32_t b[4];  // b0,b1 of keys 0-7 and of keys 8-15 of this warp
+          ukv_ldmatrix_x4(b, ks + row_chunk(key_l, kc + ((lane >> 3) & 1)));
+#pragma unroll
+          for (int mt = 0; mt < kMw; ++mt) {
+            uint32_t a[4];
+            const int qr = (hg * kMw + mt) * 16 + (lane & 15);
+            ukv_ldmatrix_x4(a, smem + Smem<MT>::kQ + row_chunk(qr, kc + (lane >> 4)));
+            ukv_mma_bf16_16816(s[par][mt][0], a, b[0], b[1]);
+            ukv_mma_bf16_16816(s[par][mt][1], a, b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMw; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int row = (hg * kMw + mt) * 16 + g;
+          const int col = kq * 16 + nt * 8 + tq * 2;
+          float* v0 = s[0][mt][nt];
+          const float* v1 = s[1][mt][nt];
+          *reinterpret_cast<float2*>(s_s + row * kBK + col) = make_float2(v0[0] + v1[0], v0[1] + v1[1]);
+          *reinterpret_cast<float2*>(s_s + (row + 8) * kBK + col) = make_float2(v0[2] + v1[2], v0[3] + v1[3]);
+        }
+    } else {
+      // One accumulator set per k-step of the pair: half the dependent chain.
+      float s[2][MT][4];
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[half][mt][e] = 0.f;
       const int key_row_l = warp * 8 + (lane & 7);
-#pragma unroll 2
+#pragma unroll 4
       for (int k0 = 0; k0 < kD; k0 += 32) {
         uint32_t b[4];  // b0,b1 of k-step k0 and of k-step k0+16
         ukv_ldmatrix_x4(b, ks + row_chunk(key_row_l, (k0 >> 3) + (lane >> 3)));
@@ -252,17 +306,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
             const int qr = mt * 16 + (lane & 15);
             const int qc = ((k0 + half * 16) >> 3) + (lane >> 4);
             ukv_ldmatrix_x4(a, smem + Smem<MT>::kQ + row_chunk(qr, qc));
-            ukv_mma_bf16_16816(s[mt], a, b[half * 2], b[half * 2 + 1]);
+            ukv_mma_bf16_16816(s[half][mt], a, b[half * 2], b[half * 2 + 1]);
           }
         }
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int col = warp * 8 + tq * 2;
-        float2* lo = reinterpret_cast<float2*>(s_s + (mt * 16 + g) * kBK + col);
-        float2* hi = reinterpret_cast<float2*>(s_s + (mt * 16 + g + 8) * kBK + col);
-        *lo = make_float2(s[mt][0], s[mt][1]);
-        *hi = make_float2(s[mt][2], s[mt][3]);
+        const float* v0 = s[0][mt];
+        const float* v1 = s[1][mt];
+        *reinterpret_cast<float2*>(s_s + (mt * 16 + g) * kBK + col) = make_float2(v0[0] + v1[0], v0[1] + v1[1]);
+        *reinterpret_cast<float2*>(s_s + (mt * 16 + g + 8) * kBK + col) = make_float2(v0[2] + v1[2], v0[3] + v1[3]);
       }
     }
     __syncthreads();
@@ -385,6 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
 __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int block_heads) {
   const int t = blockIdx.x, h = blockIdx.y;
   const int hb = h / block_heads, r = h % block_heads;
+  ukv_pdl_wait();  // the attention grid's partials are complete and visible
   const size_t rec_floats = partial_floats(block_heads);
   const TokenSplit cut = token_split(token_keys(p, t).total, cfg.splits);
   if (cut.count <= 1) return;  // written directly by the attention kernel
@@ -446,9 +501,10 @@ extern "C" {
 // kernels, and reports the workspace every launch through the plan needs.
 int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_attention_plan* plan) {
   UKV_ENTRY(device, {
-    int sms = 0, smem_optin = 0;
+    int sms = 0, smem_optin = 0, cc_major = 0;
     ukv_error_t e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
     if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&smem_optin, UKV_ATTR_MAX_SMEM_OPTIN, device);
+    if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
     if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
     ukv_attention_plan pl{};
     pl.max_tokens = max_tokens;
@@ -456,6 +512,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     pl.head_blocks = (int)ukv::cdiv(num_heads, 64);
     pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
     pl.sm_count = sms;
+    pl.dependent_launch = cc_major >= 9 ? 1 : 0;
     size_t smem = 0;
     int r = UKV_SHIM_OK;
     switch (pl.block_m_tiles) {
@@ -495,8 +552,9 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     }
     if (int r = ukv::check_launch("attention_kernel")) return r;
     if (cfg.splits == 1) return UKV_SHIM_OK;
-    combine_kernel<<<dim3(p->num_tokens, p->num_heads), kD / 4, 0, s>>>(*p, cfg, 16 * plan->block_m_tiles);
-    return ukv::check_launch("combine_kernel");
+    ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), s,
+                                         plan->dependent_launch != 0, *p, cfg, 16 * plan->block_m_tiles);
+    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "combine_kernel");
   })
 }
 

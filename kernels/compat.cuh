@@ -32,6 +32,25 @@ typedef __nv_bfloat162 ukv_bf16x2;
 #define ukv_device_get_attribute cudaDeviceGetAttribute
 #define UKV_ATTR_SM_COUNT cudaDevAttrMultiProcessorCount
 #define UKV_ATTR_MAX_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define UKV_ATTR_CC_MAJOR cudaDevAttrComputeCapabilityMajor
+
+// Launches `kernel` so it may start while the previous kernel in the stream is
+// still running (programmatic dependent launch, sm_90+); the kernel must call
+// ukv_pdl_wait() before reading what that kernel wrote.
+template <typename... Params, typename... Args>
+inline ukv_error_t ukv_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                                        bool enable, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = enable ? 1 : 0;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
 #define UKV_MEMCPY_HOST_TO_DEVICE cudaMemcpyHostToDevice
 #define UKV_MEMCPY_DEVICE_TO_HOST cudaMemcpyDeviceToHost
 #define UKV_MEMCPY_DEVICE_TO_DEVICE cudaMemcpyDeviceToDevice
@@ -108,6 +127,19 @@ __device__ __forceinline__ ukv_bf16 ukv_float_to_bf16(float x) { return __float2
 __device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
   ukv_bf16x2 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Programmatic dependent launch: the primary lets dependents start early; the
+// dependent waits for the primary's completion and memory before reading it.
+__device__ __forceinline__ void ukv_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 // Tensor-core and async-copy feature macros: kernel files test these, not vendors.

@@ -161,4 +161,6 @@ typedef struct ukv_attention_plan {
   int32_t sm_count;
   int32_t max_splits;
   int64_t workspace_bytes;
+  int32_t dependent_launch; /* sm_90+: the combine kernel is launched early (PDL) */
+  int32_t reserved;
 } ukv_attention_plan;

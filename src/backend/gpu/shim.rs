@@ -159,6 +159,8 @@ pub struct AttentionPlan {
     pub sm_count: i32,
     pub max_splits: i32,
     pub workspace_bytes: i64,
+    pub dependent_launch: i32,
+    pub reserved: i32,
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
