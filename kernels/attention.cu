@@ -473,11 +473,11 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
 }
 
-// Split cap S for a plan: about two waves of CTAs when max_tokens tokens run,
-// so small batches spread each token over many SMs and large ones write no
-// partials at all.
+// Split cap S for a plan: one wave of CTAs (one per SM) when max_tokens tokens
+// run, so small batches spread each token over many SMs without a second wave,
+// and large ones write no partials at all.
 int split_cap(int max_tokens, int head_blocks, int sm_count) {
-  const int want = (2 * sm_count) / (max_tokens * head_blocks);
+  const int want = sm_count / (max_tokens * head_blocks);
   return want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
 }
 
