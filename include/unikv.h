@@ -350,6 +350,27 @@ typedef struct unikv_prefill_args {
   uint32_t reserved;
 } unikv_prefill_args;
 
+// Arguments of `unikv_attention_merge`.
+typedef struct unikv_merge_args {
+  // sizeof(unikv_merge_args).
+  size_t struct_size;
+  // `[P, >= num_tokens, H, 512]` bf16: each part's normalized output over its
+  // own keys, computed without a sink.
+  struct unikv_tensor parts_out;
+  // `[P, >= num_tokens, H]` f32: each part's natural-log LSE (-inf when the
+  // part had no keys for that token; its output is then ignored).
+  struct unikv_tensor parts_lse;
+  // Optional `[H]` f32 sink logits, applied once; absent = -inf.
+  struct unikv_tensor sink;
+  // `[>= num_tokens, H, 512]` bf16 merged output.
+  struct unikv_tensor out;
+  // Optional `[>= num_tokens, H]` f32 merged LSE (sink included).
+  struct unikv_tensor lse;
+  uint32_t num_tokens;
+  // Must be 0.
+  uint32_t reserved;
+} unikv_merge_args;
+
 // Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
 // are 1-D contiguous i32 unless stated.
 typedef struct unikv_decode_streams_args {
@@ -637,6 +658,17 @@ unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
                                   void *workspace,
                                   size_t workspace_bytes,
                                   void *stream);
+
+// Merges partial attention results computed over disjoint key sets (for
+// example by GPUs that each hold part of the pool, or by decode calls over
+// parts of a slice run without a sink) into the exact result over the union,
+// with the sink applied once. Tensors are in the context's memory; `args` is
+// host memory. Runs on `stream` without allocating or synchronizing.
+// Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_attention_merge(const struct unikv_context *ctx,
+                                   const struct unikv_merge_args *args,
+                                   void *stream);
 
 // Builds the SWA, HCA and CSA decode streams once per forward: the three
 // indptrs, the SWA and HCA indices, and the SWA part of each CSA slice. Each

@@ -473,6 +473,39 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
 }
 
+// Merges P partial results over disjoint key sets (see ops/merge.rs); one
+// 128-thread block per (token, head), 4 dims per thread, parts in order.
+__global__ void merge_kernel(ukv_merge_params p) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int d0 = threadIdx.x * 4;
+  const float* lse_in = p.parts_lse + (int64_t)t * p.in_lse_stride_token + h;
+  const float sink = p.sink != nullptr ? p.sink[h] : -INFINITY;
+  float m = sink;
+  for (int i = 0; i < p.num_parts; ++i) m = fmaxf(m, lse_in[i * p.part_stride_lse]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float lse = -INFINITY;
+  if (m != -INFINITY) {
+    float den = expf(sink - m);
+    for (int i = 0; i < p.num_parts; ++i) {
+      const float l = lse_in[i * p.part_stride_lse];
+      if (l == -INFINITY) continue;  // an empty part: its output is not read
+      const float w = expf(l - m);
+      den += w;
+      const ukv_bf16* row = static_cast<const ukv_bf16*>(p.parts_out) + i * p.part_stride_out +
+                            (int64_t)t * p.in_stride_token + (int64_t)h * p.in_stride_head + d0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] += w * ukv_bf16_to_float(row[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] /= den;
+    lse = m + logf(den);
+  }
+  ukv_bf16* out =
+      static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head + d0;
+  *reinterpret_cast<uint2*>(out) = make_uint2(ukv_pack_bf16x2(acc[0], acc[1]), ukv_pack_bf16x2(acc[2], acc[3]));
+  if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+}
+
 // Split cap S for a plan: one wave of CTAs (one per SM) when max_tokens tokens
 // run, so small batches spread each token over many SMs without a second wave,
 // and large ones write no partials at all.
@@ -555,6 +588,14 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), s,
                                          plan->dependent_launch != 0, *p, cfg, 16 * plan->block_m_tiles);
     return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "combine_kernel");
+  })
+}
+
+int unikv_gpu_merge(int device, const ukv_merge_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    merge_kernel<<<dim3(p->num_tokens, p->num_heads), kD / 4, 0, (ukv_stream_t)stream>>>(*p);
+    return ukv::check_launch("merge_kernel");
   })
 }
 

@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
@@ -99,4 +100,6 @@ pub trait Backend: Send + Sync + Debug {
     fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;
     /// Decode (no extend source) and prefill (two sources) sparse attention.
     fn attention(&self, args: &AttentionArgs, stream: Stream) -> Result<()>;
+    /// Exact merge of partial results over disjoint key sets, sink applied once.
+    fn merge(&self, args: &MergeArgs, stream: Stream) -> Result<()>;
 }

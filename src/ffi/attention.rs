@@ -11,6 +11,7 @@ use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
 use crate::ops::attention::{self, AttentionRaw, ExtendRaw, Workspace};
+use crate::ops::merge::{self, MergeRaw};
 use crate::plan::{AttentionPlan, PlanKind, PlanShape};
 
 /// Opaque decode plan: launch configuration for capture-time shapes. Immutable
@@ -312,5 +313,62 @@ pub unsafe extern "C" fn unikv_sparse_prefill(
             to_workspace(workspace, workspace_bytes),
             Stream(stream),
         )
+    })
+}
+
+/// Arguments of `unikv_attention_merge`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_merge_args {
+    /// sizeof(unikv_merge_args).
+    pub struct_size: usize,
+    /// `[P, >= num_tokens, H, 512]` bf16: each part's normalized output over its
+    /// own keys, computed without a sink.
+    pub parts_out: unikv_tensor,
+    /// `[P, >= num_tokens, H]` f32: each part's natural-log LSE (-inf when the
+    /// part had no keys for that token; its output is then ignored).
+    pub parts_lse: unikv_tensor,
+    /// Optional `[H]` f32 sink logits, applied once; absent = -inf.
+    pub sink: unikv_tensor,
+    /// `[>= num_tokens, H, 512]` bf16 merged output.
+    pub out: unikv_tensor,
+    /// Optional `[>= num_tokens, H]` f32 merged LSE (sink included).
+    pub lse: unikv_tensor,
+    pub num_tokens: u32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_merge_args {
+    const NAME: &'static str = "args";
+}
+
+/// Merges partial attention results computed over disjoint key sets (for
+/// example by GPUs that each hold part of the pool, or by decode calls over
+/// parts of a slice run without a sink) into the exact result over the union,
+/// with the sink applied once. Tensors are in the context's memory; `args` is
+/// host memory. Runs on `stream` without allocating or synchronizing.
+/// Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_attention_merge(
+    ctx: *const unikv_context,
+    args: *const unikv_merge_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
+        let raw = MergeRaw {
+            num_tokens: a.num_tokens as usize,
+            parts_out: (&a.parts_out).into(),
+            parts_lse: (&a.parts_lse).into(),
+            sink: (&a.sink).into(),
+            out: (&a.out).into(),
+            lse: (&a.lse).into(),
+        };
+        merge::merge(ctx, &raw, Stream(stream))
     })
 }

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod index;
+pub mod merge;
 pub mod store;
 
 use crate::tensor::Extent;

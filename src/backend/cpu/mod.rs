@@ -6,12 +6,14 @@ mod attention;
 mod host;
 mod index;
 mod memory;
+mod merge;
 mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
 use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 #[derive(Debug)]
@@ -103,5 +105,10 @@ impl Backend for CpuBackend {
 
     fn attention(&self, args: &AttentionArgs, _stream: Stream) -> Result<()> {
         attention::attention(&self.threads, args)
+    }
+
+    fn merge(&self, args: &MergeArgs, _stream: Stream) -> Result<()> {
+        merge::merge(&self.threads, args);
+        Ok(())
     }
 }

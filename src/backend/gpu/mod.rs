@@ -17,6 +17,7 @@ use crate::error::{err, Error, Result};
 use crate::geometry::{Ratio, HEAD_DIM};
 use crate::ops::attention::{AttentionArgs, KvSource, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
+use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 #[derive(Debug)]
@@ -407,6 +408,35 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_attention(self.device, &plan.0, &p, stream.0) },
             "attention",
+        )
+    }
+
+    fn merge(&self, a: &MergeArgs, stream: Stream) -> Result<()> {
+        let p = shim::MergeParams {
+            parts_out: a.parts_out.as_ptr() as *const c_void,
+            parts_lse: a.parts_lse.as_ptr(),
+            sink: a
+                .sink
+                .map_or(std::ptr::null(), |s| s.as_ptr() as *const f32),
+            out: a.out.as_ptr() as *mut c_void,
+            lse: a.lse.map_or(std::ptr::null_mut(), |l| l.as_ptr()),
+            part_stride_out: a.parts_out.strides[0] as i64,
+            part_stride_lse: a.parts_lse.strides[0] as i64,
+            out_stride_token: a.out.strides[0] as i64,
+            out_stride_head: a.out.strides[1] as i64,
+            in_stride_token: a.parts_out.strides[1] as i64,
+            in_stride_head: a.parts_out.strides[2] as i64,
+            lse_stride_token: a.lse.map_or(0, |l| l.strides[0] as i64),
+            in_lse_stride_token: a.parts_lse.strides[1] as i64,
+            num_parts: a.num_parts as i32,
+            num_tokens: a.num_tokens as i32,
+            num_heads: a.num_heads as i32,
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::merge`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_merge(self.device, &p, stream.0) },
+            "merge",
         )
     }
 }

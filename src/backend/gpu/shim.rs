@@ -150,6 +150,28 @@ pub struct AttentionParams {
 }
 
 #[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MergeParams {
+    pub parts_out: *const c_void,
+    pub parts_lse: *const f32,
+    pub sink: *const f32,
+    pub out: *mut c_void,
+    pub lse: *mut f32,
+    pub part_stride_out: i64,
+    pub part_stride_lse: i64,
+    pub out_stride_token: i64,
+    pub out_stride_head: i64,
+    pub in_stride_token: i64,
+    pub in_stride_head: i64,
+    pub lse_stride_token: i64,
+    pub in_lse_stride_token: i64,
+    pub num_parts: i32,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AttentionPlan {
     pub max_tokens: i32,
@@ -164,7 +186,7 @@ pub struct AttentionPlan {
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
-pub const MIRRORS: [(c_int, usize, &str); 7] = [
+pub const MIRRORS: [(c_int, usize, &str); 8] = [
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
     (
         1,
@@ -183,6 +205,7 @@ pub const MIRRORS: [(c_int, usize, &str); 7] = [
         "PrefillStreamsParams",
     ),
     (5, std::mem::size_of::<AttentionParams>(), "AttentionParams"),
+    (6, std::mem::size_of::<MergeParams>(), "MergeParams"),
     (7, std::mem::size_of::<AttentionPlan>(), "AttentionPlan"),
 ];
 
@@ -239,6 +262,7 @@ extern "C" {
         num_heads: c_int,
         plan: *mut AttentionPlan,
     ) -> c_int;
+    pub fn unikv_gpu_merge(device: c_int, p: *const MergeParams, stream: *mut c_void) -> c_int;
     pub fn unikv_gpu_attention(
         device: c_int,
         plan: *const AttentionPlan,

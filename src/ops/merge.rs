@@ -1,0 +1,81 @@
+//! Merge of partial attention results computed over disjoint key sets (e.g. by
+//! GPUs holding different parts of the pool): each part p gives, per token and
+//! head, its normalized output `out_p` and `lse_p` (natural log, no sink; -inf
+//! when it had no keys). The merge is exact, with the sink applied once:
+//! `M = max(sink, max_p lse_p)`,
+//! `out = sum_p e^(lse_p - M) out_p / (e^(sink - M) + sum_p e^(lse_p - M))`,
+//! `lse = M + ln(denominator)`; all parts empty and no sink give zeros and -inf.
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::context::Context;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::ops::tokens;
+use crate::plan::MAX_HEADS;
+use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, View, ROW_ALIGN};
+
+/// Caller arguments of `merge`.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeRaw {
+    pub num_tokens: usize,
+    pub parts_out: RawTensor,
+    pub parts_lse: RawTensor,
+    pub sink: RawTensor,
+    pub out: RawTensor,
+    pub lse: RawTensor,
+}
+
+/// Validated merge: `parts_out [P, >= T, H, 512]`, `parts_lse [P, >= T, H]`.
+#[derive(Debug)]
+pub struct MergeArgs {
+    pub num_tokens: usize,
+    pub num_parts: usize,
+    pub num_heads: usize,
+    pub parts_out: View<bf16, 4>,
+    pub parts_lse: Tensor3<f32>,
+    pub sink: Option<Vector<f32>>,
+    pub out: Tensor3<bf16>,
+    pub lse: Option<Matrix<f32>>,
+}
+
+pub fn merge(ctx: &Context, raw: &MergeRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let t = raw.num_tokens;
+    let parts_out: View<bf16, 4> = raw.parts_out.view(
+        "parts_out",
+        [
+            Extent::AtLeast(1),
+            tokens(t),
+            Extent::AtLeast(1),
+            Extent::Exact(HEAD_DIM),
+        ],
+        ROW_ALIGN,
+    )?;
+    let (p, h) = (parts_out.shape[0], parts_out.shape[2]);
+    ensure!(
+        h <= MAX_HEADS,
+        BadShape,
+        "parts_out: {h} heads, at most {MAX_HEADS}"
+    );
+    let args = MergeArgs {
+        num_tokens: t,
+        num_parts: p,
+        num_heads: h,
+        parts_out,
+        parts_lse: raw.parts_lse.view(
+            "parts_lse",
+            [Extent::Exact(p), tokens(t), Extent::Exact(h)],
+            4,
+        )?,
+        sink: raw.sink.optional("sink", [Extent::Exact(h)], 4)?,
+        out: raw.out.view(
+            "out",
+            [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)],
+            ROW_ALIGN,
+        )?,
+        lse: raw.lse.optional("lse", [tokens(t), Extent::Exact(h)], 4)?,
+    };
+    ctx.backend().merge(&args, stream)
+}
