@@ -1,0 +1,181 @@
+/* The x86_64 (LP64) layout of every public struct, pinned field by field:
+ * shared by header_only.c (C11) and header_only.cpp (C++17). Include after
+ * <unikv.h>; it needs nothing else. */
+#ifndef UNIKV_ABI_LAYOUT_H
+#define UNIKV_ABI_LAYOUT_H
+
+/* Natural alignment with 8-byte pointers and int64_t: x86_64 (and aarch64). */
+#if defined(__LP64__)
+#if defined(__cplusplus)
+#define PIN_ASSERT static_assert
+#else
+#define PIN_ASSERT _Static_assert
+#endif
+#define PIN_SIZE(type, size) PIN_ASSERT(sizeof(type) == (size), "sizeof " #type)
+#define PIN_AT(type, field, off) PIN_ASSERT(offsetof(type, field) == (off), "offsetof " #type "." #field)
+
+PIN_SIZE(unikv_tensor, 80);
+PIN_AT(unikv_tensor, data, 0);
+PIN_AT(unikv_tensor, dtype, 8);
+PIN_AT(unikv_tensor, ndim, 12);
+PIN_AT(unikv_tensor, shape, 16);
+PIN_AT(unikv_tensor, strides, 48);
+
+PIN_SIZE(unikv_context_options, 24);
+PIN_AT(unikv_context_options, struct_size, 0);
+PIN_AT(unikv_context_options, backend, 8);
+PIN_AT(unikv_context_options, device, 12);
+PIN_AT(unikv_context_options, cpu_threads, 16);
+PIN_AT(unikv_context_options, validate, 20);
+
+PIN_SIZE(unikv_context_info, 24);
+PIN_AT(unikv_context_info, struct_size, 0);
+PIN_AT(unikv_context_info, backend, 8);
+PIN_AT(unikv_context_info, device, 12);
+PIN_AT(unikv_context_info, cpu_threads, 16);
+PIN_AT(unikv_context_info, validate, 20);
+
+PIN_SIZE(unikv_pool_params, 48);
+PIN_AT(unikv_pool_params, struct_size, 0);
+PIN_AT(unikv_pool_params, compress_ratios, 8);
+PIN_AT(unikv_pool_params, layer_buffers, 16);
+PIN_AT(unikv_pool_params, num_layers, 24);
+PIN_AT(unikv_pool_params, max_requests, 28);
+PIN_AT(unikv_pool_params, window, 32);
+PIN_AT(unikv_pool_params, spec_extra, 36);
+PIN_AT(unikv_pool_params, c128_blocks, 40);
+PIN_AT(unikv_pool_params, kv_dtype, 44);
+
+PIN_SIZE(unikv_pool_info, 56);
+PIN_AT(unikv_pool_info, struct_size, 0);
+PIN_AT(unikv_pool_info, swa_rows, 8);
+PIN_AT(unikv_pool_info, row_bytes, 16);
+PIN_AT(unikv_pool_info, num_layers, 24);
+PIN_AT(unikv_pool_info, max_requests, 28);
+PIN_AT(unikv_pool_info, window, 32);
+PIN_AT(unikv_pool_info, ring, 36);
+PIN_AT(unikv_pool_info, c128_blocks, 40);
+PIN_AT(unikv_pool_info, slots_in_use, 44);
+PIN_AT(unikv_pool_info, kv_dtype, 48);
+PIN_AT(unikv_pool_info, owns_memory, 52);
+
+PIN_SIZE(unikv_pool_layer_info, 56);
+PIN_AT(unikv_pool_layer_info, struct_size, 0);
+PIN_AT(unikv_pool_layer_info, data, 8);
+PIN_AT(unikv_pool_layer_info, rows, 16);
+PIN_AT(unikv_pool_layer_info, swa_rows, 24);
+PIN_AT(unikv_pool_layer_info, compressed_rows, 32);
+PIN_AT(unikv_pool_layer_info, bytes, 40);
+PIN_AT(unikv_pool_layer_info, compress_ratio, 48);
+PIN_AT(unikv_pool_layer_info, reserved, 52);
+
+PIN_SIZE(unikv_attention_plan_params, 32);
+PIN_AT(unikv_attention_plan_params, struct_size, 0);
+PIN_AT(unikv_attention_plan_params, max_tokens, 8);
+PIN_AT(unikv_attention_plan_params, num_heads, 12);
+PIN_AT(unikv_attention_plan_params, head_dim, 16);
+PIN_AT(unikv_attention_plan_params, q_dtype, 20);
+PIN_AT(unikv_attention_plan_params, kv_dtype, 24);
+PIN_AT(unikv_attention_plan_params, out_dtype, 28);
+
+/* Argument structs: struct_size, then 80-byte tensors, then scalars. */
+PIN_SIZE(unikv_decode_args, 504);
+PIN_AT(unikv_decode_args, struct_size, 0);
+PIN_AT(unikv_decode_args, q, 8);
+PIN_AT(unikv_decode_args, indices, 88);
+PIN_AT(unikv_decode_args, indptr, 168);
+PIN_AT(unikv_decode_args, sink, 248);
+PIN_AT(unikv_decode_args, out, 328);
+PIN_AT(unikv_decode_args, lse, 408);
+PIN_AT(unikv_decode_args, layer, 488);
+PIN_AT(unikv_decode_args, num_tokens, 492);
+PIN_AT(unikv_decode_args, softmax_scale, 496);
+PIN_AT(unikv_decode_args, reserved, 500);
+
+PIN_SIZE(unikv_prefill_args, 744);
+PIN_AT(unikv_prefill_args, struct_size, 0);
+PIN_AT(unikv_prefill_args, q, 8);
+PIN_AT(unikv_prefill_args, indices, 88);
+PIN_AT(unikv_prefill_args, indptr, 168);
+PIN_AT(unikv_prefill_args, sink, 248);
+PIN_AT(unikv_prefill_args, out, 328);
+PIN_AT(unikv_prefill_args, lse, 408);
+PIN_AT(unikv_prefill_args, extend_kv, 488);
+PIN_AT(unikv_prefill_args, extend_indices, 568);
+PIN_AT(unikv_prefill_args, extend_indptr, 648);
+PIN_AT(unikv_prefill_args, layer, 728);
+PIN_AT(unikv_prefill_args, num_tokens, 732);
+PIN_AT(unikv_prefill_args, softmax_scale, 736);
+PIN_AT(unikv_prefill_args, reserved, 740);
+
+PIN_SIZE(unikv_decode_streams_args, 816);
+PIN_AT(unikv_decode_streams_args, struct_size, 0);
+PIN_AT(unikv_decode_streams_args, batch_id, 8);
+PIN_AT(unikv_decode_streams_args, req_slots, 88);
+PIN_AT(unikv_decode_streams_args, positions, 168);
+PIN_AT(unikv_decode_streams_args, c128_page_indices, 248);
+PIN_AT(unikv_decode_streams_args, swa_indptr, 328);
+PIN_AT(unikv_decode_streams_args, swa_indices, 408);
+PIN_AT(unikv_decode_streams_args, hca_indptr, 488);
+PIN_AT(unikv_decode_streams_args, hca_indices, 568);
+PIN_AT(unikv_decode_streams_args, csa_indptr, 648);
+PIN_AT(unikv_decode_streams_args, csa_indices, 728);
+PIN_AT(unikv_decode_streams_args, num_tokens, 808);
+PIN_AT(unikv_decode_streams_args, csa_topk, 812);
+
+PIN_SIZE(unikv_csa_tail_args, 416);
+PIN_AT(unikv_csa_tail_args, struct_size, 0);
+PIN_AT(unikv_csa_tail_args, batch_id, 8);
+PIN_AT(unikv_csa_tail_args, positions, 88);
+PIN_AT(unikv_csa_tail_args, csa_page_indices, 168);
+PIN_AT(unikv_csa_tail_args, csa_indptr, 248);
+PIN_AT(unikv_csa_tail_args, csa_indices, 328);
+PIN_AT(unikv_csa_tail_args, num_tokens, 408);
+PIN_AT(unikv_csa_tail_args, reserved, 412);
+
+PIN_SIZE(unikv_prefill_streams_args, 816);
+PIN_AT(unikv_prefill_streams_args, struct_size, 0);
+PIN_AT(unikv_prefill_streams_args, batch_id, 8);
+PIN_AT(unikv_prefill_streams_args, req_slots, 88);
+PIN_AT(unikv_prefill_streams_args, positions, 168);
+PIN_AT(unikv_prefill_streams_args, chunk_start, 248);
+PIN_AT(unikv_prefill_streams_args, extend_start, 328);
+PIN_AT(unikv_prefill_streams_args, page_indices, 408);
+PIN_AT(unikv_prefill_streams_args, prefix_indptr, 488);
+PIN_AT(unikv_prefill_streams_args, prefix_indices, 568);
+PIN_AT(unikv_prefill_streams_args, extend_indptr, 648);
+PIN_AT(unikv_prefill_streams_args, extend_indices, 728);
+PIN_AT(unikv_prefill_streams_args, num_tokens, 808);
+PIN_AT(unikv_prefill_streams_args, compress_ratio, 812);
+
+PIN_SIZE(unikv_store_swa_args, 416);
+PIN_AT(unikv_store_swa_args, struct_size, 0);
+PIN_AT(unikv_store_swa_args, kv, 8);
+PIN_AT(unikv_store_swa_args, batch_id, 88);
+PIN_AT(unikv_store_swa_args, req_slots, 168);
+PIN_AT(unikv_store_swa_args, positions, 248);
+PIN_AT(unikv_store_swa_args, final_pos, 328);
+PIN_AT(unikv_store_swa_args, layer, 408);
+PIN_AT(unikv_store_swa_args, num_tokens, 412);
+
+PIN_SIZE(unikv_store_compressed_args, 176);
+PIN_AT(unikv_store_compressed_args, struct_size, 0);
+PIN_AT(unikv_store_compressed_args, kv, 8);
+PIN_AT(unikv_store_compressed_args, loc, 88);
+PIN_AT(unikv_store_compressed_args, layer, 168);
+PIN_AT(unikv_store_compressed_args, num_rows, 172);
+
+PIN_SIZE(unikv_merge_args, 416);
+PIN_AT(unikv_merge_args, struct_size, 0);
+PIN_AT(unikv_merge_args, parts_out, 8);
+PIN_AT(unikv_merge_args, parts_lse, 88);
+PIN_AT(unikv_merge_args, sink, 168);
+PIN_AT(unikv_merge_args, out, 248);
+PIN_AT(unikv_merge_args, lse, 328);
+PIN_AT(unikv_merge_args, num_tokens, 408);
+PIN_AT(unikv_merge_args, reserved, 412);
+#else
+#error "the pinned layout is for LP64 targets; add this target's numbers"
+#endif
+
+#endif
