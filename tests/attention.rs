@@ -492,8 +492,9 @@ fn check(tag: &str, r: &Reference, out: &[bf16], layout: Layout, lse: Option<(&[
                     .sum::<f64>()
                     .sqrt();
                 assert!(got.iter().all(|x| x.is_finite()), "{id}: non-finite output");
-                if want_norm == 0.0 {
-                    // Underflow (a huge sink): the output must be ~0.
+                if want_norm < 1e-30 {
+                    // Underflow (a huge sink): the true output is below what f32
+                    // arithmetic represents, so it must be ~0.
                     let max = got.iter().map(|x| x.to_f64().abs()).fold(0.0, f64::max);
                     assert!(max < 1e-3, "{id}: output should be ~0, max |out| = {max}");
                 } else {
