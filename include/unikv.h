@@ -186,7 +186,9 @@ typedef struct unikv_context_options {
   uint32_t cpu_threads;
   // Non-zero: before each GPU launch, synchronize and check every value that
   // lives in device memory (indices, positions, slots), returning a precise
-  // status instead of skipping invalid entries. The CPU backend always checks.
+  // status instead of skipping invalid entries (a debugging mode: launches
+  // then synchronize, so they cannot be captured in a CUDA graph). The CPU
+  // backend always checks.
   uint32_t validate;
 } unikv_context_options;
 

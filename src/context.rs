@@ -46,7 +46,7 @@ impl Context {
         );
         let backend: Box<dyn Backend> = match options.backend {
             BackendChoice::Cpu => Box::new(CpuBackend::new(options.cpu_threads)?),
-            BackendChoice::Auto => match gpu_backend(options.device) {
+            BackendChoice::Auto => match gpu_backend(options.device, options.validate) {
                 Ok(gpu) => gpu,
                 // No driver or no device: the embedded default takes over.
                 Err(Error::BackendUnavailable(_)) => {
@@ -54,7 +54,7 @@ impl Context {
                 }
                 Err(e) => return Err(e),
             },
-            BackendChoice::Cuda => gpu_backend(options.device)?,
+            BackendChoice::Cuda => gpu_backend(options.device, options.validate)?,
             BackendChoice::Rocm => {
                 return Err(err!(
                     BackendUnavailable,
@@ -102,12 +102,14 @@ impl Context {
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_backend(device: i32) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(crate::backend::gpu::GpuBackend::open(device)?))
+fn gpu_backend(device: i32, validate: bool) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(crate::backend::gpu::GpuBackend::open(
+        device, validate,
+    )?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_backend(_device: i32) -> Result<Box<dyn Backend>> {
+fn gpu_backend(_device: i32, _validate: bool) -> Result<Box<dyn Backend>> {
     Err(err!(
         BackendUnavailable,
         "backend: CUDA was not compiled into this build of unikv (cargo feature `cuda`)"

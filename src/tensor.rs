@@ -89,6 +89,17 @@ impl<T, const N: usize> View<T, N> {
         }
     }
 
+    /// The same extents and strides over another base address (a host copy of
+    /// the view's span).
+    pub fn rebased(&self, ptr: *mut T) -> Self {
+        View {
+            ptr,
+            shape: self.shape,
+            strides: self.strides,
+            _elem: PhantomData,
+        }
+    }
+
     pub fn as_ptr(&self) -> *mut T {
         self.ptr
     }

@@ -36,7 +36,9 @@ pub struct unikv_context_options {
     pub cpu_threads: u32,
     /// Non-zero: before each GPU launch, synchronize and check every value that
     /// lives in device memory (indices, positions, slots), returning a precise
-    /// status instead of skipping invalid entries. The CPU backend always checks.
+    /// status instead of skipping invalid entries (a debugging mode: launches
+    /// then synchronize, so they cannot be captured in a CUDA graph). The CPU
+    /// backend always checks.
     pub validate: u32,
 }
 

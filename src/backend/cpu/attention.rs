@@ -18,7 +18,12 @@ use crate::ops::attention::{AttentionArgs, KvSource};
 const HEAD_GROUP: usize = 16;
 
 /// Checks every index of one source before any output is written.
-fn check_source(name: &str, src: &KvSource, num_tokens: usize, skip_negative: bool) -> Result<()> {
+pub(crate) fn check_source(
+    name: &str,
+    src: &KvSource,
+    num_tokens: usize,
+    skip_negative: bool,
+) -> Result<()> {
     let indptr_name = format!("{name}indptr");
     let indptr = checked_indptr(&indptr_name, &src.indptr, num_tokens, src.indices.shape[0])?;
     let (first, last) = (indptr[0] as usize, indptr[num_tokens] as usize);

@@ -61,7 +61,9 @@ struct DecodeToken {
     csa: usize,
 }
 
-pub fn build_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
+/// Checks every token's values and computes its slice lengths. Reads only the
+/// integer inputs (the GPU validate mode runs it on host copies).
+fn decode_plan(a: &DecodeStreamsArgs) -> Result<Vec<DecodeToken>> {
     let g = a.geometry;
     let n = a.num_tokens;
     let win = g.config.window;
@@ -96,6 +98,17 @@ pub fn build_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
             csa: Ratio::Csa.visible_groups(pos).min(a.csa_topk),
         };
     }
+    Ok(plan)
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn check_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
+    decode_plan(a).map(|_| ())
+}
+
+pub fn build_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
+    let g = a.geometry;
+    let plan = decode_plan(a)?;
     let swa_start = write_indptr(&a.swa, &plan.iter().map(|p| p.swa).collect::<Vec<_>>());
     let hca_start = write_indptr(
         &a.hca,
@@ -158,7 +171,9 @@ pub(super) fn checked_indptr<'a>(
     Ok(ptr)
 }
 
-pub fn fill_csa_tail(a: &CsaTailArgs) -> Result<()> {
+/// Checks the CSA indptr and this layer's table; returns (token, first slot,
+/// length) of every tail. Reads only the integer inputs.
+fn csa_tails(a: &CsaTailArgs) -> Result<Vec<(usize, usize, usize)>> {
     let g = a.geometry;
     let n = a.num_tokens;
     let win = g.config.window;
@@ -194,7 +209,17 @@ pub fn fill_csa_tail(a: &CsaTailArgs) -> Result<()> {
         );
         tails.push((t, indptr[t] as usize + swa, tail));
     }
-    for (t, base, tail) in tails {
+    Ok(tails)
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn check_csa_tail(a: &CsaTailArgs) -> Result<()> {
+    csa_tails(a).map(|_| ())
+}
+
+pub fn fill_csa_tail(a: &CsaTailArgs) -> Result<()> {
+    let g = a.geometry;
+    for (t, base, tail) in csa_tails(a)? {
         // SAFETY: t < rows of the table, and base + tail <= indptr[T] <= capacity.
         let entries = unsafe { row(&a.csa_page_indices, t) };
         for (j, &pi) in entries.iter().take(tail).enumerate() {
@@ -221,7 +246,9 @@ struct PrefillToken {
     extend: usize,
 }
 
-pub fn build_prefill_streams(a: &PrefillStreamsArgs) -> Result<()> {
+/// Checks every token's values and computes its prefix / extend slices.
+/// Reads only the integer inputs.
+fn prefill_plan(a: &PrefillStreamsArgs) -> Result<Vec<PrefillToken>> {
     let g = a.geometry;
     let n = a.num_tokens;
     let win = g.config.window;
@@ -283,6 +310,17 @@ pub fn build_prefill_streams(a: &PrefillStreamsArgs) -> Result<()> {
             extend,
         };
     }
+    Ok(plan)
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn check_prefill_streams(a: &PrefillStreamsArgs) -> Result<()> {
+    prefill_plan(a).map(|_| ())
+}
+
+pub fn build_prefill_streams(a: &PrefillStreamsArgs) -> Result<()> {
+    let g = a.geometry;
+    let plan = prefill_plan(a)?;
     let prefix_start = write_indptr(
         &a.prefix,
         &plan

@@ -2,12 +2,14 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-mod attention;
+// attention, index and store are visible to the crate for their value checks,
+// which the GPU backend's validate mode runs on host copies.
+pub(crate) mod attention;
 mod host;
-mod index;
+pub(crate) mod index;
 mod memory;
 mod merge;
-mod store;
+pub(crate) mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
 use crate::error::{err, Result};

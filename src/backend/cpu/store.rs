@@ -28,7 +28,10 @@ pub(super) fn position(t: usize, pos: i32) -> Result<usize> {
     Ok(pos as usize)
 }
 
-pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
+/// Checks every row's request, slot and position and returns the (row, ring
+/// row) moves. Reads only the integer arguments, so the GPU backend's validate
+/// mode runs it on host copies.
+pub(crate) fn swa_moves(a: &StoreSwaArgs) -> Result<Vec<(usize, usize)>> {
     let g = a.geometry;
     let n = a.num_tokens;
     // SAFETY: host views with extents checked by `ops::store`.
@@ -70,17 +73,21 @@ pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
             ));
         }
     }
-    for (t, dst) in moves {
+    Ok(moves)
+}
+
+pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
+    for (t, dst) in swa_moves(a)? {
         // SAFETY: `dst` < swa_rows <= pool rows; `t` < n <= kv rows.
         unsafe { put_row(&a.pool_layer, dst, row(&a.kv, t)) };
     }
     Ok(())
 }
 
-pub fn store_compressed(a: &StoreCompressedArgs) -> Result<()> {
-    let n = a.num_rows;
+/// Checks every compressed location (see `swa_moves` on host copies).
+pub(crate) fn check_locations(a: &StoreCompressedArgs) -> Result<()> {
     // SAFETY: host view with extent checked by `ops::store`.
-    let loc = unsafe { slice(&a.loc, n) };
+    let loc = unsafe { slice(&a.loc, a.num_rows) };
     for (i, &l) in loc.iter().enumerate() {
         ensure!(
             l < 0 || (l as usize) < a.compressed_rows,
@@ -89,6 +96,13 @@ pub fn store_compressed(a: &StoreCompressedArgs) -> Result<()> {
             a.compressed_rows
         );
     }
+    Ok(())
+}
+
+pub fn store_compressed(a: &StoreCompressedArgs) -> Result<()> {
+    check_locations(a)?;
+    // SAFETY: host view with extent checked by `ops::store`.
+    let loc = unsafe { slice(&a.loc, a.num_rows) };
     for (i, &l) in loc.iter().enumerate() {
         if l >= 0 {
             let dst = a.geometry.compressed_row(l as usize);

@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
+use crate::backend::{cpu, Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
 use crate::error::{err, Error, Result};
 use crate::geometry::{Ratio, HEAD_DIM};
 use crate::ops::attention::{AttentionArgs, KvSource, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+use crate::tensor::View;
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -28,6 +29,8 @@ pub struct GpuBackend {
     /// Live allocations, so `free` rejects foreign pointers and the context
     /// releases what callers left behind.
     live: Mutex<HashSet<usize>>,
+    /// Synchronize and check device-resident values before each launch.
+    validate: bool,
 }
 
 #[derive(Debug)]
@@ -48,7 +51,7 @@ fn last_error() -> String {
 
 impl GpuBackend {
     /// Opens `device`, or says why the GPU backend is unavailable here.
-    pub fn open(device: i32) -> Result<Self> {
+    pub fn open(device: i32, validate: bool) -> Result<Self> {
         for (which, rust_size, name) in shim::MIRRORS {
             // SAFETY: a pure query of the shim.
             let c_size = unsafe { shim::unikv_gpu_params_size(which) };
@@ -80,6 +83,7 @@ impl GpuBackend {
             device,
             fatal: AtomicBool::new(false),
             live: Mutex::new(HashSet::new()),
+            validate,
         })
     }
 
@@ -99,6 +103,41 @@ impl GpuBackend {
             }
             // SHIM_ERROR and anything unexpected: a recoverable runtime error.
             _ => Err(err!(Gpu, "{what}: {}", last_error())),
+        }
+    }
+
+    /// Host copy of a view's span, and the view rebased onto it (validate mode;
+    /// the caller's stream was synchronized first).
+    fn mirror<T: Copy + Default, const N: usize>(
+        &self,
+        v: &View<T, N>,
+        stream: Stream,
+    ) -> Result<(Vec<T>, View<T, N>)> {
+        let mut host = vec![T::default(); v.span_elems()];
+        let bytes = std::mem::size_of_val(host.as_slice());
+        // SAFETY: the view spans `bytes` of device memory (checked by `ops`).
+        unsafe {
+            self.copy(
+                host.as_mut_ptr() as *mut u8,
+                v.as_ptr() as *const u8,
+                bytes,
+                CopyKind::DeviceToHost,
+                stream,
+            )?
+        };
+        self.synchronize(stream)?;
+        let view = v.rebased(host.as_mut_ptr());
+        Ok((host, view))
+    }
+
+    fn mirror_opt<T: Copy + Default, const N: usize>(
+        &self,
+        v: &Option<View<T, N>>,
+        stream: Stream,
+    ) -> Result<(Vec<T>, Option<View<T, N>>)> {
+        match v {
+            Some(v) => self.mirror(v, stream).map(|(h, v)| (h, Some(v))),
+            None => Ok((Vec::new(), None)),
         }
     }
 
@@ -238,6 +277,21 @@ impl Backend for GpuBackend {
     }
 
     fn store_swa(&self, a: &StoreSwaArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
+            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
+            let (_p, positions) = self.mirror(&a.positions, stream)?;
+            let (_f, final_pos) = self.mirror_opt(&a.final_pos, stream)?;
+            let host = StoreSwaArgs {
+                batch_id,
+                req_slots,
+                positions,
+                final_pos,
+                ..*a
+            };
+            cpu::store::swa_moves(&host)?;
+        }
         let g = a.geometry;
         let p = shim::StoreSwaParams {
             kv: a.kv.as_ptr() as *const c_void,
@@ -265,6 +319,11 @@ impl Backend for GpuBackend {
     }
 
     fn store_compressed(&self, a: &StoreCompressedArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            let (_l, loc) = self.mirror(&a.loc, stream)?;
+            cpu::store::check_locations(&StoreCompressedArgs { loc, ..*a })?;
+        }
         let p = shim::StoreCompressedParams {
             kv: a.kv.as_ptr() as *const c_void,
             loc: a.loc.as_ptr(),
@@ -283,6 +342,21 @@ impl Backend for GpuBackend {
     }
 
     fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
+            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
+            let (_p, positions) = self.mirror(&a.positions, stream)?;
+            let (_c, c128_page_indices) = self.mirror_opt(&a.c128_page_indices, stream)?;
+            let host = DecodeStreamsArgs {
+                batch_id,
+                req_slots,
+                positions,
+                c128_page_indices,
+                ..*a
+            };
+            cpu::index::check_decode_streams(&host)?;
+        }
         let g = a.geometry;
         let p = shim::DecodeStreamsParams {
             batch_id: a.batch_id.as_ptr(),
@@ -314,6 +388,22 @@ impl Backend for GpuBackend {
     }
 
     fn fill_csa_tail(&self, a: &CsaTailArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
+            let (_p, positions) = self.mirror(&a.positions, stream)?;
+            let (_t, csa_page_indices) = self.mirror(&a.csa_page_indices, stream)?;
+            let (_i, indptr) = self.mirror(&a.csa.indptr, stream)?;
+            let csa = StreamOut { indptr, ..a.csa };
+            let host = CsaTailArgs {
+                batch_id,
+                positions,
+                csa_page_indices,
+                csa,
+                ..*a
+            };
+            cpu::index::check_csa_tail(&host)?;
+        }
         let g = a.geometry;
         let p = shim::CsaTailParams {
             batch_id: a.batch_id.as_ptr(),
@@ -338,6 +428,25 @@ impl Backend for GpuBackend {
     }
 
     fn build_prefill_streams(&self, a: &PrefillStreamsArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
+            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
+            let (_p, positions) = self.mirror(&a.positions, stream)?;
+            let (_c, chunk_start) = self.mirror(&a.chunk_start, stream)?;
+            let (_e, extend_start) = self.mirror(&a.extend_start, stream)?;
+            let (_t, page_indices) = self.mirror_opt(&a.page_indices, stream)?;
+            let host = PrefillStreamsArgs {
+                batch_id,
+                req_slots,
+                positions,
+                chunk_start,
+                extend_start,
+                page_indices,
+                ..*a
+            };
+            cpu::index::check_prefill_streams(&host)?;
+        }
         let g = a.geometry;
         let p = shim::PrefillStreamsParams {
             batch_id: a.batch_id.as_ptr(),
@@ -370,6 +479,19 @@ impl Backend for GpuBackend {
     }
 
     fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.synchronize(stream)?;
+            for (src, name) in a.sources.iter().zip(["", "extend_"]) {
+                let (_p, indptr) = self.mirror(&src.indptr, stream)?;
+                let (_i, indices) = self.mirror(&src.indices, stream)?;
+                let host = KvSource {
+                    indptr,
+                    indices,
+                    ..*src
+                };
+                cpu::attention::check_source(name, &host, a.num_tokens, a.skip_negative)?;
+            }
+        }
         let plan = a
             .plan
             .launch()
