@@ -70,7 +70,9 @@ pub struct AttentionArgs<'a> {
     pub num_heads: usize,
     pub softmax_scale: f32,
     pub q: Tensor3<bf16>,
-    pub sources: Vec<KvSource>,
+    /// Key sources in order; only the first `num_sources` are used.
+    sources: [KvSource; 2],
+    num_sources: usize,
     pub skip_negative: bool,
     pub sink: Option<Vector<f32>>,
     pub out: Tensor3<bf16>,
@@ -78,18 +80,30 @@ pub struct AttentionArgs<'a> {
     pub workspace: Workspace,
 }
 
+/// Argument names of each key source (static: no formatting on the launch path).
+pub const SOURCE_NAMES: [(&str, &str); 2] =
+    [("indices", "indptr"), ("extend_indices", "extend_indptr")];
+
 fn source(
-    name: &str,
+    which: usize,
     kv: Matrix<bf16>,
     indices: &RawTensor,
     indptr: &RawTensor,
     t: usize,
 ) -> Result<KvSource> {
+    let (indices_name, indptr_name) = SOURCE_NAMES[which];
     Ok(KvSource {
         kv,
-        indices: indices.view(&format!("{name}indices"), [Extent::AtLeast(0)], 4)?,
-        indptr: indptr.view(&format!("{name}indptr"), [Extent::AtLeast(t + 1)], 4)?,
+        indices: indices.view(indices_name, [Extent::AtLeast(0)], 4)?,
+        indptr: indptr.view(indptr_name, [Extent::AtLeast(t + 1)], 4)?,
     })
+}
+
+impl AttentionArgs<'_> {
+    /// The key sources in order: the pool layer, then prefill's extend rows.
+    pub fn sources(&self) -> &[KvSource] {
+        &self.sources[..self.num_sources]
+    }
 }
 
 fn validate<'a>(
@@ -133,20 +147,15 @@ fn validate<'a>(
         "workspace"
     );
     let layer = pool.geometry().check_layer(raw.layer)?;
-    let mut sources = vec![source(
-        "",
-        pool.layer_view(layer),
-        &raw.indices,
-        &raw.indptr,
-        t,
-    )?];
+    let pool_source = source(0, pool.layer_view(layer), &raw.indices, &raw.indptr, t)?;
+    let mut sources = [pool_source, pool_source];
     if let Some(ext) = extend {
         let kv = ext.kv.view(
             "extend_kv",
             [Extent::AtLeast(0), Extent::Exact(HEAD_DIM)],
             ROW_ALIGN,
         )?;
-        sources.push(source("extend_", kv, &ext.indices, &ext.indptr, t)?);
+        sources[1] = source(1, kv, &ext.indices, &ext.indptr, t)?;
     }
     let row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
     Ok(AttentionArgs {
@@ -156,6 +165,7 @@ fn validate<'a>(
         softmax_scale: raw.softmax_scale,
         q: raw.q.view("q", row, ROW_ALIGN)?,
         sources,
+        num_sources: 1 + extend.is_some() as usize,
         skip_negative: extend.is_some(),
         sink: raw.sink.optional("sink", [Extent::Exact(h)], 4)?,
         out: raw.out.view("out", row, ROW_ALIGN)?,

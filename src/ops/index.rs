@@ -114,24 +114,29 @@ pub struct PrefillStreamsArgs<'a> {
     pub extend: StreamOut,
 }
 
+/// Argument names of one output stream (static: no formatting on the launch path).
+struct StreamNames {
+    indptr: &'static str,
+    indices: &'static str,
+}
+
 fn stream_out(
-    name: &str,
+    names: StreamNames,
     indptr: &RawTensor,
     indices: &RawTensor,
     num_tokens: usize,
     per_token: usize,
 ) -> Result<StreamOut> {
-    let capacity = checked_mul(name, num_tokens, per_token)?;
+    let indices_name = names.indices;
+    let capacity = checked_mul(indices_name, num_tokens, per_token)?;
     ensure!(
         capacity <= i32::MAX as usize,
         CapacityExceeded,
-        "{name}_indices: {capacity} entries do not fit 32-bit offsets"
+        "{indices_name}: {capacity} entries do not fit 32-bit offsets"
     );
-    let indptr_name = format!("{name}_indptr");
-    let indices_name = format!("{name}_indices");
     let out = StreamOut {
-        indptr: indptr.view(&indptr_name, [Extent::AtLeast(num_tokens + 1)], 4)?,
-        indices: indices.view(&indices_name, [Extent::AtLeast(0)], 4)?,
+        indptr: indptr.view(names.indptr, [Extent::AtLeast(num_tokens + 1)], 4)?,
+        indices: indices.view(indices_name, [Extent::AtLeast(0)], 4)?,
     };
     ensure!(
         out.indices.shape[0] >= capacity,
@@ -160,16 +165,31 @@ pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream)
         req_slots: raw.req_slots.view("req_slots", [Extent::AtLeast(1)], 4)?,
         positions: raw.positions.view("positions", [tokens(t)], 4)?,
         c128_page_indices,
-        swa: stream_out("swa", &raw.swa_indptr, &raw.swa_indices, t, win)?,
+        swa: stream_out(
+            StreamNames {
+                indptr: "swa_indptr",
+                indices: "swa_indices",
+            },
+            &raw.swa_indptr,
+            &raw.swa_indices,
+            t,
+            win,
+        )?,
         hca: stream_out(
-            "hca",
+            StreamNames {
+                indptr: "hca_indptr",
+                indices: "hca_indices",
+            },
             &raw.hca_indptr,
             &raw.hca_indices,
             t,
             win.saturating_add(c128_width),
         )?,
         csa: stream_out(
-            "csa",
+            StreamNames {
+                indptr: "csa_indptr",
+                indices: "csa_indices",
+            },
             &raw.csa_indptr,
             &raw.csa_indices,
             t,
@@ -235,13 +255,25 @@ pub fn build_prefill_streams(pool: &Pool, raw: &PrefillStreamsRaw, stream: Strea
             .view("extend_start", [Extent::AtLeast(requests)], 4)?,
         page_indices,
         prefix: stream_out(
-            "prefix",
+            StreamNames {
+                indptr: "prefix_indptr",
+                indices: "prefix_indices",
+            },
             &raw.prefix_indptr,
             &raw.prefix_indices,
             t,
             win.saturating_add(width),
         )?,
-        extend: stream_out("extend", &raw.extend_indptr, &raw.extend_indices, t, win)?,
+        extend: stream_out(
+            StreamNames {
+                indptr: "extend_indptr",
+                indices: "extend_indices",
+            },
+            &raw.extend_indptr,
+            &raw.extend_indices,
+            t,
+            win,
+        )?,
     };
     pool.context()
         .backend()

@@ -12,20 +12,21 @@ use crate::backend::cpu::host::slice;
 use crate::backend::cpu::index::checked_indptr;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
-use crate::ops::attention::{AttentionArgs, KvSource};
+use crate::ops::attention::{AttentionArgs, KvSource, SOURCE_NAMES};
 
 /// Heads that share one gathered copy of a token's keys.
 const HEAD_GROUP: usize = 16;
 
 /// Checks every index of one source before any output is written.
+/// `names` are the (indices, indptr) argument names of the source.
 pub(crate) fn check_source(
-    name: &str,
+    names: (&str, &str),
     src: &KvSource,
     num_tokens: usize,
     skip_negative: bool,
 ) -> Result<()> {
-    let indptr_name = format!("{name}indptr");
-    let indptr = checked_indptr(&indptr_name, &src.indptr, num_tokens, src.indices.shape[0])?;
+    let (indices_name, indptr_name) = names;
+    let indptr = checked_indptr(indptr_name, &src.indptr, num_tokens, src.indices.shape[0])?;
     let (first, last) = (indptr[0] as usize, indptr[num_tokens] as usize);
     // SAFETY: host view; last <= capacity was just checked.
     let indices = unsafe { slice(&src.indices, last) };
@@ -35,16 +36,15 @@ pub(crate) fn check_source(
         ensure!(
             skipped || (r >= 0 && (r as usize) < rows),
             OutOfRange,
-            "{name}indices[{offset}]: {r} is not a row of the {rows}-row key source"
+            "{indices_name}[{offset}]: {r} is not a row of the {rows}-row key source"
         );
     }
     Ok(())
 }
 
 pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
-    let names = ["", "extend_"];
-    for (src, name) in a.sources.iter().zip(names) {
-        check_source(name, src, a.num_tokens, a.skip_negative)?;
+    for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
+        check_source(names, src, a.num_tokens, a.skip_negative)?;
     }
     let groups = a.num_heads.div_ceil(HEAD_GROUP);
     threads.install(|| {
@@ -76,7 +76,7 @@ struct Scratch {
 unsafe fn gather(a: &AttentionArgs, t: usize, keys: &mut Vec<f32>) -> usize {
     keys.clear();
     let mut count = 0;
-    for src in &a.sources {
+    for src in a.sources() {
         let indptr = slice(&src.indptr, a.num_tokens + 1);
         let (lo, hi) = (indptr[t] as usize, indptr[t + 1] as usize);
         for &r in &slice(&src.indices, hi)[lo..] {

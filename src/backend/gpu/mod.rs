@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::backend::{cpu, Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
 use crate::error::{err, Error, Result};
 use crate::geometry::{Ratio, HEAD_DIM};
-use crate::ops::attention::{AttentionArgs, KvSource, PlanShape};
+use crate::ops::attention::{AttentionArgs, KvSource, PlanShape, SOURCE_NAMES};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
@@ -481,7 +481,7 @@ impl Backend for GpuBackend {
     fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
         if self.validate {
             self.synchronize(stream)?;
-            for (src, name) in a.sources.iter().zip(["", "extend_"]) {
+            for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
                 let (_p, indptr) = self.mirror(&src.indptr, stream)?;
                 let (_i, indices) = self.mirror(&src.indices, stream)?;
                 let host = KvSource {
@@ -489,7 +489,7 @@ impl Backend for GpuBackend {
                     indices,
                     ..*src
                 };
-                cpu::attention::check_source(name, &host, a.num_tokens, a.skip_negative)?;
+                cpu::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
             }
         }
         let plan = a
@@ -500,7 +500,7 @@ impl Backend for GpuBackend {
             .and_then(|s| s.as_any().downcast_ref::<GpuPlan>())
             .ok_or_else(|| Error::InvalidArgument("plan: not made by the CUDA backend".into()))?;
         let mut src = [null_source(), null_source()];
-        for (slot, s) in src.iter_mut().zip(&a.sources) {
+        for (slot, s) in src.iter_mut().zip(a.sources()) {
             *slot = kv_source(s);
         }
         debug_assert_eq!(a.q.shape[2], HEAD_DIM);
@@ -519,7 +519,7 @@ impl Backend for GpuBackend {
             out_stride_head: a.out.strides[1] as i64,
             lse_stride_token: a.lse.map_or(0, |l| l.strides[0] as i64),
             workspace_bytes: a.workspace.bytes as i64,
-            num_sources: a.sources.len() as i32,
+            num_sources: a.sources().len() as i32,
             num_tokens: a.num_tokens as i32,
             num_heads: a.num_heads as i32,
             skip_negative: a.skip_negative as i32,
