@@ -86,37 +86,50 @@ __device__ TokenKeys token_keys(const ukv_attention_params& p, int t) {
   return k;
 }
 
-// Global address of key j of the token and whether it is valid.
-__device__ __forceinline__ const ukv_bf16* key_row(const ukv_attention_params& p, const TokenKeys& k, int j,
-                                                    bool& valid) {
-  valid = false;
+// A key index fetched one tile ahead of its use: the global load is issued in
+// one iteration and consumed (checked, turned into an address) in the next, so
+// its latency overlaps a whole tile of compute instead of stalling the gather.
+struct PendingKey {
+  int raw;     // the index value as loaded
+  int source;  // 0 or 1; -1 when the key position is past the token's keys
+};
+
+// Fetches the index of the key this lane resolves in `tile` (lanes 0..15 of
+// each warp; warp w covers keys {w/2, w/2 + 4, ...}).
+__device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int tile) {
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  PendingKey key{-1, -1};
+  if (lane >= kBK / 4) return key;
+  int j = tile * kBK + lane * 4 + (warp >> 1);
   int s = 0;
   if (j >= k.len[0]) {
     j -= k.len[0];
     s = 1;
   }
-  const ukv_kv_source& src = p.src[s];
   if (j < k.len[s]) {
-    const int r = k.idx[s][j];
-    if (r >= 0 && r < src.rows) {
-      valid = true;
-      return static_cast<const ukv_bf16*>(src.kv) + (int64_t)r * src.kv_stride;
-    }
+    key.raw = k.idx[s][j];
+    key.source = s;
   }
-  return static_cast<const ukv_bf16*>(p.src[0].kv);
+  return key;
 }
 
-// Issues the cp.async loads of one 64-key tile into `stage` and records which
-// keys are valid. Warp w covers keys {w/2, w/2 + 4, ...}: lane i resolves key
-// 4i + w/2 once and the warp shares it by shuffle.
+// Issues the cp.async loads of one 64-key tile into `stage` from the keys
+// fetched by `fetch_key`, and records which keys are valid (an index outside
+// its source, -1 included, is never read: the row is zero-filled and masked).
 template <int MT>
-__device__ void load_tile(const ukv_attention_params& p, const TokenKeys& k, int tile, int stage, char* smem) {
+__device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int stage, char* smem) {
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int half = warp & 1;  // which 32 chunks of the row this warp copies
   const int key_of_lane = lane * 4 + (warp >> 1);
   bool lane_valid = false;
-  const ukv_bf16* lane_row = nullptr;
-  if (lane < kBK / 4) lane_row = key_row(p, k, tile * kBK + key_of_lane, lane_valid);
+  const ukv_bf16* lane_row = static_cast<const ukv_bf16*>(p.src[0].kv);
+  if (pk.source >= 0) {
+    const ukv_kv_source& src = p.src[pk.source];
+    if (pk.raw >= 0 && pk.raw < src.rows) {
+      lane_valid = true;
+      lane_row = static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride;
+    }
+  }
   if (lane < kBK / 4 && half == 0) {
     reinterpret_cast<int*>(smem + Smem<MT>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
   }
@@ -225,16 +238,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
   if (tile_begin < tile_end) load_q<MT>(p, t, h0, smem);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) load_tile<MT>(p, keys, tile_begin + i, i, smem);
+    if (tile_begin + i < tile_end) issue_tile<MT>(p, fetch_key(keys, tile_begin + i), i, smem);
     ukv_cp_async_commit();
   }
+  PendingKey pending = fetch_key(keys, tile_begin + kStages - 1);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % kStages;
     const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) load_tile<MT>(p, keys, ahead, (ahead - tile_begin) % kStages, smem);
+    if (ahead < tile_end) issue_tile<MT>(p, pending, (ahead - tile_begin) % kStages, smem);
     ukv_cp_async_commit();
+    pending = fetch_key(keys, ahead + 1);  // consumed next iteration
     ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
     const char* ks = smem + Smem<MT>::kK + (size_t)stage * Smem<MT>::kTileBytes;
