@@ -19,6 +19,8 @@
 // rows); an index outside its source (-1 included) is skipped, never read.
 #include <math.h>
 
+#include <type_traits>
+
 #include "shim.cuh"
 
 namespace {
@@ -33,12 +35,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxSplits = 64;
 
 // Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
-template <int MT>
+template <int MT, int ST>
 struct Smem {
   static constexpr int kHb = 16 * MT;
-  // cp.async stages of key tiles: three where shared memory allows (16 heads),
-  // so two tiles stay in flight while one is computed.
-  static constexpr int kStages = MT == 1 ? 3 : 2;
+  // cp.async stages of key tiles. With one stage a 16-head block needs ~86 KB,
+  // so two CTAs share an SM and one gathers while the other computes (large
+  // batches); with three, one CTA per SM keeps two tiles in flight (small
+  // batches, where each CTA has few tiles). Larger blocks use two stages.
+  static constexpr int kStages = ST;
+  static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
   static constexpr size_t kTileBytes = (size_t)kBK * kD * 2;
   static constexpr size_t kQ = 0;                                   // bf16 [Hb][512], swizzled
   static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [stages][64][512], swizzled
@@ -116,7 +121,7 @@ __device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int tile) {
 // Issues the cp.async loads of one 64-key tile into `stage` from the keys
 // fetched by `fetch_key`, and records which keys are valid (an index outside
 // its source, -1 included, is never read: the row is zero-filled and masked).
-template <int MT>
+template <int MT, int ST>
 __device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int stage, char* smem) {
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int half = warp & 1;  // which 32 chunks of the row this warp copies
@@ -131,10 +136,10 @@ __device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int sta
     }
   }
   if (lane < kBK / 4 && half == 0) {
-    reinterpret_cast<int*>(smem + Smem<MT>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
+    reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
   }
   const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
-  char* ks = smem + Smem<MT>::kK + (size_t)stage * Smem<MT>::kTileBytes;
+  char* ks = smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes;
 #pragma unroll 4
   for (int i = 0; i < kBK / 4; ++i) {
     const int key = i * 4 + (warp >> 1);
@@ -148,7 +153,7 @@ __device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int sta
 }
 
 // Loads the block's query rows (zeros past the last head).
-template <int MT>
+template <int MT, int ST>
 __device__ void load_q(const ukv_attention_params& p, int t, int h0, char* smem) {
   constexpr int kHb = 16 * MT;
   for (int c = threadIdx.x; c < kHb * kChunks; c += kThreads) {
@@ -157,7 +162,7 @@ __device__ void load_q(const ukv_attention_params& p, int t, int h0, char* smem)
     const bool valid = h < p.num_heads;
     const ukv_bf16* q = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
                         (int64_t)(valid ? h : 0) * p.q_stride_head;
-    ukv_cp_async16(smem + Smem<MT>::kQ + row_chunk(r, chunk), reinterpret_cast<const char*>(q) + chunk * 16,
+    ukv_cp_async16(smem + Smem<MT, ST>::kQ + row_chunk(r, chunk), reinterpret_cast<const char*>(q) + chunk * 16,
                    valid);
   }
 }
@@ -196,19 +201,20 @@ __device__ __forceinline__ TokenSplit token_split(int total_keys, int cap) {
 // Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
 __host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
 
-template <int MT>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_params p, SplitConfig cfg) {
+template <int MT, int ST>
+__global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
+    attention_kernel(ukv_attention_params p, SplitConfig cfg) {
   constexpr int kHb = 16 * MT;
   extern __shared__ __align__(128) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
   const int h0 = hb * kHb;
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row / column-pair
-  float* m_s = reinterpret_cast<float*>(smem + Smem<MT>::kM);
-  float* l_s = reinterpret_cast<float*>(smem + Smem<MT>::kL);
-  float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT>::kAlpha);
-  float* s_s = reinterpret_cast<float*>(smem + Smem<MT>::kS);
-  const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT>::kValid);
+  float* m_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kM);
+  float* l_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kL);
+  float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kAlpha);
+  float* s_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kS);
+  const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT, ST>::kValid);
 
   // The combine kernel (if any) may be scheduled now; it waits for this grid.
   ukv_pdl_launch_dependents();
@@ -232,13 +238,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
-  constexpr int kStages = Smem<MT>::kStages;
+  constexpr int kStages = Smem<MT, ST>::kStages;
   // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
   // (empty groups keep the count uniform).
-  if (tile_begin < tile_end) load_q<MT>(p, t, h0, smem);
+  if (tile_begin < tile_end) load_q<MT, ST>(p, t, h0, smem);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) issue_tile<MT>(p, fetch_key(keys, tile_begin + i), i, smem);
+    if (tile_begin + i < tile_end) issue_tile<MT, ST>(p, fetch_key(keys, tile_begin + i), i, smem);
     ukv_cp_async_commit();
   }
   PendingKey pending = fetch_key(keys, tile_begin + kStages - 1);
@@ -247,12 +253,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % kStages;
     const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) issue_tile<MT>(p, pending, (ahead - tile_begin) % kStages, smem);
+    if (ahead < tile_end) issue_tile<MT, ST>(p, pending, (ahead - tile_begin) % kStages, smem);
     ukv_cp_async_commit();
     pending = fetch_key(keys, ahead + 1);  // consumed next iteration
     ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
-    const char* ks = smem + Smem<MT>::kK + (size_t)stage * Smem<MT>::kTileBytes;
+    const char* ks = smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes;
 
     // QK. With an even number of m-tiles, warps form 2 head halves x 4 key
     // quarters (16 keys each), halving the Q fragments each warp loads;
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
           for (int mt = 0; mt < kMw; ++mt) {
             uint32_t a[4];
             const int qr = (hg * kMw + mt) * 16 + (lane & 15);
-            ukv_ldmatrix_x4(a, smem + Smem<MT>::kQ + row_chunk(qr, kc + (lane >> 4)));
+            ukv_ldmatrix_x4(a, smem + Smem<MT, ST>::kQ + row_chunk(qr, kc + (lane >> 4)));
             ukv_mma_bf16_16816(s[par][mt][0], a, b[0], b[1]);
             ukv_mma_bf16_16816(s[par][mt][1], a, b[2], b[3]);
           }
@@ -320,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
             uint32_t a[4];
             const int qr = mt * 16 + (lane & 15);
             const int qc = ((k0 + half * 16) >> 3) + (lane >> 4);
-            ukv_ldmatrix_x4(a, smem + Smem<MT>::kQ + row_chunk(qr, qc));
+            ukv_ldmatrix_x4(a, smem + Smem<MT, ST>::kQ + row_chunk(qr, qc));
             ukv_mma_bf16_16816(s[half][mt], a, b[half * 2], b[half * 2 + 1]);
           }
         }
@@ -352,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
         const ukv_bf16 p1 = ukv_float_to_bf16(v1 ? exp2f(x1 - base) : 0.f);
         float sum = ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
         for (int o = UKV_WARP / 2; o > 0; o /= 2) sum += ukv_shfl_xor(sum, o, UKV_WARP);
-        char* prow = smem + Smem<MT>::kP;
+        char* prow = smem + Smem<MT, ST>::kP;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, lane >> 3))[lane & 7] = p0;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, (lane + 32) >> 3))[lane & 7] = p1;
         ukv_syncwarp();  // every lane has read m_s[r] / l_s[r] before lane 0 updates them
@@ -384,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(ukv_attention_pa
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          ukv_ldmatrix_x4(a[mt], smem + Smem<MT>::kP + p_chunk(mt * 16 + (lane & 15), (kk >> 3) + (lane >> 4)));
+          ukv_ldmatrix_x4(a[mt], smem + Smem<MT, ST>::kP + p_chunk(mt * 16 + (lane & 15), (kk >> 3) + (lane >> 4)));
         }
 #pragma unroll
         for (int n = 0; n < 8; n += 2) {
@@ -521,24 +527,44 @@ __global__ void merge_kernel(ukv_merge_params p) {
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
 }
 
-// Split cap S for a plan: one wave of CTAs (one per SM) when max_tokens tokens
-// run, so small batches spread each token over many SMs without a second wave,
-// and large ones write no partials at all.
-int split_cap(int max_tokens, int head_blocks, int sm_count) {
-  const int want = sm_count / (max_tokens * head_blocks);
+// Split cap S for a plan: one wave of resident CTAs when max_tokens tokens run,
+// so small batches spread each token over many SMs without a second wave, and
+// large ones write no partials at all.
+int split_cap(int max_tokens, int head_blocks, int resident_ctas) {
+  const int want = resident_ctas / (max_tokens * head_blocks);
   return want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
 }
 
-template <int MT>
-int configure(const ukv_attention_plan&) {
-  ukv_error_t e = ukv_func_set_max_dynamic_smem(attention_kernel<MT>, (int)Smem<MT>::kBytes);
+template <int MT, int ST>
+int configure() {
+  const auto kernel = attention_kernel<MT, ST>;
+  constexpr int kBytes = (int)Smem<MT, ST>::kBytes;
+  ukv_error_t e = ukv_func_set_max_dynamic_smem(kernel, kBytes);
+  // All of the unified L1/shared storage as shared memory, so that the CTAs
+  // per SM the kernel is built for actually fit.
+  if (e == UKV_SUCCESS) e = ukv_func_set_max_smem_carveout(kernel);
   return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "set attention shared memory");
 }
 
-template <int MT>
+template <int MT, int ST>
 void launch(const ukv_attention_params& p, SplitConfig cfg, int head_blocks, ukv_stream_t s) {
   dim3 grid(p.num_tokens, head_blocks, cfg.splits);
-  attention_kernel<MT><<<grid, kThreads, Smem<MT>::kBytes, s>>>(p, cfg);
+  attention_kernel<MT, ST><<<grid, kThreads, Smem<MT, ST>::kBytes, s>>>(p, cfg);
+}
+
+// The kernel instantiations a plan can pick: (m-tiles, stages).
+template <typename F>
+int dispatch(const ukv_attention_plan& plan, F&& f) {
+  switch (plan.block_m_tiles * 8 + plan.stages) {
+    case 1 * 8 + 1: return f(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());
+    case 1 * 8 + 3: return f(std::integral_constant<int, 1>(), std::integral_constant<int, 3>());
+    case 2 * 8 + 2: return f(std::integral_constant<int, 2>(), std::integral_constant<int, 2>());
+    case 3 * 8 + 2: return f(std::integral_constant<int, 3>(), std::integral_constant<int, 2>());
+    case 4 * 8 + 2: return f(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
+    default:
+      ukv::set_error("attention plan names no kernel instantiation");
+      return UKV_SHIM_INVALID;
+  }
 }
 
 }  // namespace
@@ -561,21 +587,23 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
     pl.sm_count = sms;
     pl.dependent_launch = cc_major >= 9 ? 1 : 0;
+    // Small head blocks of a large batch (CTAs for at least half the SMs): two
+    // CTAs per SM with one stage each; measured better from T = 128 on, worse
+    // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).
+    pl.stages = pl.block_m_tiles > 1 ? 2 : (2 * max_tokens * pl.head_blocks >= sms ? 1 : 3);
     size_t smem = 0;
-    int r = UKV_SHIM_OK;
-    switch (pl.block_m_tiles) {
-      case 1: smem = Smem<1>::kBytes; r = configure<1>(pl); break;
-      case 2: smem = Smem<2>::kBytes; r = configure<2>(pl); break;
-      case 3: smem = Smem<3>::kBytes; r = configure<3>(pl); break;
-      default: smem = Smem<4>::kBytes; r = configure<4>(pl); break;
-    }
+    const int r = dispatch(pl, [&](auto mt, auto st) {
+      smem = Smem<decltype(mt)::value, decltype(st)::value>::kBytes;
+      return configure<decltype(mt)::value, decltype(st)::value>();
+    });
     if (r != UKV_SHIM_OK) return r;
     if ((int)smem > smem_optin) {
       ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
                      std::to_string(smem_optin));
       return UKV_SHIM_INVALID;
     }
-    pl.max_splits = split_cap(max_tokens, pl.head_blocks, sms);
+    const int ctas_per_sm = pl.stages == 1 ? 2 : 1;
+    pl.max_splits = split_cap(max_tokens, pl.head_blocks, sms * ctas_per_sm);
     const size_t records = pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
     pl.workspace_bytes = (int64_t)(records * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
     *plan = pl;
@@ -592,12 +620,11 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
       return UKV_SHIM_INVALID;
     }
     SplitConfig cfg{plan->max_splits};
-    switch (plan->block_m_tiles) {
-      case 1: launch<1>(*p, cfg, plan->head_blocks, s); break;
-      case 2: launch<2>(*p, cfg, plan->head_blocks, s); break;
-      case 3: launch<3>(*p, cfg, plan->head_blocks, s); break;
-      default: launch<4>(*p, cfg, plan->head_blocks, s); break;
-    }
+    const int dispatched = dispatch(*plan, [&](auto mt, auto st) {
+      launch<decltype(mt)::value, decltype(st)::value>(*p, cfg, plan->head_blocks, s);
+      return UKV_SHIM_OK;
+    });
+    if (dispatched != UKV_SHIM_OK) return dispatched;
     if (int r = ukv::check_launch("attention_kernel")) return r;
     if (cfg.splits == 1) return UKV_SHIM_OK;
     ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), s,

@@ -29,6 +29,8 @@ typedef __nv_bfloat162 ukv_bf16x2;
 #define ukv_get_error_string cudaGetErrorString
 #define ukv_func_set_max_dynamic_smem(f, bytes) \
   cudaFuncSetAttribute((const void*)(f), cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes))
+#define ukv_func_set_max_smem_carveout(f) \
+  cudaFuncSetAttribute((const void*)(f), cudaFuncAttributePreferredSharedMemoryCarveout, 100)
 #define ukv_device_get_attribute cudaDeviceGetAttribute
 #define UKV_ATTR_SM_COUNT cudaDevAttrMultiProcessorCount
 #define UKV_ATTR_MAX_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin

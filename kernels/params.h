@@ -162,5 +162,5 @@ typedef struct ukv_attention_plan {
   int32_t max_splits;
   int64_t workspace_bytes;
   int32_t dependent_launch; /* sm_90+: the combine kernel is launched early (PDL) */
-  int32_t reserved;
+  int32_t stages;           /* cp.async stages of the kernel instantiation */
 } ukv_attention_plan;

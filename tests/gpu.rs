@@ -510,7 +510,7 @@ fn decode_matches_cpu() {
     let mut rng = rand::rng();
     let (pc, pg, rows) = attention_pools(&s, &mut rng);
     let (tokens, heads): (&[usize], &[usize]) = if small() {
-        (&[1, 3], &[1, 16, 64])
+        (&[1, 3, 140], &[1, 16, 64])
     } else {
         (&[1, 3, 64, 257], &[1, 8, 16, 64, 128])
     };

@@ -182,7 +182,7 @@ pub struct AttentionPlan {
     pub max_splits: i32,
     pub workspace_bytes: i64,
     pub dependent_launch: i32,
-    pub reserved: i32,
+    pub stages: i32,
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
