@@ -202,6 +202,14 @@ fn main() {
         std::process::exit(2);
     }
     let only = std::env::var("UNIKV_BENCH_ONLY").unwrap_or_default();
+    // UNIKV_BENCH_CASE=T,H,keys runs one decode case (for profiling it alone).
+    let case: Option<(usize, usize, usize)> = std::env::var("UNIKV_BENCH_CASE").ok().map(|v| {
+        let f: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().expect("UNIKV_BENCH_CASE=T,H,keys"))
+            .collect();
+        (f[0], f[1], f[2])
+    });
 
     // A dense single-layer pool of >= 1M rows filled with random values.
     let ratios = [0u32];
@@ -272,6 +280,9 @@ fn main() {
         for &t in &[1usize, 4, 16, 64, 128, 256] {
             for &h in &[8usize, 16, 32, 64, 128] {
                 for &keys in &[640usize, 1152, 2176, 8320] {
+                    if case.is_some_and(|c| c != (t, h, keys)) {
+                        continue;
+                    }
                     let bytes_call = t * keys * 1024;
                     let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
                     let idx: Vec<Dev> = (0..sets)

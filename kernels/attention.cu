@@ -33,6 +33,7 @@ constexpr int kChunks = kD * 2 / 16;    // 16-byte chunks per row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxSplits = 64;
+static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
 
 // Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
 template <int MT, int ST>
@@ -457,7 +458,11 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
 }
 
 // Merges the splits of one (token, head) in split order; 128 threads x 4 dims.
+// Every load is issued up front (one (m, l) pair per thread, then the acc rows
+// unrolled) so the kernel pays a few memory latencies, not one per split.
 __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int block_heads) {
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float sum_s[kMaxSplits];
   const int t = blockIdx.x, h = blockIdx.y;
   const int hb = h / block_heads, r = h % block_heads;
   ukv_pdl_wait();  // the attention grid's partials are complete and visible
@@ -467,24 +472,36 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
   const float* base =
       static_cast<const float*>(p.workspace) + ((size_t)t * head_blocks + hb) * cfg.splits * rec_floats;
+  // Thread s < count holds split s's running max and sum; the block max M
+  // comes through shared memory, then weight_s[s] = 2^(m_s - M) (0 when the
+  // split saw only invalid keys; its acc is zeros).
+  const int s_own = threadIdx.x;
+  const float m_own = s_own < cut.count ? base[s_own * rec_floats + r] : -INFINITY;
+  const float l_own = s_own < cut.count ? base[s_own * rec_floats + block_heads + r] : 0.f;
+  if (s_own < kMaxSplits) weight_s[s_own] = m_own;
+  __syncthreads();
   float m = -INFINITY;
-  for (int s = 0; s < cut.count; ++s) m = fmaxf(m, base[s * rec_floats + r]);
+  for (int s = 0; s < cut.count; ++s) m = fmaxf(m, weight_s[s]);
+  __syncthreads();
+  if (s_own < cut.count) {
+    const float w = (m_own == -INFINITY) ? 0.f : exp2f(m_own - m);
+    weight_s[s_own] = w;
+    sum_s[s_own] = w * l_own;
+  }
+  __syncthreads();
   float l = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const int d0 = threadIdx.x * 4;
-  if (m != -INFINITY) {
-    for (int s = 0; s < cut.count; ++s) {
-      const float* rec = base + s * rec_floats;
-      const float ms = rec[r];
-      if (ms == -INFINITY) continue;  // only invalid keys: contributes nothing
-      const float w = exp2f(ms - m);
-      l += w * rec[block_heads + r];
-      const float4 a = *reinterpret_cast<const float4*>(rec + 2 * block_heads + (size_t)r * kD + d0);
-      acc[0] += w * a.x;
-      acc[1] += w * a.y;
-      acc[2] += w * a.z;
-      acc[3] += w * a.w;
-    }
+  const float* acc_base = base + 2 * block_heads + (size_t)r * kD + d0;
+#pragma unroll 8
+  for (int s = 0; s < cut.count; ++s) {
+    const float w = weight_s[s];
+    l += sum_s[s];
+    const float4 a = *reinterpret_cast<const float4*>(acc_base + s * rec_floats);
+    acc[0] += w * a.x;
+    acc[1] += w * a.y;
+    acc[2] += w * a.z;
+    acc[3] += w * a.w;
   }
   float lse;
   const float scale = fold_sink(p, h, m, l, &lse);
