@@ -302,13 +302,7 @@ fn main() {
                             indptr: indptr.i32s(&[t + 1]),
                             sink: sink.t(3, 4, &[h]),
                             out: out.bf16s(&[t, h, 512]),
-                            lse: unikv_tensor {
-                                data: ptr::null_mut(),
-                                dtype: 0,
-                                ndim: 0,
-                                shape: [0; 4],
-                                strides: [0; 4],
-                            },
+                            lse: ABSENT,
                             layer: 0,
                             num_tokens: t as u32,
                             softmax_scale: 0.044194173,
@@ -367,18 +361,9 @@ fn main() {
                 );
                 let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
                 let out = Dev::new(ctx, t * h * 512 * 2);
-                let pp = unikv_attention_plan_params {
-                    struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
-                    max_tokens: t as u32,
-                    num_heads: h as u32,
-                    head_dim: 512,
-                    q_dtype: 1,
-                    kv_dtype: 1,
-                    out_dtype: 1,
-                };
                 let mut plan = ptr::null_mut();
                 ok(
-                    unsafe { unikv_prefill_plan_create(ctx, &pp, &mut plan) },
+                    unsafe { unikv_prefill_plan_create(ctx, &plan_params(t, h), &mut plan) },
                     "prefill plan",
                 );
                 let mut ws_bytes = 0;
@@ -387,22 +372,15 @@ fn main() {
                     "ws",
                 );
                 let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
-                let none = unikv_tensor {
-                    data: ptr::null_mut(),
-                    dtype: 0,
-                    ndim: 0,
-                    shape: [0; 4],
-                    strides: [0; 4],
-                };
                 let us = per_call_us(&stream, 2, |_, s| {
                     let args = unikv_prefill_args {
                         struct_size: std::mem::size_of::<unikv_prefill_args>(),
                         q: q.bf16s(&[t, h, 512]),
                         indices: idx.i32s(&[t * prefix]),
                         indptr: indptr.i32s(&[t + 1]),
-                        sink: none,
+                        sink: ABSENT,
                         out: out.bf16s(&[t, h, 512]),
-                        lse: none,
+                        lse: ABSENT,
                         extend_kv: ext_kv.bf16s(&[t, 512]),
                         extend_indices: ext_idx.i32s(&[t * extend]),
                         extend_indptr: ext_ptr.i32s(&[t + 1]),
@@ -550,12 +528,18 @@ fn random_bf16(rng: &mut impl Rng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
-fn decode_plan(
-    ctx: *mut unikv_context,
-    t: usize,
-    h: usize,
-) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
-    let params = unikv_attention_plan_params {
+/// An optional tensor argument left out.
+const ABSENT: unikv_tensor = unikv_tensor {
+    data: ptr::null_mut(),
+    dtype: 0,
+    ndim: 0,
+    shape: [0; 4],
+    strides: [0; 4],
+};
+
+/// bf16 plan shapes for `t` tokens and `h` heads.
+fn plan_params(t: usize, h: usize) -> unikv_attention_plan_params {
+    unikv_attention_plan_params {
         struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
         max_tokens: t as u32,
         num_heads: h as u32,
@@ -563,10 +547,17 @@ fn decode_plan(
         q_dtype: 1,
         kv_dtype: 1,
         out_dtype: 1,
-    };
+    }
+}
+
+fn decode_plan(
+    ctx: *mut unikv_context,
+    t: usize,
+    h: usize,
+) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
     let mut plan = ptr::null_mut();
     ok(
-        unsafe { unikv_decode_plan_create(ctx, &params, &mut plan) },
+        unsafe { unikv_decode_plan_create(ctx, &plan_params(t, h), &mut plan) },
         "decode plan",
     );
     let mut bytes = 0;

@@ -426,11 +426,16 @@ fn run_attention(
 
 /// Per (token, head): relative L2 error < 1e-2, exact zeros where the oracle
 /// has zeros (empty slices), nothing left unwritten, LSE close.
-fn compare(c: &AttnCase, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32>), what: &str) {
+fn compare(
+    (tokens, heads): (usize, usize),
+    got: &(Vec<bf16>, Vec<f32>),
+    want: &(Vec<bf16>, Vec<f32>),
+    what: &str,
+) {
     let mut worst = 0f64;
-    for t in 0..c.t {
-        for h in 0..c.h {
-            let o = (t * c.h + h) * 512;
+    for t in 0..tokens {
+        for h in 0..heads {
+            let o = (t * heads + h) * 512;
             let (g, w) = (&got.0[o..o + 512], &want.0[o..o + 512]);
             let norm: f64 = w.iter().map(|x| (x.to_f64()).powi(2)).sum::<f64>().sqrt();
             let diff: f64 = g
@@ -460,7 +465,7 @@ fn compare(c: &AttnCase, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32
                     "{what}: token {t} head {h} relative error {rel}"
                 );
             }
-            let (gl, wl) = (got.1[t * c.h + h], want.1[t * c.h + h]);
+            let (gl, wl) = (got.1[t * heads + h], want.1[t * heads + h]);
             if wl.is_infinite() {
                 assert_eq!(gl, wl, "{what}: lse of token {t} head {h}");
             } else {
@@ -521,7 +526,7 @@ fn decode_matches_cpu() {
             let gp = plan(&s.gpu, true, t, h);
             let want = run_attention(&s.cpu, &pc, 1, &c, &cp);
             let got = run_attention(&s.gpu, &pg, 1, &c, &gp);
-            compare(&c, &got, &want, &format!("decode T={t} H={h}"));
+            compare((c.t, c.h), &got, &want, &format!("decode T={t} H={h}"));
             let again = run_attention(&s.gpu, &pg, 1, &c, &gp);
             assert_eq!(
                 bytes_of(&got.0),
@@ -548,7 +553,7 @@ fn prefill_matches_cpu() {
         let gp = plan(&s.gpu, false, t, h);
         let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
         let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
-        compare(&c, &got, &want, &format!("prefill T={t} H={h}"));
+        compare((c.t, c.h), &got, &want, &format!("prefill T={t} H={h}"));
     }
 }
 
@@ -1099,22 +1104,10 @@ fn cuda_graph_replays_a_decode_step() {
             "replay {replay}: HCA lengths {lens:?} include > 2048"
         );
         for layer in 0..3 {
-            let case = AttnCase {
-                t,
-                h,
-                q: vec![],
-                indices: vec![],
-                indptr: vec![],
-                sink: None,
-                scale: 0.0,
-                extend_kv: vec![],
-                extend_indices: vec![],
-                extend_indptr: vec![],
-            };
             let got = (outs[layer].read::<bf16>(), vec![0f32; t * h]);
             let want = (couts[layer].read::<bf16>(), vec![0f32; t * h]);
             compare(
-                &case,
+                (t, h),
                 &got,
                 &want,
                 &format!("graph replay {replay} layer {layer}"),
@@ -1181,20 +1174,8 @@ fn merge_matches_cpu() {
             ok(unsafe { unikv_attention_merge(ctx.0, &args, ptr::null_mut()) });
             (out.read::<bf16>(), lse.read::<f32>())
         };
-        let case = AttnCase {
-            t,
-            h,
-            q: vec![],
-            indices: vec![],
-            indptr: vec![],
-            sink: None,
-            scale: 0.0,
-            extend_kv: vec![],
-            extend_indices: vec![],
-            extend_indptr: vec![],
-        };
         compare(
-            &case,
+            (t, h),
             &run(&s.gpu),
             &run(&s.cpu),
             &format!("merge P={p} T={t} H={h}"),

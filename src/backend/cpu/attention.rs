@@ -64,6 +64,7 @@ pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
 
 #[derive(Default)]
 struct Scratch {
+    q: Vec<f32>,
     keys: Vec<f32>,
     scores: Vec<f32>,
     acc: Vec<f32>,
@@ -117,10 +118,13 @@ unsafe fn attend_token(
     let keys = &scratch.keys;
     for h in heads {
         let q_ptr = a.q.as_ptr().add(a.q.offset([t, h, 0]));
-        let q: Vec<f32> = std::slice::from_raw_parts(q_ptr, HEAD_DIM)
-            .iter()
-            .map(|x| x.to_f32())
-            .collect();
+        scratch.q.clear();
+        scratch.q.extend(
+            std::slice::from_raw_parts(q_ptr, HEAD_DIM)
+                .iter()
+                .map(|x| x.to_f32()),
+        );
+        let q = &scratch.q;
         let sink = match &a.sink {
             Some(s) => *s.as_ptr().add(h),
             None => f32::NEG_INFINITY,
@@ -128,7 +132,7 @@ unsafe fn attend_token(
         scratch.scores.clear();
         scratch.scores.extend(
             keys.chunks_exact(HEAD_DIM)
-                .map(|k| dot(&q, k) * a.softmax_scale),
+                .map(|k| dot(q, k) * a.softmax_scale),
         );
         scratch.acc.clear();
         scratch.acc.resize(HEAD_DIM, 0.0);

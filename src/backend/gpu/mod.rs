@@ -106,8 +106,9 @@ impl GpuBackend {
         }
     }
 
-    /// Host copy of a view's span, and the view rebased onto it (validate mode;
-    /// the caller's stream was synchronized first).
+    /// Host copy of a view's span, queued on `stream` after the work that wrote
+    /// it, and the view rebased onto it (validate mode). Read it only after
+    /// synchronizing the stream once for all the copies of a call.
     fn mirror<T: Copy + Default, const N: usize>(
         &self,
         v: &View<T, N>,
@@ -125,7 +126,6 @@ impl GpuBackend {
                 stream,
             )?
         };
-        self.synchronize(stream)?;
         let view = v.rebased(host.as_mut_ptr());
         Ok((host, view))
     }
@@ -278,7 +278,6 @@ impl Backend for GpuBackend {
 
     fn store_swa(&self, a: &StoreSwaArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
             let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
             let (_p, positions) = self.mirror(&a.positions, stream)?;
@@ -290,6 +289,7 @@ impl Backend for GpuBackend {
                 final_pos,
                 ..*a
             };
+            self.synchronize(stream)?;
             cpu::store::swa_moves(&host)?;
         }
         let g = a.geometry;
@@ -320,8 +320,8 @@ impl Backend for GpuBackend {
 
     fn store_compressed(&self, a: &StoreCompressedArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             let (_l, loc) = self.mirror(&a.loc, stream)?;
+            self.synchronize(stream)?;
             cpu::store::check_locations(&StoreCompressedArgs { loc, ..*a })?;
         }
         let p = shim::StoreCompressedParams {
@@ -343,7 +343,6 @@ impl Backend for GpuBackend {
 
     fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
             let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
             let (_p, positions) = self.mirror(&a.positions, stream)?;
@@ -355,6 +354,7 @@ impl Backend for GpuBackend {
                 c128_page_indices,
                 ..*a
             };
+            self.synchronize(stream)?;
             cpu::index::check_decode_streams(&host)?;
         }
         let g = a.geometry;
@@ -389,7 +389,6 @@ impl Backend for GpuBackend {
 
     fn fill_csa_tail(&self, a: &CsaTailArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
             let (_p, positions) = self.mirror(&a.positions, stream)?;
             let (_t, csa_page_indices) = self.mirror(&a.csa_page_indices, stream)?;
@@ -402,6 +401,7 @@ impl Backend for GpuBackend {
                 csa,
                 ..*a
             };
+            self.synchronize(stream)?;
             cpu::index::check_csa_tail(&host)?;
         }
         let g = a.geometry;
@@ -429,7 +429,6 @@ impl Backend for GpuBackend {
 
     fn build_prefill_streams(&self, a: &PrefillStreamsArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
             let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
             let (_p, positions) = self.mirror(&a.positions, stream)?;
@@ -445,6 +444,7 @@ impl Backend for GpuBackend {
                 page_indices,
                 ..*a
             };
+            self.synchronize(stream)?;
             cpu::index::check_prefill_streams(&host)?;
         }
         let g = a.geometry;
@@ -480,7 +480,6 @@ impl Backend for GpuBackend {
 
     fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            self.synchronize(stream)?;
             for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
                 let (_p, indptr) = self.mirror(&src.indptr, stream)?;
                 let (_i, indices) = self.mirror(&src.indices, stream)?;
@@ -489,6 +488,7 @@ impl Backend for GpuBackend {
                     indices,
                     ..*src
                 };
+                self.synchronize(stream)?;
                 cpu::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
             }
         }
