@@ -73,26 +73,37 @@ mod cuda {
         println!("cargo:rerun-if-env-changed=UNIKV_CUDA_ARCHS");
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         let home = find_nvcc();
-        let mut build = cc::Build::new();
-        build
-            .cuda(true)
-            .cudart("static")
-            .flag("-std=c++17")
-            .flag("-Xcompiler=-fPIC")
-            .flag("-Xcompiler=-Wall,-Wextra")
-            .flag("-Werror=all-warnings")
-            .include("kernels");
-        for flag in gencode_flags() {
-            build.flag(&flag);
-        }
-        for src in SOURCES {
-            build.file(format!("kernels/{src}"));
-            println!("cargo:rerun-if-changed=kernels/{src}");
-        }
         for header in HEADERS {
             println!("cargo:rerun-if-changed=kernels/{header}");
         }
-        build.compile("unikv_kernels");
+        // One nvcc run per source, each a whole program: with several files in
+        // one cc::Build, cc compiles relocatable device code (--device-c), and
+        // ptxas then serializes the wgmma instructions of the attention kernel
+        // (C7509). No device code crosses files, so nothing needs a device link.
+        let builds: Vec<_> = SOURCES
+            .iter()
+            .map(|src| {
+                println!("cargo:rerun-if-changed=kernels/{src}");
+                let mut build = cc::Build::new();
+                build
+                    .cuda(true)
+                    .cudart("static")
+                    .flag("-std=c++17")
+                    .flag("-Xcompiler=-fPIC")
+                    .flag("-Xcompiler=-Wall,-Wextra")
+                    .flag("-Werror=all-warnings")
+                    .include("kernels")
+                    .file(format!("kernels/{src}"));
+                for flag in gencode_flags() {
+                    build.flag(&flag);
+                }
+                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
+                std::thread::spawn(move || build.compile(&name))
+            })
+            .collect();
+        for build in builds {
+            build.join().expect("nvcc build thread");
+        }
         for lib in ["lib", "lib64", "targets/x86_64-linux/lib"] {
             let dir = home.join(lib);
             if dir.is_dir() {

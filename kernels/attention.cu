@@ -74,7 +74,7 @@ struct TokenKeys {
   int total;
 };
 
-__device__ TokenKeys token_keys(const ukv_attention_params& p, int t) {
+__device__ __forceinline__ TokenKeys token_keys(const ukv_attention_params& p, int t) {
   TokenKeys k{};
   for (int s = 0; s < 2; ++s) {
     k.idx[s] = nullptr;
@@ -107,23 +107,41 @@ __device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int tile) {
   PendingKey key{-1, -1};
   if (lane >= kBK / 4) return key;
   int j = tile * kBK + lane * 4 + (warp >> 1);
-  int s = 0;
-  if (j >= k.len[0]) {
-    j -= k.len[0];
-    s = 1;
-  }
-  if (j < k.len[s]) {
-    key.raw = k.idx[s][j];
-    key.source = s;
+  // Selects, not k.len[s]: a runtime index would put TokenKeys in local memory.
+  const bool second = j >= k.len[0];
+  if (second) j -= k.len[0];
+  if (j < (second ? k.len[1] : k.len[0])) {
+    key.raw = (second ? k.idx[1] : k.idx[0])[j];
+    key.source = second ? 1 : 0;
   }
   return key;
 }
 
-// Issues the cp.async loads of one 64-key tile into `stage` from the keys
-// fetched by `fetch_key`, and records which keys are valid (an index outside
-// its source, -1 included, is never read: the row is zero-filled and masked).
-template <int MT, int ST>
-__device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int stage, char* smem) {
+// Tile layouts in shared memory: where 16-byte chunk `c` of row `r` lives.
+// RowTile: 1024-byte rows, chunks XOR-swizzled by r & 7 so the 8 rows an
+// ldmatrix reads hit distinct banks (the mma.sync kernels).
+struct RowTile {
+  __device__ __forceinline__ static uint32_t at(int r, int c) { return row_chunk(r, c); }
+};
+#if defined(UKV_HAS_WGMMA)
+// AtomTile: the 128-byte-swizzle layout wgmma reads through a descriptor, for
+// 64-row tiles: 8 column atoms of 64 rows x 128 bytes (64 elements), each row's
+// chunks XOR-swizzled by r & 7. The same bytes serve as a K-major operand
+// (rows = keys or heads, k = dims) and as an MN-major one (k = keys, n = dims).
+struct AtomTile {
+  static constexpr uint32_t kAtomBytes = 64 * 128;
+  __device__ __forceinline__ static uint32_t at(int r, int c) {
+    return (uint32_t)(c >> 3) * kAtomBytes + (uint32_t)r * 128u + (uint32_t)(((c & 7) ^ (r & 7)) << 4);
+  }
+};
+#endif
+
+// Issues the cp.async loads of one 64-key tile into `tile` from the keys
+// fetched by `fetch_key`, and records in `valid` which keys are valid (an index
+// outside its source, -1 included, is never read: the row is zero-filled and
+// masked).
+template <class Layout>
+__device__ __forceinline__ void issue_tile(const ukv_attention_params& p, PendingKey pk, char* tile, int* valid) {
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int half = warp & 1;  // which 32 chunks of the row this warp copies
   const int key_of_lane = lane * 4 + (warp >> 1);
@@ -136,35 +154,30 @@ __device__ void issue_tile(const ukv_attention_params& p, PendingKey pk, int sta
       lane_row = static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride;
     }
   }
-  if (lane < kBK / 4 && half == 0) {
-    reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid)[stage * kBK + key_of_lane] = lane_valid ? 1 : 0;
-  }
+  if (lane < kBK / 4 && half == 0) valid[key_of_lane] = lane_valid ? 1 : 0;
   const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
-  char* ks = smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes;
 #pragma unroll 4
   for (int i = 0; i < kBK / 4; ++i) {
     const int key = i * 4 + (warp >> 1);
     const uint64_t addr = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)row_bits, i, UKV_WARP)) |
                           ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
-    const bool valid = ukv_shfl(lane_valid ? 1 : 0, i, UKV_WARP) != 0;
+    const bool ok = ukv_shfl(lane_valid ? 1 : 0, i, UKV_WARP) != 0;
     const int chunk = half * 32 + lane;
     const char* src = reinterpret_cast<const char*>(addr) + chunk * 16;
-    ukv_cp_async16(ks + row_chunk(key, chunk), src, valid);
+    ukv_cp_async16(tile + Layout::at(key, chunk), src, ok);
   }
 }
 
-// Loads the block's query rows (zeros past the last head).
-template <int MT, int ST>
-__device__ void load_q(const ukv_attention_params& p, int t, int h0, char* smem) {
-  constexpr int kHb = 16 * MT;
+// Loads the block's kHb query rows (zeros past the last head).
+template <class Layout, int kHb>
+__device__ __forceinline__ void load_q(const ukv_attention_params& p, int t, int h0, char* q_smem) {
   for (int c = threadIdx.x; c < kHb * kChunks; c += kThreads) {
     const int r = c / kChunks, chunk = c % kChunks;
     const int h = h0 + r;
     const bool valid = h < p.num_heads;
     const ukv_bf16* q = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
                         (int64_t)(valid ? h : 0) * p.q_stride_head;
-    ukv_cp_async16(smem + Smem<MT, ST>::kQ + row_chunk(r, chunk), reinterpret_cast<const char*>(q) + chunk * 16,
-                   valid);
+    ukv_cp_async16(q_smem + Layout::at(r, chunk), reinterpret_cast<const char*>(q) + chunk * 16, valid);
   }
 }
 
@@ -206,7 +219,7 @@ template <int MT, int ST>
 __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
     attention_kernel(ukv_attention_params p, SplitConfig cfg) {
   constexpr int kHb = 16 * MT;
-  extern __shared__ __align__(128) char smem[];
+  extern __shared__ __align__(1024) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
   const int h0 = hb * kHb;
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
@@ -215,10 +228,13 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   float* l_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kL);
   float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kAlpha);
   float* s_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kS);
-  const int* valid_s = reinterpret_cast<const int*>(smem + Smem<MT, ST>::kValid);
+  int* valid_s = reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid);
+  const auto tile_smem = [&](int stage) { return smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes; };
 
-  // The combine kernel (if any) may be scheduled now; it waits for this grid.
+  // The next kernel (the combine, or the next call) may be scheduled now; it
+  // waits for this grid. This one waits for its predecessor's writes.
   ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const TokenKeys keys = token_keys(p, t);
   const TokenSplit cut = token_split(keys.total, cfg.splits);
   // One split (or none: an empty slice) is finished by split 0 alone.
@@ -242,10 +258,10 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   constexpr int kStages = Smem<MT, ST>::kStages;
   // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
   // (empty groups keep the count uniform).
-  if (tile_begin < tile_end) load_q<MT, ST>(p, t, h0, smem);
+  if (tile_begin < tile_end) load_q<RowTile, kHb>(p, t, h0, smem + Smem<MT, ST>::kQ);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) issue_tile<MT, ST>(p, fetch_key(keys, tile_begin + i), i, smem);
+    if (tile_begin + i < tile_end) issue_tile<RowTile>(p, fetch_key(keys, tile_begin + i), tile_smem(i), valid_s + i * kBK);
     ukv_cp_async_commit();
   }
   PendingKey pending = fetch_key(keys, tile_begin + kStages - 1);
@@ -254,12 +270,15 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % kStages;
     const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) issue_tile<MT, ST>(p, pending, (ahead - tile_begin) % kStages, smem);
+    if (ahead < tile_end) {
+      const int st = (ahead - tile_begin) % kStages;
+      issue_tile<RowTile>(p, pending, tile_smem(st), valid_s + st * kBK);
+    }
     ukv_cp_async_commit();
     pending = fetch_key(keys, ahead + 1);  // consumed next iteration
     ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
-    const char* ks = smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes;
+    const char* ks = tile_smem(stage);
 
     // QK. With an even number of m-tiles, warps form 2 head halves x 4 key
     // quarters (16 keys each), halving the Q fragments each warp loads;
@@ -457,6 +476,246 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   }
 }
 
+// Warpgroup-MMA kernel for 64-head blocks (Hopper, sm_90a). Same CTA work as
+// attention_kernel<4, 2>, but QK and PV run as wgmma with every operand read
+// from shared memory, so no warp reloads Q fragments per tile (the shared-
+// memory traffic that holds the mma.sync kernel near 20% of the MMA peak).
+// Warpgroup w (threads 128w..128w+127):
+//   QK:  partial S_w[64 heads, 64 keys] over dims 256w..256w+255
+//        (16 x m64n64k16); the two partials meet through shared memory and
+//        warpgroup w finishes key columns 32w..32w+31.
+//   softmax: both warpgroups take the row max over all 64 keys (exchanged),
+//        so they share m; each keeps a partial row sum l_w of its columns.
+//   PV:  O[64, dims 256w..256w+255] += P[64, 64] . V[64, 256] with P written
+//        to shared memory (2 x m64n128k16 per 16 keys, V read MN-major from the
+//        same key tile).
+// Accumulator fragments follow the m64nN layout: thread (warp q of the
+// warpgroup, lane) holds rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0,1}.
+struct WgSmem {
+  static constexpr int kHb = 64;
+  static constexpr int kStages = 2;
+  static constexpr size_t kTileBytes = (size_t)kBK * kD * 2;
+  static constexpr size_t kQ = 0;                                  // AtomTile [64][512] bf16
+  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;          // AtomTile [stages][64][512] bf16
+  static constexpr size_t kP = kK + kStages * kTileBytes;          // [64 heads][64 keys] bf16, 128B-swizzled
+  static constexpr size_t kX = kP + (size_t)kHb * kBK * 2;         // f32 [16][threads]: S partial exchange
+  static constexpr size_t kXm = kX + (size_t)16 * kThreads * 4;    // f32 [2][threads]: row max / sum exchange
+  static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
+  static constexpr size_t kBytes = kValid + (size_t)kStages * kBK * 4;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
+#if defined(UKV_HAS_WGMMA)
+  constexpr int kHb = WgSmem::kHb;
+  extern __shared__ __align__(1024) char smem[];
+  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int h0 = hb * kHb;
+  const int tid = threadIdx.x, lane = tid % UKV_WARP, wg = tid / 128, wq = (tid / UKV_WARP) % 4;
+  const int g = lane >> 2, tq = lane & 3;
+  const int row0 = wq * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const int partner = tid ^ 128;  // same fragment position in the other warpgroup
+  int* valid_s = reinterpret_cast<int*>(smem + WgSmem::kValid);
+  float* xs = reinterpret_cast<float*>(smem + WgSmem::kX);
+  float* xm = reinterpret_cast<float*>(smem + WgSmem::kXm);
+  char* ps = smem + WgSmem::kP;
+  const auto tile_smem = [&](int stage) { return smem + WgSmem::kK + (size_t)stage * WgSmem::kTileBytes; };
+
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const TokenKeys keys = token_keys(p, t);
+  const TokenSplit cut = token_split(keys.total, cfg.splits);
+  const bool direct = cut.count <= 1;
+  if (direct ? split != 0 : split >= cut.count) return;
+  const int tile_begin = split * cut.per_split;
+  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
+
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
+  float o[2][64];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
+
+  if (tile_begin < tile_end) {
+    load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
+    issue_tile<AtomTile>(p, fetch_key(keys, tile_begin), tile_smem(0), valid_s);
+  }
+  ukv_cp_async_commit();
+  PendingKey pending = fetch_key(keys, tile_begin + 1);
+  const float qk_scale = p.softmax_scale * kLog2e;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) & 1;
+    if (tile + 1 < tile_end) issue_tile<AtomTile>(p, pending, tile_smem(stage ^ 1), valid_s + (stage ^ 1) * kBK);
+    ukv_cp_async_commit();
+    pending = fetch_key(keys, tile + 2);
+    ukv_cp_async_wait<1>();
+    ukv_fence_async_shared();
+    __syncthreads();
+    const char* ks = tile_smem(stage);
+
+    // QK over this warpgroup's half of the dims: k-steps 16w..16w+15, each
+    // 16 dims = 32 bytes inside a 128-byte atom column.
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    ukv_wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int kstep = wg * 16 + i;
+      const uint32_t off = (uint32_t)(kstep >> 2) * AtomTile::kAtomBytes + (uint32_t)(kstep & 3) * 32u;
+      ukv_wgmma_m64n64k16(s, ukv_wgmma_desc(smem + WgSmem::kQ + off, 16, 1024), ukv_wgmma_desc(ks + off, 16, 1024), 1);
+    }
+    ukv_wgmma_commit();
+    ukv_wgmma_wait<0>();
+    ukv_wgmma_fence_regs(s);
+
+    // Exchange: warpgroup w keeps key blocks 4w..4w+3 (fragment regs 16w..16w+15)
+    // and hands the other half to its partner.
+    float x[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      xs[j * kThreads + tid] = wg == 0 ? s[16 + j] : s[j];
+      x[j] = wg == 0 ? s[j] : s[16 + j];
+    }
+    __syncthreads();
+    const int* valid = valid_s + stage * kBK;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = 8 * (4 * wg + j / 4) + 2 * tq + (j & 1);
+      const float v = (x[j] + xs[j * kThreads + partner]) * qk_scale;
+      x[j] = valid[col] != 0 ? v : -INFINITY;
+      mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], x[j]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], ukv_shfl_xor(mx[r], 1, UKV_WARP));
+      mx[r] = fmaxf(mx[r], ukv_shfl_xor(mx[r], 2, UKV_WARP));
+      xm[r * kThreads + tid] = mx[r];
+    }
+    __syncthreads();
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m_run[r], fmaxf(mx[r], xm[r * kThreads + partner]));
+      base[r] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[r] = exp2f(m_run[r] - base[r]);
+      m_run[r] = m_new;
+    }
+
+    // P = 2^(x - m), rounded to bf16; the row sum adds the rounded values.
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) {
+      const int r = (j >> 1) & 1;
+      const ukv_bf16 p0 = ukv_float_to_bf16(exp2f(x[j] - base[r]));
+      const ukv_bf16 p1 = ukv_float_to_bf16(exp2f(x[j + 1] - base[r]));
+      sum[r] += ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
+      const int col = 8 * (4 * wg + j / 4) + 2 * tq;
+      const int row = row0 + 8 * r;
+      const uint32_t packed = ukv_pack_bf16x2(ukv_bf16_to_float(p0), ukv_bf16_to_float(p1));
+      *reinterpret_cast<uint32_t*>(ps + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2) = packed;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+    ukv_fence_async_shared();
+    __syncthreads();
+
+    // PV: rescale, then O[:, 256w + 128h ...] += P . V for h = 0, 1.
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 64; i += 4) {
+        o[h][i] *= alpha[0];
+        o[h][i + 1] *= alpha[0];
+        o[h][i + 2] *= alpha[1];
+        o[h][i + 3] *= alpha[1];
+      }
+    ukv_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBK / 16; ++k) {
+      const uint64_t da = ukv_wgmma_desc(ps + k * 32, 16, 1024);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const char* v = ks + (size_t)(4 * wg + 2 * h) * AtomTile::kAtomBytes + (size_t)k * 16 * 128;
+        ukv_wgmma_m64n128k16_bt(o[h], da, ukv_wgmma_desc(v, AtomTile::kAtomBytes, 1024), 1);
+      }
+    }
+    ukv_wgmma_commit();
+    ukv_wgmma_wait<0>();
+    ukv_wgmma_fence_regs(o[0]);
+    ukv_wgmma_fence_regs(o[1]);
+    __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
+  }
+
+  // Row sums: the quad's columns, then the partner warpgroup's (same order in
+  // both warpgroups, so they agree bit for bit).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += ukv_shfl_xor(l_run[r], 1, UKV_WARP);
+    l_run[r] += ukv_shfl_xor(l_run[r], 2, UKV_WARP);
+    xm[r * kThreads + tid] = l_run[r];
+  }
+  __syncthreads();
+  float l_tot[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float other = xm[r * kThreads + partner];
+    l_tot[r] = wg == 0 ? l_run[r] + other : other + l_run[r];
+  }
+
+  if (direct) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + row0 + 8 * r;
+      if (h >= p.num_heads) continue;
+      float lse;
+      const float scale = fold_sink(p, h, m_run[r], l_tot[r], &lse);
+      ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+          *reinterpret_cast<uint32_t*>(out + col) =
+              ukv_pack_bf16x2(o[hh][4 * i + 2 * r] * scale, o[hh][4 * i + 2 * r + 1] * scale);
+        }
+      if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+    }
+  } else {
+    float* rec = static_cast<float*>(p.workspace) +
+                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(kHb);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      if (wg == 0 && tq == 0) {
+        rec[row] = m_run[r];
+        rec[kHb + row] = l_tot[r];
+      }
+      float* acc_out = rec + 2 * kHb + (size_t)row * kD;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+          *reinterpret_cast<float2*>(acc_out + col) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
+        }
+    }
+  }
+#endif
+}
+
+// 1 where this build carries the wgmma kernel for the running device (the
+// sm_90a image); read once at plan time.
+__device__ int g_wgmma_built =
+#if defined(UKV_HAS_WGMMA)
+    1;
+#else
+    0;
+#endif
+
 // Merges the splits of one (token, head) in split order; 128 threads x 4 dims.
 // Every load is issued up front (one (m, l) pair per thread, then the acc rows
 // unrolled) so the kernel pays a few memory latencies, not one per split.
@@ -465,6 +724,7 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   __shared__ float sum_s[kMaxSplits];
   const int t = blockIdx.x, h = blockIdx.y;
   const int hb = h / block_heads, r = h % block_heads;
+  ukv_pdl_launch_dependents();
   ukv_pdl_wait();  // the attention grid's partials are complete and visible
   const size_t rec_floats = partial_floats(block_heads);
   const TokenSplit cut = token_split(token_keys(p, t).total, cfg.splits);
@@ -552,22 +812,24 @@ int split_cap(int max_tokens, int head_blocks, int resident_ctas) {
   return want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
 }
 
-template <int MT, int ST>
-int configure() {
-  const auto kernel = attention_kernel<MT, ST>;
-  constexpr int kBytes = (int)Smem<MT, ST>::kBytes;
-  ukv_error_t e = ukv_func_set_max_dynamic_smem(kernel, kBytes);
-  // All of the unified L1/shared storage as shared memory, so that the CTAs
-  // per SM the kernel is built for actually fit.
+// Lets `kernel` use `bytes` of dynamic shared memory, with all of the unified
+// L1/shared storage as shared memory so the CTAs per SM it is built for fit.
+template <typename Kernel>
+int configure(Kernel kernel, size_t bytes) {
+  ukv_error_t e = ukv_func_set_max_dynamic_smem(kernel, (int)bytes);
   if (e == UKV_SUCCESS) e = ukv_func_set_max_smem_carveout(kernel);
   return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "set attention shared memory");
 }
 
-template <int MT, int ST>
-void launch(const ukv_attention_params& p, SplitConfig cfg, int head_blocks, ukv_stream_t s) {
-  dim3 grid(p.num_tokens, head_blocks, cfg.splits);
-  attention_kernel<MT, ST><<<grid, kThreads, Smem<MT, ST>::kBytes, s>>>(p, cfg);
+// Whether the loaded image for `device` carries the wgmma kernel body.
+int wgmma_built(bool* built) {
+  int flag = 0;
+  const ukv_error_t e = ukv_memcpy_from_symbol(&flag, g_wgmma_built, sizeof(flag));
+  if (e != UKV_SUCCESS) return ukv::report(e, "read the kernel image's features");
+  *built = flag != 0;
+  return UKV_SHIM_OK;
 }
+
 
 // The kernel instantiations a plan can pick: (m-tiles, stages).
 template <typename F>
@@ -608,11 +870,23 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     // CTAs per SM with one stage each; measured better from T = 128 on, worse
     // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).
     pl.stages = pl.block_m_tiles > 1 ? 2 : (2 * max_tokens * pl.head_blocks >= sms ? 1 : 3);
+    bool built = false;
+    if (pl.block_m_tiles == 4 && cc_major == 9) {
+      if (int r = wgmma_built(&built)) return r;
+    }
+    pl.wgmma = built ? 1 : 0;
     size_t smem = 0;
-    const int r = dispatch(pl, [&](auto mt, auto st) {
-      smem = Smem<decltype(mt)::value, decltype(st)::value>::kBytes;
-      return configure<decltype(mt)::value, decltype(st)::value>();
-    });
+    int r;
+    if (pl.wgmma != 0) {
+      smem = WgSmem::kBytes;
+      r = configure(attention_wgmma_kernel, smem);
+    } else {
+      r = dispatch(pl, [&](auto mt, auto st) {
+        constexpr int kMt = decltype(mt)::value, kSt = decltype(st)::value;
+        smem = Smem<kMt, kSt>::kBytes;
+        return configure(attention_kernel<kMt, kSt>, smem);
+      });
+    }
     if (r != UKV_SHIM_OK) return r;
     if ((int)smem > smem_optin) {
       ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
@@ -637,14 +911,25 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
       return UKV_SHIM_INVALID;
     }
     SplitConfig cfg{plan->max_splits};
-    const int dispatched = dispatch(*plan, [&](auto mt, auto st) {
-      launch<decltype(mt)::value, decltype(st)::value>(*p, cfg, plan->head_blocks, s);
-      return UKV_SHIM_OK;
-    });
-    if (dispatched != UKV_SHIM_OK) return dispatched;
-    if (int r = ukv::check_launch("attention_kernel")) return r;
+    // Launched early (PDL) so its launch overlaps the previous kernel's tail;
+    // it waits for that kernel's memory before reading any input.
+    const dim3 grid(p->num_tokens, plan->head_blocks, cfg.splits);
+    const bool early = plan->dependent_launch != 0;
+    ukv_error_t launched = UKV_SUCCESS;
+    if (plan->wgmma != 0) {
+      launched = ukv_launch_dependent(attention_wgmma_kernel, grid, dim3(kThreads), WgSmem::kBytes, s, early, *p, cfg);
+    } else {
+      const int dispatched = dispatch(*plan, [&](auto mt, auto st) {
+        constexpr int kMt = decltype(mt)::value, kSt = decltype(st)::value;
+        launched = ukv_launch_dependent(attention_kernel<kMt, kSt>, grid, dim3(kThreads), Smem<kMt, kSt>::kBytes, s, early,
+                                        *p, cfg);
+        return UKV_SHIM_OK;
+      });
+      if (dispatched != UKV_SHIM_OK) return dispatched;
+    }
+    if (launched != UKV_SUCCESS) return ukv::report(launched, "attention_kernel");
     if (cfg.splits == 1) return UKV_SHIM_OK;
-    ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), s,
+    ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), 0, s,
                                          plan->dependent_launch != 0, *p, cfg, 16 * plan->block_m_tiles);
     return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "combine_kernel");
   })

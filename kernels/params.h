@@ -163,4 +163,5 @@ typedef struct ukv_attention_plan {
   int64_t workspace_bytes;
   int32_t dependent_launch; /* sm_90+: the combine kernel is launched early (PDL) */
   int32_t stages;           /* cp.async stages of the kernel instantiation */
+  int32_t wgmma;            /* 1: the warpgroup-MMA kernel (sm_90a, 64-head blocks) */
 } ukv_attention_plan;

@@ -91,7 +91,7 @@ PY
     if command -v cuobjdump >/dev/null; then
         # Tensor-core evidence: mma.sync shows as HMMA, ldmatrix as LDSM, cp.async as LDGSTS.
         cuobjdump --dump-sass "$BUNDLE"/stage/lib/libunikv.so.0 >/tmp/unikv.sass
-        echo "SASS of libunikv.so: $(grep -c 'HMMA' /tmp/unikv.sass) HMMA, $(grep -c 'LDSM' /tmp/unikv.sass) LDSM," \
+        echo "SASS of libunikv.so: $(grep -c 'HGMMA' /tmp/unikv.sass) HGMMA (wgmma), $(grep -c 'HMMA' /tmp/unikv.sass) HMMA (mma.sync), $(grep -c 'LDSM' /tmp/unikv.sass) LDSM," \
             "$(grep -c 'LDGSTS' /tmp/unikv.sass) LDGSTS instructions" | tee -a "$out/bench.md"
     fi
     UNIKV_MATMUL_TFLOPS=$tflops UNIKV_COPY_TBPS=$tbps "$BUNDLE/bin/unikv-bench" 2>&1 | tee -a "$out/bench.md"

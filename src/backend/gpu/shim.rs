@@ -183,6 +183,7 @@ pub struct AttentionPlan {
     pub workspace_bytes: i64,
     pub dependent_launch: i32,
     pub stages: i32,
+    pub wgmma: i32,
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
