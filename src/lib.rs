@@ -3,13 +3,15 @@
 //! Layers, top to bottom (nothing calls upward): `ffi` (the C ABI) -> `ops`
 //! (argument validation into typed views) -> `backend` (CPU now; GPU backends
 //! plug into the same trait). `geometry`, `pool`, `plan`, `tensor` hold the
-//! domain types. See ARCHITECTURE.md.
+//! domain types; `fp8` is the bit-exact FP8/UE8M0 codec the GPU codec must
+//! match. See ARCHITECTURE.md.
 
 pub mod backend;
 pub mod context;
 pub mod dtype;
 pub mod error;
 pub mod ffi;
+pub mod fp8;
 pub mod geometry;
 pub mod ops;
 pub mod plan;
