@@ -33,6 +33,9 @@ constexpr int kChunks = kD * 2 / 16;    // 16-byte chunks per row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kMaxSplits = 64;
+// Most blocks in a cluster: 16 is beyond the portable 8; Hopper schedules it
+// where a GPC has 16 free SMs.
+constexpr int kMaxClusterSplits = 16;
 static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
 
 // Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
@@ -197,8 +200,51 @@ __device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h,
 }
 
 struct SplitConfig {
-  int splits;  // S: the plan's split cap, also gridDim.z
+  int splits;   // S: the plan's split cap, also gridDim.z
+  int cluster;  // 1: the S blocks of a (token, head block) form a cluster and merge in it
 };
+
+// A split's partial accumulator, f32 [Hb][512], in its block's shared memory
+// for the in-cluster merge; 8-float groups XOR-swizzled by row so the fragment
+// stores of 8 rows at once hit distinct banks.
+__device__ __forceinline__ int partial_at(int r, int col) { return r * kD + (col ^ ((r & 7) << 3)); }
+
+// Merges the splits of one (token, head block) whose (m, l, acc) sit in the
+// shared memory of the cluster's blocks (rank j = split j), in split order,
+// exactly as combine_kernel does from the workspace. Block `rank` of `ranks`
+// writes a 1/ranks share of the outputs, 4 dims per thread.
+template <int kHb>
+__device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int t, int h0, int count, int rank,
+                                              int ranks, const float* m_s, const float* l_s, const float* acc_s) {
+  constexpr int kItems = kHb * (kD / 4);
+  const int per = (kItems + ranks - 1) / ranks;
+  const int end = min(kItems, (rank + 1) * per);
+  for (int item = rank * per + (int)threadIdx.x; item < end; item += kThreads) {
+    const int r = item / (kD / 4), d0 = (item % (kD / 4)) * 4;
+    const int h = h0 + r;
+    if (h >= p.num_heads) continue;
+    float m = -INFINITY;
+    for (int j = 0; j < count; ++j) m = fmaxf(m, ukv_cluster_map(m_s, j)[r]);
+    float l = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < count; ++j) {
+      const float mj = ukv_cluster_map(m_s, j)[r];
+      const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
+      l += w * ukv_cluster_map(l_s, j)[r];
+      const float4 a = *reinterpret_cast<const float4*>(ukv_cluster_map(acc_s, j) + partial_at(r, d0));
+      acc[0] += w * a.x;
+      acc[1] += w * a.y;
+      acc[2] += w * a.z;
+      acc[3] += w * a.w;
+    }
+    float lse;
+    const float scale = fold_sink(p, h, m, l, &lse);
+    ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+    *reinterpret_cast<uint2*>(out + d0) =
+        make_uint2(ukv_pack_bf16x2(acc[0] * scale, acc[1] * scale), ukv_pack_bf16x2(acc[2] * scale, acc[3] * scale));
+    if (p.lse != nullptr && d0 == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+  }
+}
 
 // The split cut of one token: tiles per split and the number of splits.
 struct TokenSplit {
@@ -239,7 +285,9 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   const TokenSplit cut = token_split(keys.total, cfg.splits);
   // One split (or none: an empty slice) is finished by split 0 alone.
   const bool direct = cut.count <= 1;
-  if (direct ? split != 0 : split >= cut.count) return;
+  // In cluster mode every block of a split token joins the merge, even one
+  // past the token's splits (it adds nothing and shares the output writes).
+  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
   const int tile_begin = split * cut.per_split;
   const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
 
@@ -431,7 +479,26 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   __syncthreads();  // m_s / l_s written before the loop, read below
 
   // Epilogue. Rows g and g+8 of every m-tile; columns warp*64 + n*8 + 2tq.
-  if (direct) {
+  if (!direct && cfg.cluster != 0) {
+    // The key stages are free now; they hold this split's acc for the merge.
+    static_assert(kHb * kD * 4 <= kStages * Smem<MT, ST>::kTileBytes, "the partial fits in the key stages");
+    ukv_cp_async_wait<0>();
+    float* acc_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kK);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mt * 16 + g + half * 8;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const int col = warp * 64 + n * 8 + tq * 2;
+          *reinterpret_cast<float2*>(acc_s + partial_at(r, col)) = make_float2(acc[mt][n][half * 2], acc[mt][n][half * 2 + 1]);
+        }
+      }
+    ukv_cluster_sync();
+    cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
+    ukv_cluster_sync();  // no block leaves while another still reads its shared memory
+  } else if (direct) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -525,7 +592,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   const TokenKeys keys = token_keys(p, t);
   const TokenSplit cut = token_split(keys.total, cfg.splits);
   const bool direct = cut.count <= 1;
-  if (direct ? split != 0 : split >= cut.count) return;
+  // In cluster mode every block of a split token joins the merge, even one
+  // past the token's splits (it adds nothing and shares the output writes).
+  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
   const int tile_begin = split * cut.per_split;
   const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
 
@@ -666,7 +735,33 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     l_tot[r] = wg == 0 ? l_run[r] + other : other + l_run[r];
   }
 
-  if (direct) {
+  if (!direct && cfg.cluster != 0) {
+    // The key stages are free now; they hold this split's acc for the merge,
+    // the exchange buffer its (m, l).
+    static_assert(kHb * kD * 4 <= WgSmem::kStages * WgSmem::kTileBytes, "the partial fits in the key stages");
+    ukv_cp_async_wait<0>();
+    float* acc_s = reinterpret_cast<float*>(smem + WgSmem::kK);
+    float* m_s = xs;
+    float* l_s = xs + kHb;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      if (wg == 0 && tq == 0) {
+        m_s[row] = m_run[r];
+        l_s[row] = l_tot[r];
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+          *reinterpret_cast<float2*>(acc_s + partial_at(row, col)) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
+        }
+    }
+    ukv_cluster_sync();
+    cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
+    ukv_cluster_sync();  // no block leaves while another still reads its shared memory
+  } else if (direct) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int h = h0 + row0 + 8 * r;
@@ -807,9 +902,9 @@ __global__ void merge_kernel(ukv_merge_params p) {
 // Split cap S for a plan: one wave of resident CTAs when max_tokens tokens run,
 // so small batches spread each token over many SMs without a second wave, and
 // large ones write no partials at all.
-int split_cap(int max_tokens, int head_blocks, int resident_ctas) {
+int split_cap(int max_tokens, int head_blocks, int resident_ctas, int max_splits) {
   const int want = resident_ctas / (max_tokens * head_blocks);
-  return want < 1 ? 1 : (want > kMaxSplits ? kMaxSplits : want);
+  return want < 1 ? 1 : (want > max_splits ? max_splits : want);
 }
 
 // Lets `kernel` use `bytes` of dynamic shared memory, with all of the unified
@@ -831,15 +926,27 @@ int wgmma_built(bool* built) {
 }
 
 
-// The kernel instantiations a plan can pick: (m-tiles, stages).
-template <typename F>
-int dispatch(const ukv_attention_plan& plan, F&& f) {
+// Test hook (unikv_gpu_test_plan_fallbacks): plans created on this thread skip
+// the cluster merge and/or the wgmma kernel, so the tests also cover the paths
+// that sm_80 and ROCm take.
+thread_local bool g_no_cluster = false;
+thread_local bool g_no_wgmma = false;
+
+using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
+
+// The kernel a plan names, and its dynamic shared memory.
+int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
+  if (plan.wgmma != 0) {
+    *kernel = attention_wgmma_kernel;
+    *smem = WgSmem::kBytes;
+    return UKV_SHIM_OK;
+  }
   switch (plan.block_m_tiles * 8 + plan.stages) {
-    case 1 * 8 + 1: return f(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());
-    case 1 * 8 + 3: return f(std::integral_constant<int, 1>(), std::integral_constant<int, 3>());
-    case 2 * 8 + 2: return f(std::integral_constant<int, 2>(), std::integral_constant<int, 2>());
-    case 3 * 8 + 2: return f(std::integral_constant<int, 3>(), std::integral_constant<int, 2>());
-    case 4 * 8 + 2: return f(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
+    case 1 * 8 + 1: *kernel = attention_kernel<1, 1>; *smem = Smem<1, 1>::kBytes; return UKV_SHIM_OK;
+    case 1 * 8 + 3: *kernel = attention_kernel<1, 3>; *smem = Smem<1, 3>::kBytes; return UKV_SHIM_OK;
+    case 2 * 8 + 2: *kernel = attention_kernel<2, 2>; *smem = Smem<2, 2>::kBytes; return UKV_SHIM_OK;
+    case 3 * 8 + 2: *kernel = attention_kernel<3, 2>; *smem = Smem<3, 2>::kBytes; return UKV_SHIM_OK;
+    case 4 * 8 + 2: *kernel = attention_kernel<4, 2>; *smem = Smem<4, 2>::kBytes; return UKV_SHIM_OK;
     default:
       ukv::set_error("attention plan names no kernel instantiation");
       return UKV_SHIM_INVALID;
@@ -871,31 +978,48 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).
     pl.stages = pl.block_m_tiles > 1 ? 2 : (2 * max_tokens * pl.head_blocks >= sms ? 1 : 3);
     bool built = false;
-    if (pl.block_m_tiles == 4 && cc_major == 9) {
+    if (pl.block_m_tiles == 4 && cc_major == 9 && !g_no_wgmma) {
       if (int r = wgmma_built(&built)) return r;
     }
     pl.wgmma = built ? 1 : 0;
+    AttentionKernel kernel = nullptr;
     size_t smem = 0;
-    int r;
-    if (pl.wgmma != 0) {
-      smem = WgSmem::kBytes;
-      r = configure(attention_wgmma_kernel, smem);
-    } else {
-      r = dispatch(pl, [&](auto mt, auto st) {
-        constexpr int kMt = decltype(mt)::value, kSt = decltype(st)::value;
-        smem = Smem<kMt, kSt>::kBytes;
-        return configure(attention_kernel<kMt, kSt>, smem);
-      });
-    }
-    if (r != UKV_SHIM_OK) return r;
+    if (int r = plan_kernel(pl, &kernel, &smem)) return r;
     if ((int)smem > smem_optin) {
       ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
                      std::to_string(smem_optin));
       return UKV_SHIM_INVALID;
     }
-    const int ctas_per_sm = pl.stages == 1 ? 2 : 1;
-    pl.max_splits = split_cap(max_tokens, pl.head_blocks, sms * ctas_per_sm);
-    const size_t records = pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
+    if (int r = configure(kernel, smem)) return r;
+    const int resident = sms * (pl.stages == 1 ? 2 : 1);
+    // sm_90+: a token's splits form one thread-block cluster and merge through
+    // distributed shared memory (no workspace, no second kernel), at most 16 of
+    // them; elsewhere, or when no such cluster can be scheduled, they go
+    // through the workspace and the combine kernel.
+    pl.cluster = 0;
+    pl.max_splits = split_cap(max_tokens, pl.head_blocks, resident, kMaxSplits);
+    if (cc_major >= 9 && !g_no_cluster) {
+      // The most splits per token such that every (token, head block) cluster
+      // is resident at once: a cluster needs its blocks on one GPC, so fewer
+      // fit than resident / S (16-block clusters fit about one per GPC).
+      const int want = split_cap(max_tokens, pl.head_blocks, resident, kMaxClusterSplits);
+      const ukv_error_t le = want > 1 ? ukv_func_allow_large_clusters(kernel) : UKV_SUCCESS;
+      if (le != UKV_SUCCESS) return ukv::report(le, "attention clusters");
+      for (int splits = want; splits >= 1; --splits) {
+        int clusters = max_tokens * pl.head_blocks;
+        if (splits > 1) {
+          const ukv_error_t ce = ukv_max_active_clusters(kernel, dim3(kThreads), smem, splits, &clusters);
+          if (ce != UKV_SUCCESS) return ukv::report(ce, "attention cluster occupancy");
+        }
+        if (clusters >= max_tokens * pl.head_blocks) {
+          pl.cluster = 1;
+          pl.max_splits = splits;
+          break;
+        }
+      }
+    }
+    const size_t records =
+        pl.cluster == 0 && pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
     pl.workspace_bytes = (int64_t)(records * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
     *plan = pl;
     return UKV_SHIM_OK;
@@ -910,29 +1034,27 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
       ukv::set_error("num_tokens exceeds the plan's max_tokens");
       return UKV_SHIM_INVALID;
     }
-    SplitConfig cfg{plan->max_splits};
+    const SplitConfig cfg{plan->max_splits, plan->cluster};
+    AttentionKernel kernel = nullptr;
+    size_t smem = 0;
+    if (int r = plan_kernel(*plan, &kernel, &smem)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;
     // it waits for that kernel's memory before reading any input.
-    const dim3 grid(p->num_tokens, plan->head_blocks, cfg.splits);
     const bool early = plan->dependent_launch != 0;
-    ukv_error_t launched = UKV_SUCCESS;
-    if (plan->wgmma != 0) {
-      launched = ukv_launch_dependent(attention_wgmma_kernel, grid, dim3(kThreads), WgSmem::kBytes, s, early, *p, cfg);
-    } else {
-      const int dispatched = dispatch(*plan, [&](auto mt, auto st) {
-        constexpr int kMt = decltype(mt)::value, kSt = decltype(st)::value;
-        launched = ukv_launch_dependent(attention_kernel<kMt, kSt>, grid, dim3(kThreads), Smem<kMt, kSt>::kBytes, s, early,
-                                        *p, cfg);
-        return UKV_SHIM_OK;
-      });
-      if (dispatched != UKV_SHIM_OK) return dispatched;
-    }
+    const int cluster_z = cfg.cluster != 0 && cfg.splits > 1 ? cfg.splits : 1;
+    const ukv_error_t launched = ukv_launch_dependent(kernel, dim3(p->num_tokens, plan->head_blocks, cfg.splits),
+                                                      dim3(kThreads), smem, s, early, cluster_z, *p, cfg);
     if (launched != UKV_SUCCESS) return ukv::report(launched, "attention_kernel");
-    if (cfg.splits == 1) return UKV_SHIM_OK;
+    if (cfg.splits == 1 || cfg.cluster != 0) return UKV_SHIM_OK;
     ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), 0, s,
-                                         plan->dependent_launch != 0, *p, cfg, 16 * plan->block_m_tiles);
+                                         early, 1, *p, cfg, 16 * plan->block_m_tiles);
     return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "combine_kernel");
   })
+}
+
+void unikv_gpu_test_plan_fallbacks(int no_cluster, int no_wgmma) {
+  g_no_cluster = no_cluster != 0;
+  g_no_wgmma = no_wgmma != 0;
 }
 
 int unikv_gpu_merge(int device, const ukv_merge_params* p, void* stream) {

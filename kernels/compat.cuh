@@ -32,27 +32,52 @@ typedef __nv_bfloat162 ukv_bf16x2;
 #define ukv_func_set_max_smem_carveout(f) \
   cudaFuncSetAttribute((const void*)(f), cudaFuncAttributePreferredSharedMemoryCarveout, 100)
 #define ukv_device_get_attribute cudaDeviceGetAttribute
+#define ukv_func_allow_large_clusters(f) \
+  cudaFuncSetAttribute((const void*)(f), cudaFuncAttributeNonPortableClusterSizeAllowed, 1)
 #define UKV_ATTR_SM_COUNT cudaDevAttrMultiProcessorCount
 #define UKV_ATTR_MAX_SMEM_OPTIN cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define UKV_ATTR_CC_MAJOR cudaDevAttrComputeCapabilityMajor
 
 // Launches `kernel` so it may start while the previous kernel in the stream is
-// still running (programmatic dependent launch, sm_90+); the kernel must call
-// ukv_pdl_wait() before reading what that kernel wrote.
+// still running (programmatic dependent launch, sm_90+; the kernel must call
+// ukv_pdl_wait() before reading what that kernel wrote), optionally as thread-
+// block clusters of `cluster_z` blocks along z (sm_90+; 1 = no clusters).
 template <typename... Params, typename... Args>
 inline ukv_error_t ukv_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
-                                        cudaStream_t stream, bool enable, Args... args) {
+                                        cudaStream_t stream, bool enable, int cluster_z, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = enable ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 1;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = (unsigned)cluster_z;
+  config.attrs = attr;
+  config.numAttrs = cluster_z > 1 ? 2 : 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+// How many clusters of `cluster_z` blocks of `kernel` the device can hold at
+// once (0: such clusters cannot be scheduled with this shared memory).
+template <typename... Params>
+inline ukv_error_t ukv_max_active_clusters(void (*kernel)(Params...), dim3 block, size_t smem_bytes, int cluster_z,
+                                           int* clusters) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1, 1, (unsigned)cluster_z);
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = (unsigned)cluster_z;
   config.attrs = attr;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
 }
 #define UKV_MEMCPY_HOST_TO_DEVICE cudaMemcpyHostToDevice
 #define UKV_MEMCPY_DEVICE_TO_HOST cudaMemcpyDeviceToHost
@@ -143,6 +168,30 @@ __device__ __forceinline__ void ukv_pdl_launch_dependents() {
 __device__ __forceinline__ void ukv_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Thread-block clusters (sm_90+): a barrier over every thread of the cluster's
+// blocks (release/acquire: shared-memory writes before it are visible to the
+// other blocks after it), and the address of a variable in block `rank`'s
+// shared memory (distributed shared memory, read with ordinary loads).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define UKV_HAS_CLUSTER 1
+#endif
+__device__ __forceinline__ void ukv_cluster_sync() {
+#if defined(UKV_HAS_CLUSTER)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+template <typename T>
+__device__ __forceinline__ const T* ukv_cluster_map(const T* smem, int rank) {
+#if defined(UKV_HAS_CLUSTER)
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(smem), "r"(rank));
+  return reinterpret_cast<const T*>(out);
+#else
+  (void)rank;
+  return smem;
 #endif
 }
 

@@ -509,11 +509,27 @@ fn attention_pools(s: &Setup, rng: &mut impl Rng) -> (Pool, Pool, usize) {
     (pc, pg, rows)
 }
 
+/// Decode of a fresh random case on the GPU against the CPU backend, and twice
+/// on the GPU bitwise.
+fn check_decode(s: &Setup, pc: &Pool, pg: &Pool, rows: usize, t: usize, h: usize, what: &str) {
+    let c = random_case(&mut rand::rng(), t, h, rows, false);
+    let cp = plan(&s.cpu, true, t, h);
+    let gp = plan(&s.gpu, true, t, h);
+    let want = run_attention(&s.cpu, pc, 1, &c, &cp);
+    let got = run_attention(&s.gpu, pg, 1, &c, &gp);
+    compare((c.t, c.h), &got, &want, &format!("{what} T={t} H={h}"));
+    let again = run_attention(&s.gpu, pg, 1, &c, &gp);
+    assert_eq!(
+        bytes_of(&got.0),
+        bytes_of(&again.0),
+        "{what} T={t} H={h}: not deterministic"
+    );
+}
+
 #[test]
 fn decode_matches_cpu() {
     let Some(s) = setup() else { return };
-    let mut rng = rand::rng();
-    let (pc, pg, rows) = attention_pools(&s, &mut rng);
+    let (pc, pg, rows) = attention_pools(&s, &mut rand::rng());
     let (tokens, heads): (&[usize], &[usize]) = if small() {
         (&[1, 3, 140], &[1, 16, 64])
     } else {
@@ -521,20 +537,23 @@ fn decode_matches_cpu() {
     };
     for &t in tokens {
         for &h in heads {
-            let c = random_case(&mut rng, t, h, rows, false);
-            let cp = plan(&s.cpu, true, t, h);
-            let gp = plan(&s.gpu, true, t, h);
-            let want = run_attention(&s.cpu, &pc, 1, &c, &cp);
-            let got = run_attention(&s.gpu, &pg, 1, &c, &gp);
-            compare((c.t, c.h), &got, &want, &format!("decode T={t} H={h}"));
-            let again = run_attention(&s.gpu, &pg, 1, &c, &gp);
-            assert_eq!(
-                bytes_of(&got.0),
-                bytes_of(&again.0),
-                "decode T={t} H={h}: not deterministic"
-            );
+            check_decode(&s, &pc, &pg, rows, t, h, "decode");
         }
     }
+}
+
+/// The paths GPUs without clusters or wgmma take (workspace + combine kernel,
+/// mma.sync for 64-head blocks), forced on this thread's plans.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn decode_fallback_paths_match_cpu() {
+    let Some(s) = setup() else { return };
+    let (pc, pg, rows) = attention_pools(&s, &mut rand::rng());
+    unikv::ffi::test_hooks::gpu_plan_fallbacks(true, true);
+    for (t, h) in [(1, 16), (3, 64), (64, 128)] {
+        check_decode(&s, &pc, &pg, rows, t, h, "decode (fallback paths)");
+    }
+    unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! directly; kernels/shim.cu owns launches, memory and error reporting.
 
 pub mod devtools;
-mod shim;
+pub(crate) mod shim;
 
 use std::collections::HashSet;
 use std::ffi::CStr;

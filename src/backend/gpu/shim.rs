@@ -184,6 +184,7 @@ pub struct AttentionPlan {
     pub dependent_launch: i32,
     pub stages: i32,
     pub wgmma: i32,
+    pub cluster: i32,
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
@@ -264,6 +265,9 @@ extern "C" {
         plan: *mut AttentionPlan,
     ) -> c_int;
     pub fn unikv_gpu_merge(device: c_int, p: *const MergeParams, stream: *mut c_void) -> c_int;
+    /// Plans created afterwards on the calling thread skip the cluster merge
+    /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
+    pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);
     pub fn unikv_gpu_attention(
         device: c_int,
         plan: *const AttentionPlan,
