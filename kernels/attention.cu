@@ -38,27 +38,6 @@ constexpr int kMaxSplits = 64;
 constexpr int kMaxClusterSplits = 16;
 static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
 
-// Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
-template <int MT, int ST>
-struct Smem {
-  static constexpr int kHb = 16 * MT;
-  // cp.async stages of key tiles. With one stage a 16-head block needs ~86 KB,
-  // so two CTAs share an SM and one gathers while the other computes (large
-  // batches); with three, one CTA per SM keeps two tiles in flight (small
-  // batches, where each CTA has few tiles). Larger blocks use two stages.
-  static constexpr int kStages = ST;
-  static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
-  static constexpr size_t kTileBytes = (size_t)kBK * kD * 2;
-  static constexpr size_t kQ = 0;                                   // bf16 [Hb][512], swizzled
-  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [stages][64][512], swizzled
-  static constexpr size_t kS = kK + kStages * kTileBytes;           // f32 [Hb][64]
-  static constexpr size_t kP = kS + (size_t)kHb * kBK * 4;          // bf16 [Hb][64], swizzled
-  static constexpr size_t kValid = kP + (size_t)kHb * kBK * 2;      // int [stages][64]
-  static constexpr size_t kM = kValid + kStages * kBK * 4;          // f32 [Hb] running max
-  static constexpr size_t kL = kM + kHb * 4;                        // f32 [Hb] running sum
-  static constexpr size_t kAlpha = kL + kHb * 4;                    // f32 [Hb] rescale of this tile
-  static constexpr size_t kBytes = kAlpha + kHb * 4;
-};
 
 // Byte offset of 16-byte chunk `c` of row `r` in a 1024-byte-row tile: XOR
 // swizzle so the 8 rows an ldmatrix reads hit distinct banks.
@@ -103,13 +82,10 @@ struct PendingKey {
   int source;  // 0 or 1; -1 when the key position is past the token's keys
 };
 
-// Fetches the index of the key this lane resolves in `tile` (lanes 0..15 of
-// each warp; warp w covers keys {w/2, w/2 + 4, ...}).
-__device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int tile) {
-  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+// Fetches the index of key `j` (counted over source 0 then source 1) of a
+// token; past its keys the source is -1.
+__device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int j) {
   PendingKey key{-1, -1};
-  if (lane >= kBK / 4) return key;
-  int j = tile * kBK + lane * 4 + (warp >> 1);
   // Selects, not k.len[s]: a runtime index would put TokenKeys in local memory.
   const bool second = j >= k.len[0];
   if (second) j -= k.len[0];
@@ -120,56 +96,139 @@ __device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int tile) {
   return key;
 }
 
+// Whether a fetched key names a row of its source (an index outside it, -1
+// included, is never read: its row is zero-filled and masked).
+__device__ __forceinline__ bool key_valid(const ukv_attention_params& p, PendingKey k) {
+  return k.source >= 0 && k.raw >= 0 && k.raw < p.src[k.source].rows;
+}
+
 // Tile layouts in shared memory: where 16-byte chunk `c` of row `r` lives.
 // RowTile: 1024-byte rows, chunks XOR-swizzled by r & 7 so the 8 rows an
-// ldmatrix reads hit distinct banks (the mma.sync kernels).
+// ldmatrix reads hit distinct banks (queries of the mma.sync kernels).
 struct RowTile {
   __device__ __forceinline__ static uint32_t at(int r, int c) { return row_chunk(r, c); }
 };
+// PadTile: key tiles of the mma.sync kernels. Rows stay contiguous (one bulk
+// copy each) and 16 bytes of padding per row shift consecutive rows by four
+// banks, so ldmatrix reads are conflict-free without a swizzle.
+struct PadTile {
+  static constexpr bool kContiguousRows = true;
+  static constexpr uint32_t kRowBytes = kD * 2 + 16;
+  static constexpr size_t kTileBytes = (size_t)kBK * kRowBytes;
+  __device__ __forceinline__ static uint32_t at(int r, int c) { return (uint32_t)r * kRowBytes + (uint32_t)c * 16u; }
+};
 #if defined(UKV_HAS_WGMMA)
-// AtomTile: the 128-byte-swizzle layout wgmma reads through a descriptor, for
-// 64-row tiles: 8 column atoms of 64 rows x 128 bytes (64 elements), each row's
-// chunks XOR-swizzled by r & 7. The same bytes serve as a K-major operand
-// (rows = keys or heads, k = dims) and as an MN-major one (k = keys, n = dims).
+// AtomTile: the 128-byte-swizzle layout of 64-row tiles that wgmma reads
+// through a descriptor: 8 column atoms of 64 rows x 128 bytes (64 elements),
+// each row's chunks XOR-swizzled by r & 7. The same bytes serve as a K-major
+// operand (rows = keys or heads, k = dims) and as an MN-major one (k = keys,
+// n = dims).
 struct AtomTile {
+  static constexpr bool kContiguousRows = false;
   static constexpr uint32_t kAtomBytes = 64 * 128;
+  static constexpr size_t kTileBytes = (size_t)kBK * kD * 2;
   __device__ __forceinline__ static uint32_t at(int r, int c) {
     return (uint32_t)(c >> 3) * kAtomBytes + (uint32_t)r * 128u + (uint32_t)(((c & 7) ^ (r & 7)) << 4);
   }
 };
 #endif
 
-// Issues the cp.async loads of one 64-key tile into `tile` from the keys
-// fetched by `fetch_key`, and records in `valid` which keys are valid (an index
-// outside its source, -1 included, is never read: the row is zero-filled and
-// masked).
-template <class Layout>
-__device__ __forceinline__ void issue_tile(const ukv_attention_params& p, PendingKey pk, char* tile, int* valid) {
-  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
-  const int half = warp & 1;  // which 32 chunks of the row this warp copies
-  const int key_of_lane = lane * 4 + (warp >> 1);
-  bool lane_valid = false;
-  const ukv_bf16* lane_row = static_cast<const ukv_bf16*>(p.src[0].kv);
-  if (pk.source >= 0) {
-    const ukv_kv_source& src = p.src[pk.source];
-    if (pk.raw >= 0 && pk.raw < src.rows) {
-      lane_valid = true;
-      lane_row = static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride;
+#if defined(UKV_HAS_BULK_COPY)
+constexpr bool kHasBulkCopy = true;
+#else
+constexpr bool kHasBulkCopy = false;
+#endif
+
+// Gathers 64-key tiles into kStages stages of `Layout`.
+//  - Bulk (sm_90+, contiguous rows): lanes 0..7 of warp w copy keys 8w..8w+7,
+//    one 1 KB bulk copy (cp.async.bulk) each, completing on the stage's
+//    mbarrier. Measured (bench/probes/gather.cu): 87 GB/s per SM from 8 warps
+//    against 34 for 16-byte cp.async; 3.9 TB/s over 132 SMs against 2.2.
+//  - cp.async (elsewhere, or the swizzled wgmma layout): lanes 0..15 of warp w
+//    resolve key 4l + w/2 and the two warps of a key copy its two halves in
+//    16-byte pieces; one commit group per tile.
+template <int kStages, class Layout>
+struct TileLoads {
+  static constexpr bool kBulk = kHasBulkCopy && Layout::kContiguousRows;
+  char* stages;    // kStages tiles
+  int* valid;      // int [kStages][64]: key valid
+  uint64_t* bars;  // mbarrier per stage (bulk copies)
+  int tile_begin;
+
+  __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * Layout::kTileBytes; }
+
+  // Before the first issue; a __syncthreads must follow.
+  __device__ __forceinline__ void init() const {
+    if (kBulk && threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) ukv_mbar_init(&bars[s], kBK);  // one arrival per key
+      ukv_mbar_init_fence();
     }
   }
-  if (lane < kBK / 4 && half == 0) valid[key_of_lane] = lane_valid ? 1 : 0;
-  const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
-#pragma unroll 4
-  for (int i = 0; i < kBK / 4; ++i) {
-    const int key = i * 4 + (warp >> 1);
-    const uint64_t addr = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)row_bits, i, UKV_WARP)) |
-                          ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
-    const bool ok = ukv_shfl(lane_valid ? 1 : 0, i, UKV_WARP) != 0;
-    const int chunk = half * 32 + lane;
-    const char* src = reinterpret_cast<const char*>(addr) + chunk * 16;
-    ukv_cp_async16(tile + Layout::at(key, chunk), src, ok);
+
+  __device__ __forceinline__ int key_of_lane() const {
+    const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+    if (kBulk) return lane < kBK / kWarps ? warp * (kBK / kWarps) + lane : -1;
+    return lane < kBK / 4 ? lane * 4 + (warp >> 1) : -1;
   }
-}
+
+  // This lane's key of `tile` (see PendingKey: fetched a tile ahead).
+  __device__ __forceinline__ PendingKey fetch(const TokenKeys& k, int tile) const {
+    const int key = key_of_lane();
+    return key >= 0 ? fetch_key(k, tile * kBK + key) : PendingKey{-1, -1};
+  }
+
+  __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage) const {
+    const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+    char* dst = tile(stage);
+    const int key = key_of_lane();
+    const bool ok = key_valid(p, pk);
+    if (kBulk) {
+      if (key < 0) return;
+      valid[stage * kBK + key] = ok ? 1 : 0;
+      char* row = dst + Layout::at(key, 0);
+      if (ok) {
+        const ukv_kv_source& src = p.src[pk.source];
+        ukv_mbar_arrive_expect(&bars[stage], kD * 2);
+        ukv_bulk_copy(row, static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride, kD * 2,
+                      &bars[stage]);
+      } else {
+        for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(row + c * 16) = make_uint4(0, 0, 0, 0);
+        ukv_fence_async_shared();  // before a later bulk copy into this row
+        ukv_mbar_arrive(&bars[stage]);
+      }
+      return;
+    }
+    const int half = warp & 1;  // which 32 chunks of the row this warp copies
+    const ukv_bf16* lane_row = static_cast<const ukv_bf16*>(p.src[0].kv);
+    if (ok) {
+      const ukv_kv_source& src = p.src[pk.source];
+      lane_row = static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride;
+    }
+    if (key >= 0 && half == 0) valid[stage * kBK + key] = ok ? 1 : 0;
+    const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
+#pragma unroll 4
+    for (int i = 0; i < kBK / 4; ++i) {
+      const int k = i * 4 + (warp >> 1);
+      const uint64_t addr = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)row_bits, i, UKV_WARP)) |
+                            ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
+      const bool copy = ukv_shfl(ok ? 1 : 0, i, UKV_WARP) != 0;
+      const int chunk = half * 32 + lane;
+      ukv_cp_async16(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + chunk * 16, copy);
+    }
+  }
+
+  // Waits until tile `tile` (and the query rows) have landed; a __syncthreads
+  // must follow before anyone reads them.
+  __device__ __forceinline__ void wait(int tile) const {
+    if (kBulk) {
+      ukv_cp_async_wait<0>();  // the query rows
+      const int i = tile - tile_begin;
+      ukv_mbar_wait(&bars[i % kStages], (uint32_t)(i / kStages) & 1u);
+    } else {
+      ukv_cp_async_wait<kStages - 1>();
+    }
+  }
+};
 
 // Loads the block's kHb query rows (zeros past the last head).
 template <class Layout, int kHb>
@@ -258,6 +317,29 @@ __device__ __forceinline__ TokenSplit token_split(int total_keys, int cap) {
   return s;
 }
 
+// Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
+template <int MT, int ST>
+struct Smem {
+  static constexpr int kHb = 16 * MT;
+  // Key-tile stages. With one stage a 16-head block needs ~88 KB,
+  // so two CTAs share an SM and one gathers while the other computes (large
+  // batches); with three, one CTA per SM keeps two tiles in flight (small
+  // batches, where each CTA has few tiles). Larger blocks use two stages.
+  static constexpr int kStages = ST;
+  static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
+  static constexpr size_t kTileBytes = PadTile::kTileBytes;
+  static constexpr size_t kQ = 0;                                   // bf16 [Hb][512], swizzled
+  static constexpr size_t kK = kQ + (size_t)kHb * kD * 2;           // bf16 [stages] PadTile
+  static constexpr size_t kS = kK + kStages * kTileBytes;           // f32 [Hb][64]
+  static constexpr size_t kP = kS + (size_t)kHb * kBK * 4;          // bf16 [Hb][64], swizzled
+  static constexpr size_t kValid = kP + (size_t)kHb * kBK * 2;      // int [stages][64]
+  static constexpr size_t kM = kValid + kStages * kBK * 4;          // f32 [Hb] running max
+  static constexpr size_t kL = kM + kHb * 4;                        // f32 [Hb] running sum
+  static constexpr size_t kAlpha = kL + kHb * 4;                    // f32 [Hb] rescale of this tile
+  static constexpr size_t kBar = kAlpha + kHb * 4;                  // u64 [stages] mbarriers
+  static constexpr size_t kBytes = kBar + kStages * 8;
+};
+
 // Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
 __host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
 
@@ -275,7 +357,6 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kAlpha);
   float* s_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kS);
   int* valid_s = reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid);
-  const auto tile_smem = [&](int stage) { return smem + Smem<MT, ST>::kK + (size_t)stage * Smem<MT, ST>::kTileBytes; };
 
   // The next kernel (the combine, or the next call) may be scheduled now; it
   // waits for this grid. This one waits for its predecessor's writes.
@@ -304,29 +385,30 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
   constexpr int kStages = Smem<MT, ST>::kStages;
+  const TileLoads<kStages, PadTile> loads{smem + Smem<MT, ST>::kK, valid_s,
+                                          reinterpret_cast<uint64_t*>(smem + Smem<MT, ST>::kBar), tile_begin};
+  loads.init();
+  __syncthreads();
   // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
   // (empty groups keep the count uniform).
   if (tile_begin < tile_end) load_q<RowTile, kHb>(p, t, h0, smem + Smem<MT, ST>::kQ);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) issue_tile<RowTile>(p, fetch_key(keys, tile_begin + i), tile_smem(i), valid_s + i * kBK);
+    if (tile_begin + i < tile_end) loads.issue(p, loads.fetch(keys, tile_begin + i), i);
     ukv_cp_async_commit();
   }
-  PendingKey pending = fetch_key(keys, tile_begin + kStages - 1);
+  PendingKey pending = loads.fetch(keys, tile_begin + kStages - 1);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % kStages;
     const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) {
-      const int st = (ahead - tile_begin) % kStages;
-      issue_tile<RowTile>(p, pending, tile_smem(st), valid_s + st * kBK);
-    }
+    if (ahead < tile_end) loads.issue(p, pending, (ahead - tile_begin) % kStages);
     ukv_cp_async_commit();
-    pending = fetch_key(keys, ahead + 1);  // consumed next iteration
-    ukv_cp_async_wait<kStages - 1>();
+    pending = loads.fetch(keys, ahead + 1);  // consumed next iteration
+    loads.wait(tile);
     __syncthreads();
-    const char* ks = tile_smem(stage);
+    const char* ks = loads.tile(stage);
 
     // QK. With an even number of m-tiles, warps form 2 head halves x 4 key
     // quarters (16 keys each), halving the Q fragments each warp loads;
@@ -351,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
         for (int par = 0; par < 2; ++par) {
           const int kc = ((k0 + par * 16) >> 3);
           uint32_t b[4];  // b0,b1 of keys 0-7 and of keys 8-15 of this warp
-          ukv_ldmatrix_x4(b, ks + row_chunk(key_l, kc + ((lane >> 3) & 1)));
+          ukv_ldmatrix_x4(b, ks + PadTile::at(key_l, kc + ((lane >> 3) & 1)));
 #pragma unroll
           for (int mt = 0; mt < kMw; ++mt) {
             uint32_t a[4];
@@ -386,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
 #pragma unroll 4
       for (int k0 = 0; k0 < kD; k0 += 32) {
         uint32_t b[4];  // b0,b1 of k-step k0 and of k-step k0+16
-        ukv_ldmatrix_x4(b, ks + row_chunk(key_row_l, (k0 >> 3) + (lane >> 3)));
+        ukv_ldmatrix_x4(b, ks + PadTile::at(key_row_l, (k0 >> 3) + (lane >> 3)));
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -465,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
           uint32_t b[4];  // b0,b1 of dims n*8.. and of dims (n+1)*8..
           const int vkey = kk + (lane & 7) + ((lane >> 3) & 1) * 8;
           const int vchunk = (warp * 64 + n * 8) / 8 + (lane >> 4);
-          ukv_ldmatrix_x4_trans(b, ks + row_chunk(vkey, vchunk));
+          ukv_ldmatrix_x4_trans(b, ks + PadTile::at(vkey, vchunk));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             ukv_mma_bf16_16816(acc[mt][n], a[mt], b[0], b[1]);
@@ -568,7 +650,8 @@ struct WgSmem {
   static constexpr size_t kX = kP + (size_t)kHb * kBK * 2;         // f32 [16][threads]: S partial exchange
   static constexpr size_t kXm = kX + (size_t)16 * kThreads * 4;    // f32 [2][threads]: row max / sum exchange
   static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
-  static constexpr size_t kBytes = kValid + (size_t)kStages * kBK * 4;
+  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4; // u64 [stages] mbarriers
+  static constexpr size_t kBytes = kBar + kStages * 8;
 };
 
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
@@ -585,7 +668,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   float* xs = reinterpret_cast<float*>(smem + WgSmem::kX);
   float* xm = reinterpret_cast<float*>(smem + WgSmem::kXm);
   char* ps = smem + WgSmem::kP;
-  const auto tile_smem = [&](int stage) { return smem + WgSmem::kK + (size_t)stage * WgSmem::kTileBytes; };
 
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
@@ -606,23 +688,27 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
+  const TileLoads<WgSmem::kStages, AtomTile> loads{smem + WgSmem::kK, valid_s,
+                                                   reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin};
+  loads.init();
+  __syncthreads();
   if (tile_begin < tile_end) {
     load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
-    issue_tile<AtomTile>(p, fetch_key(keys, tile_begin), tile_smem(0), valid_s);
+    loads.issue(p, loads.fetch(keys, tile_begin), 0);
   }
   ukv_cp_async_commit();
-  PendingKey pending = fetch_key(keys, tile_begin + 1);
+  PendingKey pending = loads.fetch(keys, tile_begin + 1);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) & 1;
-    if (tile + 1 < tile_end) issue_tile<AtomTile>(p, pending, tile_smem(stage ^ 1), valid_s + (stage ^ 1) * kBK);
+    if (tile + 1 < tile_end) loads.issue(p, pending, stage ^ 1);
     ukv_cp_async_commit();
-    pending = fetch_key(keys, tile + 2);
-    ukv_cp_async_wait<1>();
-    ukv_fence_async_shared();
+    pending = loads.fetch(keys, tile + 2);
+    loads.wait(tile);
+    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
-    const char* ks = tile_smem(stage);
+    const char* ks = loads.tile(stage);
 
     // QK over this warpgroup's half of the dims: k-steps 16w..16w+15, each
     // 16 dims = 32 bytes inside a 128-byte atom column.

@@ -148,6 +148,7 @@ __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }
 
+__device__ __forceinline__ int ukv_popc64(uint64_t x) { return __popcll((unsigned long long)x); }
 // 1-based index of the lowest set bit, 0 when none.
 __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long)x); }
 
@@ -246,6 +247,60 @@ __device__ __forceinline__ void ukv_mma_bf16_16816(float (&d)[4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Bulk copies (sm_90+): one instruction moves a contiguous run of bytes from
+// global into shared memory through the copy engine and completes on an
+// mbarrier, without the per-SM cap on outstanding 16-byte cp.async requests.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define UKV_HAS_BULK_COPY 1
+#endif
+
+// mbarrier: one phase per fill of a buffer; its arrivals (some announcing the
+// bytes a bulk copy will deliver) and those bytes complete a phase.
+__device__ __forceinline__ uint32_t ukv_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ukv_mbar_init(uint64_t* bar, int arrivals) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ukv_smem_addr(bar)), "r"(arrivals) : "memory");
+#endif
+}
+// Makes initialized barriers visible to the async proxy (and the cluster).
+__device__ __forceinline__ void ukv_mbar_init_fence() {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ukv_smem_addr(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(ukv_smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_mbar_arrive(uint64_t* bar) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ukv_smem_addr(bar)) : "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src`
+// to shared `dst`, completing on `bar`.
+__device__ __forceinline__ void ukv_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          ukv_smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(ukv_smem_addr(bar))
+      : "memory");
+#endif
+}
+
 // Warpgroup MMA (Hopper wgmma, sm_90a only): a 128-thread warpgroup multiplies
 // operands read straight from shared memory through 64-bit descriptors.
 // Kernels test UKV_HAS_WGMMA; the host asks ukv_wgmma_built() at plan time.
@@ -284,7 +339,7 @@ __device__ __forceinline__ void ukv_wgmma_wait() {
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async)
 // visible to the async proxy that wgmma reads operands through.
 __device__ __forceinline__ void ukv_fence_async_shared() {
-#if defined(UKV_HAS_WGMMA)
+#if defined(UKV_HAS_BULK_COPY)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
