@@ -2,18 +2,21 @@
 //
 // One CTA = (token, head block of 16*MT heads, key split). Eight warps share
 // every gathered row: each 64-key tile is read from global memory once per CTA
-// (cp.async, double-buffered) and serves all heads of the block.
+// (TileLoads: bulk copies or cp.async, pipelined over stages) and serves all
+// heads of the block. attention_kernel (mma.sync):
 //   QK:  S[Hb, 64] = Q[Hb, 512] . K[64, 512]^T, warp w computes keys 8w..8w+7
 //        (mma.sync m16n8k16, bf16 in, f32 accumulate).
 //   softmax (online, log2 domain): warp w owns rows w, w+8, ...; P rounded to
 //        bf16 and the denominator summed from the rounded values.
 //   PV:  O[Hb, 512] += P[Hb, 64] . V[64, 512], warp w owns dims 64w..64w+63.
+// attention_wgmma_kernel does the same for 64-head blocks with warpgroup MMA.
 // A token's keys are cut into at most S splits (S fixed by the plan): tiles per
 // split = cdiv(tiles_t, S). The cut depends only on the token's own length and
 // the plan, never on num_tokens or the other tokens, so a token's output is
 // bitwise independent of its batch. A token with one split is written directly
-// with the sink folded in; otherwise each split writes (m, l, acc) partials to
-// the plan's workspace and a combine kernel merges them in split order.
+// with the sink folded in; otherwise the splits' (m, l, acc) partials merge in
+// split order, inside the token's thread-block cluster (sm_90+) or through the
+// plan's workspace and combine_kernel.
 //
 // Keys come from up to two sources (pool rows, then the prefill chunk's own
 // rows); an index outside its source (-1 included) is skipped, never read.
