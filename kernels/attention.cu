@@ -393,14 +393,18 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   loads.init();
   __syncthreads();
   // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
-  // (empty groups keep the count uniform).
+  // (empty groups keep the count uniform). All their key indices are fetched
+  // before any is used, so their loads overlap instead of queueing.
   if (tile_begin < tile_end) load_q<RowTile, kHb>(p, t, h0, smem + Smem<MT, ST>::kQ);
+  PendingKey first[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) first[i] = loads.fetch(keys, tile_begin + i);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) loads.issue(p, loads.fetch(keys, tile_begin + i), i);
+    if (tile_begin + i < tile_end) loads.issue(p, first[i], i);
     ukv_cp_async_commit();
   }
-  PendingKey pending = loads.fetch(keys, tile_begin + kStages - 1);
+  PendingKey pending = first[kStages - 1];
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -695,12 +699,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
                                                    reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin};
   loads.init();
   __syncthreads();
+  // Both prologue key fetches go out before either is used (their loads overlap).
+  const PendingKey first = loads.fetch(keys, tile_begin);
+  PendingKey pending = loads.fetch(keys, tile_begin + 1);
   if (tile_begin < tile_end) {
     load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
-    loads.issue(p, loads.fetch(keys, tile_begin), 0);
+    loads.issue(p, first, 0);
   }
   ukv_cp_async_commit();
-  PendingKey pending = loads.fetch(keys, tile_begin + 1);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -891,6 +897,296 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #endif
 }
 
+// Warpgroup-MMA kernel for blocks of NH = 16 or 32 heads (sm_90a), "swap AB":
+// keys on the MMA's M side (64 per tile) and heads on N, so a small head block
+// wastes no MMA rows, and a tile costs 32 short wgmma per warpgroup instead of
+// the mma.sync kernel's long dependent chains (that kernel spends ~3 us per
+// tile at one block per SM, more than the tile's share of DRAM bandwidth).
+//   QK:  S^T[64 keys, NH] = K . Q^T; warpgroup w sums dims 256w..256w+255
+//        (K fragments from the padded tile through ldmatrix, Q through a
+//        descriptor); the partials meet in shared memory and warpgroup w
+//        finishes heads [w NH/2, (w+1) NH/2).
+//   softmax: per head over the 64 keys (lanes, then warps through shared
+//        memory); P^T is written to shared memory as bf16.
+//   PV:  O^T[512 dims, NH] += V^T . P^T; warpgroup w owns dims 256w..+255
+//        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
+// Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
+// rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
+template <int NH>
+struct SwapSmem {
+  static constexpr int kStages = NH == 16 ? 3 : 2;
+  static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
+  static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
+  static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile
+  static constexpr size_t kPT = (kK + kStages * PadTile::kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
+  static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
+  static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;  // f32 [4][NH] per-warp max / sum
+  static constexpr size_t kHead = kWarp + (size_t)4 * NH * 4;       // f32 [4][NH]: m, l, alpha, scale
+  static constexpr size_t kValid = kHead + (size_t)4 * NH * 4;      // int [stages][64]
+  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;
+  static constexpr size_t kBytes = kBar + kStages * 8;
+};
+
+#if defined(UKV_HAS_WGMMA)
+template <int NH>
+__device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)[4], uint64_t b);
+template <>
+__device__ __forceinline__ void swap_mma<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+  ukv_wgmma_m64n16k16_ra(d, a, b);
+}
+template <>
+__device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  ukv_wgmma_m64n32k16_ra(d, a, b);
+}
+#endif
+
+template <int NH>
+__global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
+#if defined(UKV_HAS_WGMMA)
+  using L = SwapSmem<NH>;
+  constexpr int kStages = L::kStages;
+  constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
+  constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
+  extern __shared__ __align__(1024) char smem[];
+  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int h0 = hb * NH;
+  const int tid = threadIdx.x, lane = tid % UKV_WARP, wg = tid / 128, q = (tid / UKV_WARP) % 4;
+  const int g = lane >> 2, tq = lane & 3;
+  const int partner = tid ^ 128;
+  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
+  float* xs = reinterpret_cast<float*>(smem + L::kX);
+  float* warp_s = reinterpret_cast<float*>(smem + L::kWarp);
+  float* m_h = reinterpret_cast<float*>(smem + L::kHead);
+  float* l_h = m_h + NH;
+  float* alpha_h = l_h + NH;
+  float* scale_h = alpha_h + NH;
+  char* pt = smem + L::kPT;
+  // Column (head) of fragment register j of this warpgroup's own S^T part.
+  const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
+
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const TokenKeys keys = token_keys(p, t);
+  const TokenSplit cut = token_split(keys.total, cfg.splits);
+  const bool direct = cut.count <= 1;
+  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
+  const int tile_begin = split * cut.per_split;
+  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
+
+  float m_run[kOwn / 2], l_run[kOwn / 2];  // per own head column (both rows of the pair share it)
+#pragma unroll
+  for (int c = 0; c < kOwn / 2; ++c) {
+    m_run[c] = -INFINITY;
+    l_run[c] = 0.f;
+  }
+  float o[4][kRegs];
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
+
+  const TileLoads<kStages, PadTile> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar),
+                                          tile_begin};
+  loads.init();
+  __syncthreads();
+  PendingKey first[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) first[i] = loads.fetch(keys, tile_begin + i);
+  if (tile_begin < tile_end) {
+    for (int c = tid; c < NH * kChunks; c += kThreads) {
+      const int r = c / kChunks, chunk = c % kChunks;
+      const bool valid = h0 + r < p.num_heads;
+      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                             (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
+      const uint32_t at = (uint32_t)(chunk >> 3) * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
+                          (uint32_t)(((chunk & 7) ^ (r & 7)) << 4);
+      ukv_cp_async16(smem + L::kQ + at, reinterpret_cast<const char*>(qrow) + chunk * 16, valid);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (tile_begin + i < tile_end) loads.issue(p, first[i], i);
+    ukv_cp_async_commit();
+  }
+  PendingKey pending = first[kStages - 1];
+  const float qk_scale = p.softmax_scale * kLog2e;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) % kStages;
+    const int ahead = tile + kStages - 1;
+    if (ahead < tile_end) loads.issue(p, pending, (ahead - tile_begin) % kStages);
+    ukv_cp_async_commit();
+    pending = loads.fetch(keys, ahead + 1);
+    loads.wait(tile);
+    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+    __syncthreads();
+    const char* ks = loads.tile(stage);
+
+    // QK over this warpgroup's 16 k-steps of 16 dims.
+    float s[kRegs];
+    {
+      uint32_t a[16][4];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int kstep = 16 * wg + i;
+        ukv_ldmatrix_x4(a[i], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+      }
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
+      ukv_wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int kstep = 16 * wg + i;
+        const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
+        swap_mma<NH>(s, a[i], ukv_wgmma_desc(qb, 16, 1024));
+      }
+      ukv_wgmma_commit();
+      ukv_wgmma_wait<0>();
+      ukv_wgmma_fence_regs(s);
+    }
+
+    // The other warpgroup's heads go to it; this one's come back.
+    float x[kOwn];
+#pragma unroll
+    for (int j = 0; j < kOwn; ++j) {
+      xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
+      x[j] = wg == 0 ? s[j] : s[kOwn + j];
+    }
+    __syncthreads();
+    const int* valid = valid_s + stage * kBK;
+    const bool v_lo = valid[16 * q + g] != 0, v_hi = valid[16 * q + g + 8] != 0;
+    float mx[kOwn / 2];
+#pragma unroll
+    for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kOwn; ++j) {
+      const float v = (x[j] + xs[j * kThreads + partner]) * qk_scale;
+      const bool key_ok = (j & 2) ? v_hi : v_lo;
+      x[j] = key_ok ? v : -INFINITY;
+      const int c = (j / 4) * 2 + (j & 1);
+      mx[c] = fmaxf(mx[c], x[j]);
+    }
+    // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
+#pragma unroll
+    for (int c = 0; c < kOwn / 2; ++c) {
+      for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) mx[c] = fmaxf(mx[c], ukv_shfl_xor(mx[c], o2, UKV_WARP));
+      if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
+    }
+    __syncthreads();
+    float base[kOwn / 2], alpha[kOwn / 2];
+#pragma unroll
+    for (int c = 0; c < kOwn / 2; ++c) {
+      const int h = own_head(c / 2 * 4 + (c & 1));
+      const float m_tile = fmaxf(fmaxf(warp_s[h], warp_s[NH + h]), fmaxf(warp_s[2 * NH + h], warp_s[3 * NH + h]));
+      const float m_new = fmaxf(m_run[c], m_tile);
+      base[c] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[c] = exp2f(m_run[c] - base[c]);
+      m_run[c] = m_new;
+      if (q == 0 && g == 0) alpha_h[h] = alpha[c];
+    }
+    // P^T[head][key] in bf16 (128-byte rows, chunks XOR-swizzled by head & 7);
+    // the sums add the rounded values.
+    float sum[kOwn / 2];
+#pragma unroll
+    for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kOwn; ++j) {
+      const int c = (j / 4) * 2 + (j & 1);
+      const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
+      sum[c] += ukv_bf16_to_float(pb);
+      const int h = own_head(j), key = 16 * q + g + ((j & 2) ? 8 : 0);
+      *reinterpret_cast<ukv_bf16*>(pt + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
+    }
+#pragma unroll
+    for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+    ukv_fence_async_shared();
+    __syncthreads();
+
+    // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
+    {
+      uint32_t a[16][4];
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
+          const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
+          ukv_ldmatrix_x4_trans(a[mb * 4 + k], ks + PadTile::at(key, chunk));
+        }
+      ukv_wgmma_fence();
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb * 4 + k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
+      ukv_wgmma_commit();
+      ukv_wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
+    }
+    __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
+  }
+
+  // Per-head (m, l): the row sums over lanes and warps, in a fixed order.
+#pragma unroll
+  for (int c = 0; c < kOwn / 2; ++c) {
+    for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) l_run[c] += ukv_shfl_xor(l_run[c], o2, UKV_WARP);
+    const int h = own_head(c / 2 * 4 + (c & 1));
+    if (g == 0) warp_s[q * NH + h] = l_run[c];
+    if (q == 0 && g == 0) m_h[h] = m_run[c];
+  }
+  __syncthreads();
+  if (tid < NH) {
+    l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
+    float lse = -INFINITY;
+    scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
+    if (direct && p.lse != nullptr && h0 + tid < p.num_heads) p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+  }
+  __syncthreads();
+
+  // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1).
+  const auto dim_of = [&](int mb, int i) { return 64 * (4 * wg + mb) + 16 * q + g + ((i & 2) ? 8 : 0); };
+  const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
+  if (!direct && cfg.cluster != 0) {
+    static_assert(NH * kD * 4 <= kStages * PadTile::kTileBytes, "the partial fits in the key stages");
+    ukv_cp_async_wait<0>();
+    float* acc_s = reinterpret_cast<float*>(smem + L::kK);
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
+    ukv_cluster_sync();
+    cluster_merge<NH>(p, t, h0, cut.count, split, cfg.splits, m_h, l_h, acc_s);
+    ukv_cluster_sync();
+  } else if (direct) {
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const int h = head_of(i);
+        if (h0 + h >= p.num_heads) continue;
+        ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token +
+                        (int64_t)(h0 + h) * p.out_stride_head;
+        out[dim_of(mb, i)] = ukv_float_to_bf16(o[mb][i] * scale_h[h]);
+      }
+  } else {
+    float* rec = static_cast<float*>(p.workspace) +
+                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(NH);
+    if (tid < NH) {
+      rec[tid] = m_h[tid];
+      rec[NH + tid] = l_h[tid];
+    }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) rec[2 * NH + (size_t)head_of(i) * kD + dim_of(mb, i)] = o[mb][i];
+  }
+#endif
+}
+
 // 1 where this build carries the wgmma kernel for the running device (the
 // sm_90a image); read once at plan time.
 __device__ int g_wgmma_built =
@@ -1025,10 +1321,11 @@ using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
 // The kernel a plan names, and its dynamic shared memory.
 int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
-  if (plan.wgmma != 0) {
-    *kernel = attention_wgmma_kernel;
-    *smem = WgSmem::kBytes;
-    return UKV_SHIM_OK;
+  switch (plan.wgmma) {
+    case 64: *kernel = attention_wgmma_kernel; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
+    case 16: *kernel = attention_swap_kernel<16>; *smem = SwapSmem<16>::kBytes; return UKV_SHIM_OK;
+    case 32: *kernel = attention_swap_kernel<32>; *smem = SwapSmem<32>::kBytes; return UKV_SHIM_OK;
+    default: break;
   }
   switch (plan.block_m_tiles * 8 + plan.stages) {
     case 1 * 8 + 1: *kernel = attention_kernel<1, 1>; *smem = Smem<1, 1>::kBytes; return UKV_SHIM_OK;
@@ -1066,11 +1363,19 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     // CTAs per SM with one stage each; measured better from T = 128 on, worse
     // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).
     pl.stages = pl.block_m_tiles > 1 ? 2 : (2 * max_tokens * pl.head_blocks >= sms ? 1 : 3);
+    // sm_90a: blocks of up to 32 heads run the heads-on-N wgmma kernel, 64-head
+    // blocks the heads-on-M one; the rest (and other GPUs) the mma.sync kernel.
+    // Exception: 16-head blocks of batches past one block per SM keep the
+    // mma.sync kernel at two blocks per SM (one stage each), which measured
+    // better there (bench/NOTES.md, version 10).
     bool built = false;
-    if (pl.block_m_tiles == 4 && cc_major == 9 && !g_no_wgmma) {
+    const bool swap = num_heads <= 32 && (num_heads > 16 || max_tokens * pl.head_blocks <= sms);
+    if ((swap || pl.block_m_tiles == 4) && cc_major == 9 && !g_no_wgmma) {
       if (int r = wgmma_built(&built)) return r;
     }
-    pl.wgmma = built ? 1 : 0;
+    pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
+    if (pl.wgmma == 16) pl.stages = SwapSmem<16>::kStages;
+    if (pl.wgmma == 32) pl.stages = SwapSmem<32>::kStages;
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
     if (int r = plan_kernel(pl, &kernel, &smem)) return r;

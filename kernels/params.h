@@ -163,6 +163,6 @@ typedef struct ukv_attention_plan {
   int64_t workspace_bytes;
   int32_t dependent_launch; /* sm_90+: the combine kernel is launched early (PDL) */
   int32_t stages;           /* key-tile stages of the kernel instantiation */
-  int32_t wgmma;            /* 1: the warpgroup-MMA kernel (sm_90a, 64-head blocks) */
+  int32_t wgmma;            /* sm_90a warpgroup-MMA kernel: 64 (heads on M), 16 or 32 (heads on N); 0 none */
   int32_t cluster;          /* 1: a token's splits merge inside a thread-block cluster (sm_90+) */
 } ukv_attention_plan;

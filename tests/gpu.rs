@@ -531,9 +531,9 @@ fn decode_matches_cpu() {
     let Some(s) = setup() else { return };
     let (pc, pg, rows) = attention_pools(&s, &mut rand::rng());
     let (tokens, heads): (&[usize], &[usize]) = if small() {
-        (&[1, 3, 140], &[1, 16, 64])
+        (&[1, 3, 140], &[1, 16, 24, 64])
     } else {
-        (&[1, 3, 64, 257], &[1, 8, 16, 64, 128])
+        (&[1, 3, 64, 257], &[1, 8, 16, 24, 32, 64, 128])
     };
     for &t in tokens {
         for &h in heads {
@@ -550,7 +550,7 @@ fn decode_fallback_paths_match_cpu() {
     let Some(s) = setup() else { return };
     let (pc, pg, rows) = attention_pools(&s, &mut rand::rng());
     unikv::ffi::test_hooks::gpu_plan_fallbacks(true, true);
-    for (t, h) in [(1, 16), (3, 64), (64, 128)] {
+    for (t, h) in [(1, 16), (3, 64), (16, 32), (64, 128)] {
         check_decode(&s, &pc, &pg, rows, t, h, "decode (fallback paths)");
     }
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
@@ -564,7 +564,7 @@ fn prefill_matches_cpu() {
     let cases: &[(usize, usize)] = if small() {
         &[(3, 8)]
     } else {
-        &[(64, 8), (257, 64), (64, 128)]
+        &[(64, 8), (64, 32), (257, 64), (64, 128)]
     };
     for &(t, h) in cases {
         let c = random_case(&mut rng, t, h, rows, true);
