@@ -18,14 +18,15 @@ mod cuda {
     use std::env;
     use std::path::PathBuf;
 
-    const SOURCES: [&str; 5] = [
+    const SOURCES: [&str; 6] = [
         "shim.cu",
         "store.cu",
         "index.cu",
         "attention.cu",
         "devtools.cu",
+        "fp8_check.cu",
     ];
-    const HEADERS: [&str; 3] = ["compat.cuh", "shim.cuh", "params.h"];
+    const HEADERS: [&str; 4] = ["compat.cuh", "shim.cuh", "params.h", "fp8.cuh"];
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 
     /// nvcc from CUDA_HOME/bin or PATH; the `cc` crate must see it by its bare
@@ -85,7 +86,10 @@ mod cuda {
             .map(|src| {
                 println!("cargo:rerun-if-changed=kernels/{src}");
                 let mut build = cc::Build::new();
+                // No debug build of device code: cc would pass -G, which turns
+                // off optimization and serializes every wgmma (ptxas C7520).
                 build
+                    .debug(false)
                     .cuda(true)
                     .cudart("static")
                     .flag("-std=c++17")

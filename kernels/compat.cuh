@@ -247,6 +247,18 @@ __device__ __forceinline__ void ukv_mma_bf16_16816(float (&d)[4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// fp32 pair -> two e4m3fn codes (round to nearest even, finite saturation, any
+// NaN -> 0x7F) in one instruction on sm_89+; `lo` lands in the low byte. Kernel
+// code goes through fp8.cuh, which falls back to its software codec elsewhere.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define UKV_HAS_E4M3_CVT 1
+__device__ __forceinline__ uint16_t ukv_cvt_e4m3x2(float lo, float hi) {
+  uint16_t packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+#endif
+
 // Bulk copies (sm_90+): one instruction moves a contiguous run of bytes from
 // global into shared memory through the copy engine and completes on an
 // mbarrier, without the per-SM cap on outstanding 16-byte cp.async requests.

@@ -166,3 +166,15 @@ typedef struct ukv_attention_plan {
   int32_t wgmma;            /* sm_90a warpgroup-MMA kernel: 64 (heads on M), 16 or 32 (heads on N); 0 none */
   int32_t cluster;          /* 1: a token's splits merge inside a thread-block cluster (sm_90+) */
 } ukv_attention_plan;
+
+/* FP8 codec test (fp8_check.cu): n values through the encoders, 256 codes decoded. */
+typedef struct ukv_fp8_check_params {
+  const float* x;    /* [n] */
+  uint8_t* sw;       /* [n] software encoder */
+  uint8_t* hw;       /* [n] hardware pair encoder where present (fn), else software */
+  uint8_t* scale;    /* [n] UE8M0 byte of |x| as a tile's amax */
+  float* decoded;    /* [256] */
+  int64_t n;
+  uint32_t format;   /* 0 e4m3fn, 1 e4m3fnuz */
+  int32_t reserved;
+} ukv_fp8_check_params;

@@ -26,3 +26,50 @@ pub fn gpu_plan_fallbacks(no_cluster: bool, no_wgmma: bool) {
         crate::backend::gpu::shim::unikv_gpu_test_plan_fallbacks(no_cluster.into(), no_wgmma.into())
     }
 }
+
+/// Runs the device FP8 codec (kernels/fp8.cuh) on device 0 over `n` values at
+/// `x`, writing the software codes, the hardware-or-software pair codes, the
+/// UE8M0 bytes of |x| and the 256 decoded codes, all device buffers; waits for
+/// the default stream. `format`: 0 e4m3fn, 1 e4m3fnuz.
+///
+/// # Safety
+/// Every pointer must be a device allocation of device 0 large enough for `n`
+/// values (256 for `decoded`).
+#[cfg(feature = "cuda")]
+pub unsafe fn gpu_fp8_check(
+    x: *const f32,
+    n: usize,
+    format: u32,
+    out: [*mut u8; 3],
+    decoded: *mut f32,
+) -> Result<(), String> {
+    use crate::backend::gpu::shim;
+    let params = shim::Fp8CheckParams {
+        x,
+        sw: out[0],
+        hw: out[1],
+        scale: out[2],
+        decoded,
+        n: n as i64,
+        format,
+        reserved: 0,
+    };
+    let null = std::ptr::null_mut();
+    // SAFETY: the caller passes device buffers of the sizes above.
+    let status = unsafe {
+        match shim::unikv_gpu_fp8_check(0, &params, null) {
+            0 => shim::unikv_gpu_stream_synchronize(0, null),
+            s => s,
+        }
+    };
+    if status == 0 {
+        Ok(())
+    } else {
+        // SAFETY: the shim's thread-local message is a valid C string.
+        let msg = unsafe { std::ffi::CStr::from_ptr(shim::unikv_gpu_last_error()) };
+        Err(format!(
+            "fp8 check failed ({status}): {}",
+            msg.to_string_lossy()
+        ))
+    }
+}

@@ -187,8 +187,21 @@ pub struct AttentionPlan {
     pub cluster: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8CheckParams {
+    pub x: *const f32,
+    pub sw: *mut u8,
+    pub hw: *mut u8,
+    pub scale: *mut u8,
+    pub decoded: *mut f32,
+    pub n: i64,
+    pub format: u32,
+    pub reserved: i32,
+}
+
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
-pub const MIRRORS: [(c_int, usize, &str); 8] = [
+pub const MIRRORS: [(c_int, usize, &str); 9] = [
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
     (
         1,
@@ -209,6 +222,7 @@ pub const MIRRORS: [(c_int, usize, &str); 8] = [
     (5, std::mem::size_of::<AttentionParams>(), "AttentionParams"),
     (6, std::mem::size_of::<MergeParams>(), "MergeParams"),
     (7, std::mem::size_of::<AttentionPlan>(), "AttentionPlan"),
+    (8, std::mem::size_of::<Fp8CheckParams>(), "Fp8CheckParams"),
 ];
 
 extern "C" {
@@ -268,6 +282,12 @@ extern "C" {
     /// Plans created afterwards on the calling thread skip the cluster merge
     /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
     pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);
+    /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
+    pub fn unikv_gpu_fp8_check(
+        device: c_int,
+        p: *const Fp8CheckParams,
+        stream: *mut c_void,
+    ) -> c_int;
     pub fn unikv_gpu_attention(
         device: c_int,
         plan: *const AttentionPlan,
