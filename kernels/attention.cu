@@ -156,7 +156,8 @@ struct TileLoads {
   char* stages;    // kStages tiles
   int* valid;      // int [kStages][64]: key valid
   uint64_t* bars;  // mbarrier per stage (bulk copies)
-  int tile_begin;
+  int tile_begin, tile_end;
+  PendingKey pending{-1, -1};  // this lane's key of the next tile to issue
 
   __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * Layout::kTileBytes; }
 
@@ -218,6 +219,34 @@ struct TileLoads {
       const int chunk = half * 32 + lane;
       ukv_cp_async16(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + chunk * 16, copy);
     }
+  }
+
+  // Prologue, after the caller issued its query loads: fetches the keys of the
+  // first kStages tiles (their loads overlap instead of queueing), then issues
+  // the first kStages - 1 tiles, one commit group each (empty groups keep the
+  // count uniform).
+  __device__ __forceinline__ void start(const ukv_attention_params& p, const TokenKeys& keys) {
+    PendingKey first[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) first[i] = fetch(keys, tile_begin + i);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (tile_begin + i < tile_end) issue(p, first[i], i);
+      ukv_cp_async_commit();
+    }
+    pending = first[kStages - 1];
+  }
+
+  // Top of the iteration for `tile`: issues tile + kStages - 1, fetches the
+  // keys of the one after (consumed next iteration), waits for `tile` and
+  // returns its stage. A __syncthreads must follow before anyone reads it.
+  __device__ __forceinline__ int advance(const ukv_attention_params& p, const TokenKeys& keys, int tile) {
+    const int ahead = tile + kStages - 1;
+    if (ahead < tile_end) issue(p, pending, (ahead - tile_begin) % kStages);
+    ukv_cp_async_commit();
+    pending = fetch(keys, ahead + 1);
+    wait(tile);
+    return (tile - tile_begin) % kStages;
   }
 
   // Waits until tile `tile` (and the query rows) have landed; a __syncthreads
@@ -388,32 +417,16 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
   constexpr int kStages = Smem<MT, ST>::kStages;
-  const TileLoads<kStages, PadTile> loads{smem + Smem<MT, ST>::kK, valid_s,
-                                          reinterpret_cast<uint64_t*>(smem + Smem<MT, ST>::kBar), tile_begin};
+  TileLoads<kStages, PadTile> loads{smem + Smem<MT, ST>::kK, valid_s,
+                                    reinterpret_cast<uint64_t*>(smem + Smem<MT, ST>::kBar), tile_begin, tile_end};
   loads.init();
   __syncthreads();
-  // Prologue: Q and the first kStages - 1 tiles, one commit group per tile
-  // (empty groups keep the count uniform). All their key indices are fetched
-  // before any is used, so their loads overlap instead of queueing.
   if (tile_begin < tile_end) load_q<RowTile, kHb>(p, t, h0, smem + Smem<MT, ST>::kQ);
-  PendingKey first[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) first[i] = loads.fetch(keys, tile_begin + i);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) loads.issue(p, first[i], i);
-    ukv_cp_async_commit();
-  }
-  PendingKey pending = first[kStages - 1];
+  loads.start(p, keys);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = (tile - tile_begin) % kStages;
-    const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) loads.issue(p, pending, (ahead - tile_begin) % kStages);
-    ukv_cp_async_commit();
-    pending = loads.fetch(keys, ahead + 1);  // consumed next iteration
-    loads.wait(tile);
+    const int stage = loads.advance(p, keys, tile);
     __syncthreads();
     const char* ks = loads.tile(stage);
 
@@ -695,26 +708,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
-  const TileLoads<WgSmem::kStages, AtomTile> loads{smem + WgSmem::kK, valid_s,
-                                                   reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin};
+  TileLoads<WgSmem::kStages, AtomTile> loads{smem + WgSmem::kK, valid_s,
+                                             reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin, tile_end};
   loads.init();
   __syncthreads();
-  // Both prologue key fetches go out before either is used (their loads overlap).
-  const PendingKey first = loads.fetch(keys, tile_begin);
-  PendingKey pending = loads.fetch(keys, tile_begin + 1);
-  if (tile_begin < tile_end) {
-    load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
-    loads.issue(p, first, 0);
-  }
-  ukv_cp_async_commit();
+  if (tile_begin < tile_end) load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
+  loads.start(p, keys);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = (tile - tile_begin) & 1;
-    if (tile + 1 < tile_end) loads.issue(p, pending, stage ^ 1);
-    ukv_cp_async_commit();
-    pending = loads.fetch(keys, tile + 2);
-    loads.wait(tile);
+    const int stage = loads.advance(p, keys, tile);
     ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
     const char* ks = loads.tile(stage);
@@ -985,13 +988,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attenti
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
 
-  const TileLoads<kStages, PadTile> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar),
-                                          tile_begin};
+  TileLoads<kStages, PadTile> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar), tile_begin,
+                                    tile_end};
   loads.init();
   __syncthreads();
-  PendingKey first[kStages];
-#pragma unroll
-  for (int i = 0; i < kStages; ++i) first[i] = loads.fetch(keys, tile_begin + i);
   if (tile_begin < tile_end) {
     for (int c = tid; c < NH * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks;
@@ -1003,21 +1003,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attenti
       ukv_cp_async16(smem + L::kQ + at, reinterpret_cast<const char*>(qrow) + chunk * 16, valid);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (tile_begin + i < tile_end) loads.issue(p, first[i], i);
-    ukv_cp_async_commit();
-  }
-  PendingKey pending = first[kStages - 1];
+  loads.start(p, keys);
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = (tile - tile_begin) % kStages;
-    const int ahead = tile + kStages - 1;
-    if (ahead < tile_end) loads.issue(p, pending, (ahead - tile_begin) % kStages);
-    ukv_cp_async_commit();
-    pending = loads.fetch(keys, ahead + 1);
-    loads.wait(tile);
+    const int stage = loads.advance(p, keys, tile);
     ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
     const char* ks = loads.tile(stage);
