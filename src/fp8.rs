@@ -68,7 +68,7 @@ impl Fp8Format {
 
 /// The floor on a tile's amax before the scale division (CUDA kernels' eps, spec
 /// §2.3): an all-zero tile gets a finite scale (byte 105 for fn, 106 for fnuz).
-const AMAX_FLOOR: f32 = 1e-4;
+pub const AMAX_FLOOR: f32 = 1e-4;
 
 /// Encodes `x` with round-to-nearest-even; finite overflow and ±Inf saturate
 /// to ±max, and every NaN, whatever its sign, becomes `fmt.nan_code()`. For fn

@@ -7,6 +7,8 @@
 //! match. See ARCHITECTURE.md.
 
 pub mod backend;
+/// FlashMLA FP8 KV cache and indexer key cache byte layouts (spec store_fused §1.1, §1.2).
+pub mod cache_layouts;
 pub mod context;
 pub mod dtype;
 pub mod error;
@@ -16,5 +18,7 @@ pub mod geometry;
 pub mod ops;
 pub mod plan;
 pub mod pool;
+/// RoPE tables and the reference Q/KV norm + RoPE row math (spec store_fused §3).
+pub mod rope;
 pub mod slots;
 pub mod tensor;

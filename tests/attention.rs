@@ -21,7 +21,7 @@ use common::*;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use unikv::ffi::attention::*;
 use unikv::ffi::status::unikv_status;
 use unikv::ffi::types::{unikv_dtype, unikv_tensor};
@@ -42,17 +42,6 @@ const POISON_F32: u32 = u32::from_ne_bytes([POISON_BYTE; 4]);
 
 // ---------------------------------------------------------------------------
 // Randomness
-
-/// A fresh seed from `rand::rng()` (or `UNIKV_TEST_SEED`), printed so that a
-/// failure can be replayed.
-fn seeded(test: &str) -> (StdRng, u64) {
-    let seed = std::env::var("UNIKV_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("{test}: seed {seed} (replay with UNIKV_TEST_SEED={seed})");
-    (StdRng::seed_from_u64(seed), seed)
-}
 
 /// `n` distinct rows below `rows`, in random order.
 fn unique_rows(rng: &mut StdRng, rows: usize, n: usize) -> Vec<i32> {

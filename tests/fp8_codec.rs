@@ -5,11 +5,13 @@
 //! expectation is computed with the code under test. Every test counts what it
 //! checked, so none can pass by checking nothing.
 
+mod common;
+
+use common::seeded;
 use std::cmp::Ordering;
 
 use half::bf16;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use unikv::fp8::{self, Fp8Format};
 
 /// One row of the spec's format table (§2.1) and what follows from it.
@@ -145,15 +147,6 @@ fn next_up(x: f32) -> f32 {
 }
 fn next_down(x: f32) -> f32 {
     f32::from_bits(x.to_bits() - 1)
-}
-
-/// A fresh seed (or `UNIKV_TEST_SEED`); failures name it for replay.
-fn seeded() -> (StdRng, u64) {
-    let seed = std::env::var("UNIKV_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    (StdRng::seed_from_u64(seed), seed)
 }
 
 /// Asserts the codec encodes `x` as the reference does.
@@ -387,7 +380,7 @@ fn every_bf16_value_encodes_like_the_reference() {
 
 #[test]
 fn random_f32_values_encode_like_the_reference() {
-    let (mut rng, seed) = seeded();
+    let (mut rng, seed) = seeded("random_f32_values_encode_like_the_reference");
     const N: usize = 1 << 19;
     let mut checked = 0;
     for spec in specs() {
@@ -567,7 +560,7 @@ fn bf16_round_is_round_to_nearest_even() {
     assert_eq!(fp8::bf16_round(f32::MAX), f32::INFINITY);
     assert_eq!(fp8::bf16_round(-0.0).to_bits(), (-0.0f32).to_bits());
     assert!(fp8::bf16_round(f32::NAN).is_nan());
-    let (mut rng, seed) = seeded();
+    let (mut rng, seed) = seeded("bf16_round_is_round_to_nearest_even");
     const N: usize = 1 << 16;
     for _ in 0..N {
         let x = f32::from_bits(rng.random::<u32>());
@@ -600,7 +593,8 @@ fn quantize(values: &[f32], fmt: Fp8Format) -> (u8, Vec<u8>) {
 
 #[test]
 fn quantize_block_matches_the_reference_and_errs_by_at_most_half_a_step() {
-    let (mut rng, seed) = seeded();
+    let (mut rng, seed) =
+        seeded("quantize_block_matches_the_reference_and_errs_by_at_most_half_a_step");
     const TILES: usize = 4000;
     let mut checked = 0;
     for spec in specs() {

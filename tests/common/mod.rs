@@ -210,3 +210,15 @@ pub fn random_bf16(rng: &mut impl rand::Rng, n: usize) -> Vec<bf16> {
         .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
         .collect()
 }
+
+/// A fresh seed from `rand::rng()` (or `UNIKV_TEST_SEED`), printed so that a
+/// failure can be replayed; returns the generator and the seed.
+pub fn seeded(test: &str) -> (rand::rngs::StdRng, u64) {
+    use rand::{Rng, SeedableRng};
+    let seed = std::env::var("UNIKV_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("{test}: seed {seed} (replay with UNIKV_TEST_SEED={seed})");
+    (rand::rngs::StdRng::seed_from_u64(seed), seed)
+}
