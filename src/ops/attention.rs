@@ -1,6 +1,6 @@
 //! Sparse decode and prefill attention (spec unified_kv §3-§4).
 //!
-//! For token t and head h over its key set K_t, with the sink z = sink[h] as a
+//! For token t and head h over its key set K_t, with the sink `z = sink[h]` as a
 //! virtual key of value zero (z = -inf when no sink is given):
 //! `out = sum_j e^(s_j - M) k_j / (e^(z - M) + sum_j e^(s_j - M))`,
 //! `s_j = scale * <q, k_j>`, `M = max(z, max_j s_j)`; an empty key set gives
