@@ -148,7 +148,6 @@ __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }
 
-__device__ __forceinline__ int ukv_popc64(uint64_t x) { return __popcll((unsigned long long)x); }
 // 1-based index of the lowest set bit, 0 when none.
 __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long)x); }
 
