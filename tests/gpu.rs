@@ -526,14 +526,16 @@ fn check_decode(s: &Setup, pc: &Pool, pg: &Pool, rows: usize, t: usize, h: usize
     );
 }
 
+/// Head counts cover every kernel: heads-on-N wgmma (1-16, 24-32), the
+/// mma.sync kernel with three m-tiles (40), heads-on-M wgmma (64, 128).
 #[test]
 fn decode_matches_cpu() {
     let Some(s) = setup() else { return };
     let (pc, pg, rows) = attention_pools(&s, &mut rand::rng());
     let (tokens, heads): (&[usize], &[usize]) = if small() {
-        (&[1, 3, 140], &[1, 16, 24, 64])
+        (&[1, 3, 140], &[1, 16, 24, 40, 64])
     } else {
-        (&[1, 3, 64, 257], &[1, 8, 16, 24, 32, 64, 128])
+        (&[1, 3, 64, 257], &[1, 8, 16, 24, 32, 40, 64, 128])
     };
     for &t in tokens {
         for &h in heads {
