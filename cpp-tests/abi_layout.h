@@ -174,6 +174,17 @@ PIN_AT(unikv_merge_args, out, 248);
 PIN_AT(unikv_merge_args, lse, 328);
 PIN_AT(unikv_merge_args, num_tokens, 408);
 PIN_AT(unikv_merge_args, reserved, 412);
+
+PIN_SIZE(unikv_rope_yarn, 32);
+PIN_AT(unikv_rope_yarn, factor, 0);
+PIN_AT(unikv_rope_yarn, original_max_position, 8);
+PIN_AT(unikv_rope_yarn, beta_fast, 16);
+PIN_AT(unikv_rope_yarn, beta_slow, 24);
+
+PIN_SIZE(unikv_rope_params, 48);
+PIN_AT(unikv_rope_params, struct_size, 0);
+PIN_AT(unikv_rope_params, base, 8);
+PIN_AT(unikv_rope_params, yarn, 16);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

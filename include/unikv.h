@@ -444,6 +444,28 @@ typedef struct unikv_prefill_streams_args {
   uint32_t compress_ratio;
 } unikv_prefill_streams_args;
 
+// YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
+// none, and the other fields are then ignored.
+typedef struct unikv_rope_yarn {
+  // Context extension factor (`rope_scaling.factor`), > 0; 0 = no YaRN.
+  double factor;
+  // Pre-extension context length (`original_max_position_embeddings`), > 0.
+  uint64_t original_max_position;
+  // Ramp ends in turns over that length: `beta_fast >= beta_slow > 0`.
+  double beta_fast;
+  double beta_slow;
+} unikv_rope_yarn;
+
+// How a layer's RoPE table is built. Dense layers use base 10000 without
+// YaRN; compressed layers base 40000 with YaRN (spec store_fused §3.3).
+typedef struct unikv_rope_params {
+  // sizeof(unikv_rope_params).
+  size_t struct_size;
+  // Frequency base theta, a finite number > 1.
+  double base;
+  struct unikv_rope_yarn yarn;
+} unikv_rope_params;
+
 // Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
 // 1-D contiguous i32.
 typedef struct unikv_store_swa_args {
@@ -701,6 +723,20 @@ UNIKV_NODISCARD
 unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
                                          const struct unikv_prefill_streams_args *args,
                                          void *stream);
+
+// Fills `table` (host memory, at least `max_pos * 64` floats) with the RoPE
+// table of `params` for positions 0..max_pos: row p holds the 32 pairs
+// (cos, sin) of p times each frequency, interleaved, as the GPT-J rotation of
+// the last 64 dims of a 512-dim row reads them. Computed in f64 and rounded
+// once, so every backend reads identical values. Host function, no context;
+// INVALID_ARGUMENT names a bad field of `params` or `max_pos`,
+// CAPACITY_EXCEEDED a short `table`; nothing is written on error.
+// Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_rope_table(const struct unikv_rope_params *params,
+                              uint32_t max_pos,
+                              float *table,
+                              size_t table_len);
 
 // Writes each non-padding row of `kv` into its request's SWA ring at row
 // `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;

@@ -179,7 +179,6 @@ impl Yarn {
 /// The table has unit magnitude: §3.3 defines `freqs_cis = exp(j p w_i)` with no
 /// YaRN magnitude (mscale) factor, and no attention-scale correction is folded in.
 pub fn build_table(cfg: &RopeConfig, max_pos: usize) -> Result<Vec<f32>> {
-    cfg.validate()?;
     ensure!(max_pos > 0, InvalidArgument, "max_pos: must be positive");
     let len = max_pos
         .checked_mul(cfg.rotary_dim)
@@ -191,15 +190,25 @@ pub fn build_table(cfg: &RopeConfig, max_pos: usize) -> Result<Vec<f32>> {
                 cfg.rotary_dim
             )
         })?;
+    let mut table = vec![0.0; len];
+    fill_table(cfg, &mut table)?;
+    Ok(table)
+}
+
+/// `build_table` into a caller's buffer: one row per whole `rotary_dim` floats of
+/// `table` (a trailing partial row is left alone). The config is checked before
+/// anything is written.
+pub fn fill_table(cfg: &RopeConfig, table: &mut [f32]) -> Result<()> {
+    cfg.validate()?;
     let omega = cfg.frequencies();
-    let mut table = Vec::with_capacity(len);
-    for p in 0..max_pos {
-        for w in &omega {
+    for (p, row) in table.chunks_exact_mut(cfg.rotary_dim).enumerate() {
+        for (pair, w) in row.chunks_exact_mut(2).zip(&omega) {
             let (sin, cos) = (p as f64 * w).sin_cos();
-            table.extend([cos as f32, sin as f32]);
+            pair[0] = cos as f32;
+            pair[1] = sin as f32;
         }
     }
-    Ok(table)
+    Ok(())
 }
 
 /// Row `position` of a table built by `build_table`, or `None` when the position is
