@@ -572,6 +572,34 @@ static void test_decode(void) {
     unikv_context_destroy(ctx);
 }
 
+/* The RoPE table from C: row p holds (cos, sin) of p * base^(-2i/64) for the
+ * 32 pairs (no YaRN here, so the frequencies are plain powers of the base);
+ * a short buffer fails and stays untouched. */
+static void test_rope_table(void) {
+    enum { ROWS = 5 };
+    float table[ROWS * 64 + 1];
+    unikv_rope_params params;
+    memset(&params, 0, sizeof params);
+    params.struct_size = sizeof params;
+    params.base = 10000.0;
+    table[ROWS * 64] = -7.0f;
+    CHECK_OK(unikv_rope_table(&params, ROWS, table, ROWS * 64 + 1));
+    CHECK(table[ROWS * 64] == -7.0f);
+    for (int p = 0; p < ROWS; ++p) {
+        for (int i = 0; i < 32; ++i) {
+            const double angle = p * pow(10000.0, -2.0 * i / 64.0);
+            CHECK(fabs(table[p * 64 + 2 * i] - cos(angle)) < 1e-6);
+            CHECK(fabs(table[p * 64 + 2 * i + 1] - sin(angle)) < 1e-6);
+        }
+    }
+    for (int i = 0; i < ROWS * 64 + 1; ++i) table[i] = -7.0f;
+    EXPECT_FAIL(UNIKV_CAPACITY_EXCEEDED, "table_len", table, sizeof table,
+                unikv_rope_table(&params, ROWS + 1, table, ROWS * 64 + 1));
+    params.base = 0.5;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "params.base", table, sizeof table,
+                unikv_rope_table(&params, ROWS, table, ROWS * 64 + 1));
+}
+
 int main(void) {
     /* Before any failure the thread's message is empty. */
     CHECK(strcmp(unikv_last_error_message(), "") == 0);
@@ -588,6 +616,7 @@ int main(void) {
     test_slots();
     test_plans();
     test_decode();
+    test_rope_table();
     printf("test_api: all checks passed\n");
     return 0;
 }
