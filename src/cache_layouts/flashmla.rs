@@ -46,10 +46,8 @@ impl FlashMlaGeometry {
     /// `InvalidArgument`. The page stride is `ceil(584·P / 576)·576` (§1.1): the
     /// 584 bytes a token uses, rounded up to whole value slots.
     pub fn new(page_size: u64, fmt: Fp8Format) -> Result<Self> {
-        let paging = Paging::new("FlashMLA", page_size, &PAGE_SIZES, |p| {
-            let token_bytes = (VALUE_SLOT_BYTES + SCALE_SLOT_BYTES) * p;
-            token_bytes.div_ceil(VALUE_SLOT_BYTES) * VALUE_SLOT_BYTES
-        })?;
+        let slots = (VALUE_SLOT_BYTES, SCALE_SLOT_BYTES);
+        let paging = Paging::new("FlashMLA", page_size, &PAGE_SIZES, slots, VALUE_SLOT_BYTES)?;
         Ok(FlashMlaGeometry { paging, fmt })
     }
 
@@ -69,8 +67,7 @@ impl FlashMlaGeometry {
     /// `value(loc) = page·bytes_per_page + slot·576` (§1.1): the token's 448
     /// codes. Offsets are 64-bit: a per-layer cache passes 2 GiB in production.
     pub fn value_offset(&self, location: u64) -> u64 {
-        let (page, slot) = self.paging.split(location);
-        page * self.bytes_per_page() + slot * VALUE_SLOT_BYTES
+        self.paging.value_offset(location)
     }
 
     /// `rope(loc) = value(loc) + 448` (§1.1): the token's 64 bf16 values,
@@ -82,8 +79,7 @@ impl FlashMlaGeometry {
     /// `scale(loc, 0) = page·bytes_per_page + 576·P + slot·8` (§1.1): the
     /// token's scale slot; tile k's byte is at `+k`, the padding byte at `+7`.
     pub fn scale_offset(&self, location: u64) -> u64 {
-        let (page, slot) = self.paging.split(location);
-        page * self.bytes_per_page() + VALUE_SLOT_BYTES * self.page_size() + slot * SCALE_SLOT_BYTES
+        self.paging.scale_offset(location)
     }
 }
 

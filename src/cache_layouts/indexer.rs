@@ -33,9 +33,13 @@ impl IndexerGeometry {
     /// The geometry of pages of `page_size` keys: only 64 is defined (§1.2),
     /// anything else is `InvalidArgument`. No padding: a page is `132·P` bytes.
     pub fn new(page_size: u64, fmt: Fp8Format) -> Result<Self> {
-        let paging = Paging::new("indexer", page_size, &PAGE_SIZES, |p| {
-            (KEY_DIMS as u64 + SCALE_BYTES) * p
-        })?;
+        let paging = Paging::new(
+            "indexer",
+            page_size,
+            &PAGE_SIZES,
+            (KEY_DIMS as u64, SCALE_BYTES),
+            1,
+        )?;
         Ok(IndexerGeometry { paging, fmt })
     }
 
@@ -54,15 +58,13 @@ impl IndexerGeometry {
 
     /// `value(loc) = page·132P + slot·128` (§1.2): the key's 128 codes.
     pub fn value_offset(&self, location: u64) -> u64 {
-        let (page, slot) = self.paging.split(location);
-        page * self.bytes_per_page() + slot * KEY_DIMS as u64
+        self.paging.value_offset(location)
     }
 
     /// `scale(loc) = page·132P + 128·P + slot·4` (§1.2): the key's fp32 scale,
     /// naturally aligned.
     pub fn scale_offset(&self, location: u64) -> u64 {
-        let (page, slot) = self.paging.split(location);
-        page * self.bytes_per_page() + KEY_DIMS as u64 * self.page_size() + slot * SCALE_BYTES
+        self.paging.scale_offset(location)
     }
 }
 

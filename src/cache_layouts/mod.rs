@@ -17,39 +17,61 @@ pub mod indexer;
 
 use crate::error::{ensure, err, Result};
 
-/// How a layout cuts its cache into pages. The two layouts differ only in what
-/// a page holds, not in how locations map to pages.
+/// How a layout cuts its cache into pages. Both layouts put a page's value
+/// slots first and its scale slots after them (§1.1, §1.2); they differ only in
+/// the slot sizes and in whether the page stride is rounded up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Paging {
     page_size: u64,
     bytes_per_page: u64,
+    value_slot: u64,
+    scale_slot: u64,
 }
 
 impl Paging {
     /// Accepts only the page sizes the spec gives for the layout, so a pool
     /// built with another size fails at creation rather than producing a layout
-    /// no reader expects. `bytes_per_page` runs only on a supported size, so it
-    /// cannot overflow.
+    /// no reader expects. The page stride is the slots of `page_size` tokens
+    /// rounded up to a multiple of `stride_unit`; it is computed only for a
+    /// supported size, so it cannot overflow.
     fn new(
         layout: &str,
         page_size: u64,
         supported: &[u64],
-        bytes_per_page: impl FnOnce(u64) -> u64,
+        (value_slot, scale_slot): (u64, u64),
+        stride_unit: u64,
     ) -> Result<Self> {
         ensure!(
             supported.contains(&page_size),
             InvalidArgument,
             "page_size: {page_size} is not supported by the {layout} layout (supported: {supported:?})"
         );
+        let bytes_per_page =
+            ((value_slot + scale_slot) * page_size).div_ceil(stride_unit) * stride_unit;
         Ok(Paging {
             page_size,
-            bytes_per_page: bytes_per_page(page_size),
+            bytes_per_page,
+            value_slot,
+            scale_slot,
         })
     }
 
     /// The page and the slot in that page of a location.
     fn split(self, location: u64) -> (u64, u64) {
         (location / self.page_size, location % self.page_size)
+    }
+
+    /// `page·bytes_per_page + slot·value_slot`: a token's value slot.
+    fn value_offset(self, location: u64) -> u64 {
+        let (page, slot) = self.split(location);
+        page * self.bytes_per_page + slot * self.value_slot
+    }
+
+    /// `page·bytes_per_page + value_slot·P + slot·scale_slot`: a token's scale
+    /// slot, after the page's value slots.
+    fn scale_offset(self, location: u64) -> u64 {
+        let (page, slot) = self.split(location);
+        page * self.bytes_per_page + self.value_slot * self.page_size + slot * self.scale_slot
     }
 
     /// The location a store writes, or None for the skip sentinel. Fails when
