@@ -91,6 +91,13 @@ fn random_config(rng: &mut StdRng) -> RopeConfig {
     }
 }
 
+/// A random configuration's table row (built here) at a random position.
+fn random_table_row(rng: &mut StdRng) -> (usize, Vec<f32>) {
+    let cfg = random_config(rng);
+    let p = rng.random_range(0..1 << 20);
+    (p, ref_table_row(&ref_omegas(&cfg), p))
+}
+
 fn v3_yarn() -> Yarn {
     Yarn {
         factor: 40.0,
@@ -473,9 +480,7 @@ fn rope_matches_reference() {
     let rows = 2000;
     let mut checked = 0;
     for _ in 0..rows {
-        let cfg = random_config(&mut rng);
-        let p = rng.random_range(0..1 << 20);
-        let cs = ref_table_row(&ref_omegas(&cfg), p);
+        let (p, cs) = random_table_row(&mut rng);
         let scale = rng.random_range(-20..=20);
         let x: Vec<f32> = (0..D).map(|_| random_f32(&mut rng, scale)).collect();
         for inverse in [false, true] {
@@ -559,9 +564,7 @@ fn inverse_undoes_rope_within_bf16_rounding() {
     let rows = 2000;
     let mut checked = 0;
     for _ in 0..rows {
-        let cfg = random_config(&mut rng);
-        let p = rng.random_range(0..1 << 20);
-        let cs = ref_table_row(&ref_omegas(&cfg), p);
+        let (p, cs) = random_table_row(&mut rng);
         let x = random_bf16_row(&mut rng, D);
         let mut y = x.clone();
         rope_row(&mut y, &cs);
@@ -646,9 +649,7 @@ fn prepare_q_matches_reference() {
     let mut rope = Tally::default();
     for &h in &heads {
         for _ in 0..tokens {
-            let cfg = random_config(&mut rng);
-            let p = rng.random_range(0..1 << 20);
-            let cs = ref_table_row(&ref_omegas(&cfg), p);
+            let (p, cs) = random_table_row(&mut rng);
             // Per-head scales differ, as the norm is per head.
             let x: Vec<f32> = (0..h).flat_map(|_| random_bf16_row(&mut rng, D)).collect();
             let mut got = x.clone();
@@ -716,9 +717,7 @@ fn prepare_kv_matches_reference() {
     let mut nope = Tally::default();
     let mut rope = Tally::default();
     for t in 0..tokens {
-        let cfg = random_config(&mut rng);
-        let p = rng.random_range(0..1 << 20);
-        let cs = ref_table_row(&ref_omegas(&cfg), p);
+        let (p, cs) = random_table_row(&mut rng);
         let x = random_bf16_row(&mut rng, D);
         let mut got = x.clone();
         prepare_kv_row(&mut got, &weight, EPS, &cs);
