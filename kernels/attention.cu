@@ -915,9 +915,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 //        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
-template <int NH>
+template <int NH, int ST>
 struct SwapSmem {
-  static constexpr int kStages = NH == 16 ? 3 : 2;
+  static constexpr int kStages = ST;
+  static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile
@@ -943,13 +944,15 @@ __device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)
 }
 #endif
 
-template <int NH>
-__global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
+template <int NH, int ST>
+__global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
+    attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
-  using L = SwapSmem<NH>;
+  using L = SwapSmem<NH, ST>;
   constexpr int kStages = L::kStages;
   constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
+  constexpr int kGroup = 4;        // QK fragments per wgmma commit group
   extern __shared__ __align__(1024) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
   const int h0 = hb * NH;
@@ -1012,25 +1015,32 @@ __global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attenti
     __syncthreads();
     const char* ks = loads.tile(stage);
 
-    // QK over this warpgroup's 16 k-steps of 16 dims.
+    // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of
+    // kGroup fragments double-buffered in registers (a group's registers are
+    // reloaded only after the group two back has completed), which keeps the
+    // kernel within 128 registers for two CTAs per SM.
     float s[kRegs];
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
     {
-      uint32_t a[16][4];
+      uint32_t a[2][kGroup][4];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int kstep = 16 * wg + i;
-        ukv_ldmatrix_x4(a[i], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+      for (int grp = 0; grp < 16 / kGroup; ++grp) {
+        if (grp >= 2) ukv_wgmma_wait<1>();
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) {
+          const int kstep = 16 * wg + grp * kGroup + j;
+          ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+        }
+        ukv_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) {
+          const int kstep = 16 * wg + grp * kGroup + j;
+          const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
+          swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(qb, 16, 1024));
+        }
+        ukv_wgmma_commit();
       }
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-      ukv_wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int kstep = 16 * wg + i;
-        const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
-        swap_mma<NH>(s, a[i], ukv_wgmma_desc(qb, 16, 1024));
-      }
-      ukv_wgmma_commit();
       ukv_wgmma_wait<0>();
       ukv_wgmma_fence_regs(s);
     }
@@ -1098,21 +1108,22 @@ __global__ void __launch_bounds__(kThreads, 1) attention_swap_kernel(ukv_attenti
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
     {
-      uint32_t a[16][4];
+      // One commit group per 64-dim block: its four key steps' V^T fragments.
+      uint32_t a[2][4][4];
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
+      for (int mb = 0; mb < 4; ++mb) {
+        if (mb >= 2) ukv_wgmma_wait<1>();
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
           const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
-          ukv_ldmatrix_x4_trans(a[mb * 4 + k], ks + PadTile::at(key, chunk));
+          ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
         }
-      ukv_wgmma_fence();
+        ukv_wgmma_fence();
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb * 4 + k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
-      ukv_wgmma_commit();
+        for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
+        ukv_wgmma_commit();
+      }
       ukv_wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
@@ -1313,8 +1324,16 @@ using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
   switch (plan.wgmma) {
     case 64: *kernel = attention_wgmma_kernel; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
-    case 16: *kernel = attention_swap_kernel<16>; *smem = SwapSmem<16>::kBytes; return UKV_SHIM_OK;
-    case 32: *kernel = attention_swap_kernel<32>; *smem = SwapSmem<32>::kBytes; return UKV_SHIM_OK;
+    case 16:
+      if (plan.stages == 1) {
+        *kernel = attention_swap_kernel<16, 1>;
+        *smem = SwapSmem<16, 1>::kBytes;
+      } else {
+        *kernel = attention_swap_kernel<16, 3>;
+        *smem = SwapSmem<16, 3>::kBytes;
+      }
+      return UKV_SHIM_OK;
+    case 32: *kernel = attention_swap_kernel<32, 2>; *smem = SwapSmem<32, 2>::kBytes; return UKV_SHIM_OK;
     default: break;
   }
   switch (plan.block_m_tiles * 8 + plan.stages) {
@@ -1355,17 +1374,16 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
     pl.stages = pl.block_m_tiles > 1 ? 2 : (2 * max_tokens * pl.head_blocks >= sms ? 1 : 3);
     // sm_90a: blocks of up to 32 heads run the heads-on-N wgmma kernel, 64-head
     // blocks the heads-on-M one; the rest (and other GPUs) the mma.sync kernel.
-    // Exception: 16-head blocks of batches past one block per SM keep the
-    // mma.sync kernel at two blocks per SM (one stage each), which measured
-    // better there (bench/NOTES.md, version 10).
+    // 16-head blocks of batches past one CTA per SM take the one-stage variant
+    // at two CTAs per SM (bench/NOTES.md, version 12).
     bool built = false;
-    const bool swap = num_heads <= 32 && (num_heads > 16 || max_tokens * pl.head_blocks <= sms);
+    const bool swap = num_heads <= 32;
     if ((swap || pl.block_m_tiles == 4) && cc_major == 9 && !g_no_wgmma) {
       if (int r = wgmma_built(&built)) return r;
     }
     pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
-    if (pl.wgmma == 16) pl.stages = SwapSmem<16>::kStages;
-    if (pl.wgmma == 32) pl.stages = SwapSmem<32>::kStages;
+    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks > sms ? 1 : 3;
+    if (pl.wgmma == 32) pl.stages = 2;
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
     if (int r = plan_kernel(pl, &kernel, &smem)) return r;
