@@ -109,6 +109,13 @@ enum unikv_dtype
   UNIKV_DTYPE_I32 = 4,
   UNIKV_DTYPE_I64 = 5,
   UNIKV_DTYPE_U8 = 6,
+  // OCP FP8 E4M3FN (max 448, NaN 0x7F/0xFF): FP8 pools and caches.
+  UNIKV_DTYPE_FP8_E4M3FN = 7,
+  // FP8 E4M3FNUZ (max 240, bias 8, NaN 0x80, no -0; AMD gfx942). Encoded
+  // with 240 as clip bound and scale divisor, so FNUZ pools are not
+  // byte-compatible with those written by sglang's HIP C++ kernels, which
+  // divide by 224.
+  UNIKV_DTYPE_FP8_E4M3FNUZ = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -1,6 +1,7 @@
 //! Element types of tensor arguments.
 
 use crate::error::{err, Error};
+use crate::fp8::Fp8Format;
 
 /// Element type of a tensor argument. Values are part of the C ABI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,16 +12,21 @@ pub enum DType {
     I32,
     I64,
     U8,
+    /// FP8 codes (one byte each); the variant names the flavour.
+    Fp8E4m3fn,
+    Fp8E4m3fnuz,
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 8] = [
         DType::Bf16,
         DType::F16,
         DType::F32,
         DType::I32,
         DType::I64,
         DType::U8,
+        DType::Fp8E4m3fn,
+        DType::Fp8E4m3fnuz,
     ];
 
     pub fn size_bytes(self) -> usize {
@@ -28,7 +34,7 @@ impl DType {
             DType::Bf16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
-            DType::U8 => 1,
+            DType::U8 | DType::Fp8E4m3fn | DType::Fp8E4m3fnuz => 1,
         }
     }
 
@@ -40,6 +46,17 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::U8 => "u8",
+            DType::Fp8E4m3fn => "fp8_e4m3fn",
+            DType::Fp8E4m3fnuz => "fp8_e4m3fnuz",
+        }
+    }
+
+    /// The FP8 flavour of an FP8 dtype, None for every other dtype.
+    pub fn fp8_format(self) -> Option<Fp8Format> {
+        match self {
+            DType::Fp8E4m3fn => Some(Fp8Format::E4m3Fn),
+            DType::Fp8E4m3fnuz => Some(Fp8Format::E4m3Fnuz),
+            _ => None,
         }
     }
 

@@ -17,6 +17,13 @@ pub enum unikv_dtype {
     UNIKV_DTYPE_I32 = 4,
     UNIKV_DTYPE_I64 = 5,
     UNIKV_DTYPE_U8 = 6,
+    /// OCP FP8 E4M3FN (max 448, NaN 0x7F/0xFF): FP8 pools and caches.
+    UNIKV_DTYPE_FP8_E4M3FN = 7,
+    /// FP8 E4M3FNUZ (max 240, bias 8, NaN 0x80, no -0; AMD gfx942). Encoded
+    /// with 240 as clip bound and scale divisor, so FNUZ pools are not
+    /// byte-compatible with those written by sglang's HIP C++ kernels, which
+    /// divide by 224.
+    UNIKV_DTYPE_FP8_E4M3FNUZ = 8,
 }
 
 /// Backends (`unikv_context_options.backend`, `unikv_context_info.backend`).
@@ -74,3 +81,5 @@ impl From<&unikv_tensor> for RawTensor {
 const _: () = assert!(MAX_DIMS == 4);
 const _: () = assert!(unikv_dtype::UNIKV_DTYPE_BF16 as u32 == DType::Bf16.to_raw());
 const _: () = assert!(unikv_dtype::UNIKV_DTYPE_U8 as u32 == DType::U8.to_raw());
+const _: () = assert!(unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN as u32 == DType::Fp8E4m3fn.to_raw());
+const _: () = assert!(unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ as u32 == DType::Fp8E4m3fnuz.to_raw());
