@@ -35,7 +35,7 @@ PIN_AT(unikv_context_info, device, 12);
 PIN_AT(unikv_context_info, cpu_threads, 16);
 PIN_AT(unikv_context_info, validate, 20);
 
-PIN_SIZE(unikv_pool_params, 48);
+PIN_SIZE(unikv_pool_params, 56);
 PIN_AT(unikv_pool_params, struct_size, 0);
 PIN_AT(unikv_pool_params, compress_ratios, 8);
 PIN_AT(unikv_pool_params, layer_buffers, 16);
@@ -45,6 +45,7 @@ PIN_AT(unikv_pool_params, window, 32);
 PIN_AT(unikv_pool_params, spec_extra, 36);
 PIN_AT(unikv_pool_params, c128_blocks, 40);
 PIN_AT(unikv_pool_params, kv_dtype, 44);
+PIN_AT(unikv_pool_params, rope_buffers, 48);
 
 PIN_SIZE(unikv_pool_info, 56);
 PIN_AT(unikv_pool_info, struct_size, 0);
@@ -59,7 +60,7 @@ PIN_AT(unikv_pool_info, slots_in_use, 44);
 PIN_AT(unikv_pool_info, kv_dtype, 48);
 PIN_AT(unikv_pool_info, owns_memory, 52);
 
-PIN_SIZE(unikv_pool_layer_info, 56);
+PIN_SIZE(unikv_pool_layer_info, 72);
 PIN_AT(unikv_pool_layer_info, struct_size, 0);
 PIN_AT(unikv_pool_layer_info, data, 8);
 PIN_AT(unikv_pool_layer_info, rows, 16);
@@ -68,6 +69,8 @@ PIN_AT(unikv_pool_layer_info, compressed_rows, 32);
 PIN_AT(unikv_pool_layer_info, bytes, 40);
 PIN_AT(unikv_pool_layer_info, compress_ratio, 48);
 PIN_AT(unikv_pool_layer_info, reserved, 52);
+PIN_AT(unikv_pool_layer_info, rope_data, 56);
+PIN_AT(unikv_pool_layer_info, rope_bytes, 64);
 
 PIN_SIZE(unikv_attention_plan_params, 32);
 PIN_AT(unikv_attention_plan_params, struct_size, 0);

@@ -222,8 +222,9 @@ typedef struct unikv_pool_params {
   const uint32_t *compress_ratios;
   // NULL: the pool allocates zeroed buffers in the context's memory and owns
   // them. Otherwise a host array of `num_layers` caller-owned buffers (device
-  // memory for GPU backends), each `rows(layer) * row_bytes` bytes and 16-byte
-  // aligned; they must outlive the pool.
+  // memory for GPU backends), 16-byte aligned, that must outlive the pool:
+  // each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
+  // `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
   void *const *layer_buffers;
   uint32_t num_layers;
   // Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
@@ -234,8 +235,16 @@ typedef struct unikv_pool_params {
   uint32_t spec_extra;
   // Number of 128-token blocks B of the caller's KV page space.
   uint32_t c128_blocks;
-  // A `unikv_dtype`; only UNIKV_DTYPE_BF16 in this version.
+  // A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
+  // (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
+  // unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+  // tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
+  // row at the same row id. Stores quantize; attention dequantizes.
   uint32_t kv_dtype;
+  // FP8 pools adopting buffers: a host array of `num_layers` caller-owned
+  // rope buffers, each `rows(layer) * 128` bytes, 16-byte aligned. NULL
+  // otherwise (required NULL for bf16 pools).
+  void *const *rope_buffers;
 } unikv_pool_params;
 
 // Pool-wide geometry (`unikv_pool_get_info`).
@@ -244,7 +253,8 @@ typedef struct unikv_pool_info {
   size_t struct_size;
   // Rows of the SWA region (identical in every layer): (max_requests + 1) * ring.
   uint64_t swa_rows;
-  // Bytes of one row (1024 for bf16).
+  // Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
+  // nope row + 128-byte rope row).
   uint64_t row_bytes;
   uint32_t num_layers;
   uint32_t max_requests;
@@ -264,7 +274,8 @@ typedef struct unikv_pool_info {
 typedef struct unikv_pool_layer_info {
   // sizeof(unikv_pool_layer_info), set by the caller.
   size_t struct_size;
-  // The layer's `[rows, 512]` buffer (device memory for GPU backends).
+  // The layer's `[rows, 512]` buffer (device memory for GPU backends): bf16
+  // rows, or the FP8 pool's 512-byte nope rows.
   void *data;
   // Total rows of the layer.
   uint64_t rows;
@@ -272,11 +283,15 @@ typedef struct unikv_pool_layer_info {
   uint64_t swa_rows;
   // Compressed rows after the SWA region (0 for dense layers).
   uint64_t compressed_rows;
-  // Bytes of the buffer: rows * row_bytes.
+  // Bytes of `data`: rows * 1024 (bf16) or rows * 512 (FP8).
   uint64_t bytes;
   // 0, 4 or 128.
   uint32_t compress_ratio;
   uint32_t reserved;
+  // FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
+  void *rope_data;
+  // Bytes of `rope_data`: rows * 128 (FP8) or 0.
+  uint64_t rope_bytes;
 } unikv_pool_layer_info;
 
 // Capture-time shapes of an attention plan.
@@ -289,9 +304,12 @@ typedef struct unikv_attention_plan_params {
   uint32_t num_heads;
   // Latent width; must be 512.
   uint32_t head_dim;
-  // `unikv_dtype` of q, the KV rows and out; UNIKV_DTYPE_BF16 in this version.
+  // `unikv_dtype` of q: UNIKV_DTYPE_BF16.
   uint32_t q_dtype;
+  // The pool's `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of
+  // another dtype is UNIKV_BAD_DTYPE.
   uint32_t kv_dtype;
+  // `unikv_dtype` of out: UNIKV_DTYPE_BF16.
   uint32_t out_dtype;
 } unikv_attention_plan_params;
 

@@ -20,10 +20,15 @@
 //
 // Keys come from up to two sources (pool rows, then the prefill chunk's own
 // rows); an index outside its source (-1 included) is skipped, never read.
+// Rows of an FP8 pool (spec unified_kv 1.5(c)) are gathered as they are
+// stored (512-byte nope row + 128-byte rope row) into the first 640 bytes of
+// their bf16 slot in the tile and dequantized there in place
+// (dequantize_tile), so every kernel's MMA code reads bf16 tiles either way.
 #include <math.h>
 
 #include <type_traits>
 
+#include "fp8.cuh"
 #include "shim.cuh"
 
 namespace {
@@ -105,6 +110,16 @@ __device__ __forceinline__ bool key_valid(const ukv_attention_params& p, Pending
   return k.source >= 0 && k.raw >= 0 && k.raw < p.src[k.source].rows;
 }
 
+// What a tile row holds (the per-stage `valid` array): nothing (masked), a
+// bf16 row, or an FP8 row still to be dequantized.
+enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2 };
+
+// FP8 rows gathered raw: nope bytes in chunks 0..31 of the row's slot, rope
+// bytes in chunks 32..39.
+constexpr int kFp8NopeBytes = 512;
+constexpr int kFp8RopeBytes = 128;
+constexpr int kFp8RopeChunk = kFp8NopeBytes / 16;
+
 // Tile layouts in shared memory: where 16-byte chunk `c` of row `r` lives.
 // RowTile: 1024-byte rows, chunks XOR-swizzled by r & 7 so the 8 rows an
 // ldmatrix reads hit distinct banks (queries of the mma.sync kernels).
@@ -141,6 +156,44 @@ constexpr bool kHasBulkCopy = true;
 #else
 constexpr bool kHasBulkCopy = false;
 #endif
+
+// Dequantizes the FP8 rows of a landed tile in place: warp w takes rows w,
+// w+8, ... Each lane reads one raw chunk (lanes 0..27: 16 codes of tile
+// lane / 4; lane 28: the scale bytes s0 s0 s1 s1 .. s6 s6; lanes 0..7 also one
+// rope chunk) before the warp writes the row's 64 bf16 chunks over them. The
+// values are exact: an e4m3 value times a power of two fits bf16, so the tile
+// holds what src/cache_layouts/unified.rs dequantize_row gives.
+template <class Layout>
+__device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  for (int r = warp; r < kBK; r += kWarps) {
+    if (valid[r] != kRowFp8) continue;  // uniform over the warp
+    const uint4 codes = *reinterpret_cast<const uint4*>(tile + Layout::at(r, lane));
+    uint4 rope = make_uint4(0, 0, 0, 0);
+    if (lane < kFp8RopeBytes / 16) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(r, kFp8RopeChunk + lane));
+    const int k = lane / 4 < 7 ? lane / 4 : 0;  // this lane's 64-dim tile
+    const uint32_t scale_words[4] = {(uint32_t)ukv_shfl((int)codes.x, 28, UKV_WARP),
+                                     (uint32_t)ukv_shfl((int)codes.y, 28, UKV_WARP),
+                                     (uint32_t)ukv_shfl((int)codes.z, 28, UKV_WARP),
+                                     (uint32_t)ukv_shfl((int)codes.w, 28, UKV_WARP)};
+    const uint32_t word = k < 2 ? scale_words[0] : k < 4 ? scale_words[1] : k < 6 ? scale_words[2] : scale_words[3];
+    const float scale = ukv_ue8m0_to_float((uint8_t)(word >> (16 * (k & 1))));
+    ukv_syncwarp();  // every raw chunk of the row is read before any is overwritten
+    if (lane < 28) {
+      const uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
+      uint32_t out[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float lo, hi;
+        ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
+        out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
+      }
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane)) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+    if (lane < kFp8RopeBytes / 16) *reinterpret_cast<uint4*>(tile + Layout::at(r, kChunks - 8 + lane)) = rope;
+  }
+}
 
 // Gathers 64-key tiles into kStages stages of `Layout`.
 //  - Bulk (sm_90+, contiguous rows): lanes 0..7 of warp w copy keys 8w..8w+7,
@@ -188,12 +241,18 @@ struct TileLoads {
     const bool ok = key_valid(p, pk);
     if (kBulk) {
       if (key < 0) return;
-      valid[stage * kBK + key] = ok ? 1 : 0;
       char* row = dst + Layout::at(key, 0);
-      if (ok) {
-        const ukv_kv_source& src = p.src[pk.source];
+      const ukv_kv_source& src = p.src[ok ? pk.source : 0];
+      valid[stage * kBK + key] = !ok ? kRowInvalid : src.kv.fp8 ? kRowFp8 : kRowBf16;
+      if (ok && src.kv.fp8) {
+        ukv_mbar_arrive_expect(&bars[stage], kFp8NopeBytes + kFp8RopeBytes);
+        ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, kFp8NopeBytes,
+                      &bars[stage]);
+        ukv_bulk_copy(row + kFp8NopeBytes, static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes,
+                      kFp8RopeBytes, &bars[stage]);
+      } else if (ok) {
         ukv_mbar_arrive_expect(&bars[stage], kD * 2);
-        ukv_bulk_copy(row, static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride, kD * 2,
+        ukv_bulk_copy(row, static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride, kD * 2,
                       &bars[stage]);
       } else {
         for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(row + c * 16) = make_uint4(0, 0, 0, 0);
@@ -202,21 +261,35 @@ struct TileLoads {
       }
       return;
     }
-    const int half = warp & 1;  // which 32 chunks of the row this warp copies
-    const ukv_bf16* lane_row = static_cast<const ukv_bf16*>(p.src[0].kv);
+    // Which 32 chunks of the row this warp copies: half 0 the first 512 bytes
+    // (of a bf16 row, or an FP8 nope row), half 1 the rest (the FP8 rope row
+    // lands in chunks 32..39; lanes past them copy nothing).
+    const int half = warp & 1;
+    const char* lane_base = static_cast<const char*>(p.src[0].kv.data);
+    int kind = kRowInvalid;
     if (ok) {
       const ukv_kv_source& src = p.src[pk.source];
-      lane_row = static_cast<const ukv_bf16*>(src.kv) + (int64_t)pk.raw * src.kv_stride;
+      if (src.kv.fp8) {
+        kind = kRowFp8;
+        lane_base = half == 0 ? static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes
+                              : static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes -
+                                    kFp8NopeBytes;
+      } else {
+        kind = kRowBf16;
+        lane_base = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) +
+                                                  (int64_t)pk.raw * src.kv_stride);
+      }
     }
-    if (key >= 0 && half == 0) valid[stage * kBK + key] = ok ? 1 : 0;
-    const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_row);
+    if (key >= 0 && half == 0) valid[stage * kBK + key] = kind;
+    const uint64_t row_bits = reinterpret_cast<uint64_t>(lane_base);
 #pragma unroll 4
     for (int i = 0; i < kBK / 4; ++i) {
       const int k = i * 4 + (warp >> 1);
       const uint64_t addr = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)row_bits, i, UKV_WARP)) |
                             ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
-      const bool copy = ukv_shfl(ok ? 1 : 0, i, UKV_WARP) != 0;
+      const int k_kind = ukv_shfl(kind, i, UKV_WARP);
       const int chunk = half * 32 + lane;
+      const bool copy = k_kind == kRowBf16 || (k_kind == kRowFp8 && chunk < kFp8RopeChunk + kFp8RopeBytes / 16);
       ukv_cp_async16(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + chunk * 16, copy);
     }
   }
@@ -247,6 +320,16 @@ struct TileLoads {
     pending = fetch(keys, ahead + 1);
     wait(tile);
     return (tile - tile_begin) % kStages;
+  }
+
+  // After advance() and the __syncthreads that follows it: dequantizes the
+  // stage's FP8 rows in place and syncs again, so the tile holds bf16 rows
+  // only. Nothing to do unless the pool is FP8 (uniform over the grid).
+  __device__ __forceinline__ void dequantize(const ukv_attention_params& p, int stage) const {
+    if (!p.src[0].kv.fp8) return;
+    dequantize_tile<Layout>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format);
+    ukv_fence_async_shared();  // generic writes before later async-proxy access (bulk copies, wgmma)
+    __syncthreads();
   }
 
   // Waits until tile `tile` (and the query rows) have landed; a __syncthreads
@@ -428,6 +511,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = loads.advance(p, keys, tile);
     __syncthreads();
+    loads.dequantize(p, stage);
     const char* ks = loads.tile(stage);
 
     // QK. With an even number of m-tiles, warps form 2 head halves x 4 key
@@ -720,6 +804,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     const int stage = loads.advance(p, keys, tile);
     ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
+    loads.dequantize(p, stage);
     const char* ks = loads.tile(stage);
 
     // QK over this warpgroup's half of the dims: k-steps 16w..16w+15, each
@@ -1013,6 +1098,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
     const int stage = loads.advance(p, keys, tile);
     ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
+    loads.dequantize(p, stage);
     const char* ks = loads.tile(stage);
 
     // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__HIPCC__)
 #error "HIP mapping arrives with the ROCm backend; kernels are written against this header only"
@@ -255,6 +256,17 @@ __device__ __forceinline__ uint16_t ukv_cvt_e4m3x2(float lo, float hi) {
   uint16_t packed;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(hi), "f"(lo));
   return packed;
+}
+// Two e4m3fn codes (`lo` in the low byte) to their exact values: e4m3 -> f16
+// is exact (NaN stays NaN), and so is f16 -> f32.
+__device__ __forceinline__ void ukv_cvt_e4m3x2_to_float2(uint16_t codes, float& lo, float& hi) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(codes));
+  __half2 h;
+  memcpy(&h, &halves, sizeof(h));
+  const float2 f = __half22float2(h);
+  lo = f.x;
+  hi = f.y;
 }
 #endif
 

@@ -138,3 +138,43 @@ __device__ __forceinline__ uint8_t ukv_fp8_encode(float x, ukv_fp8_format fmt) {
   if (fmt == UKV_FP8_E4M3FN) return (uint8_t)(ukv_fp8x2_encode_e4m3fn(x, 0.f) & 0xFFu);
   return ukv_fp8_encode_sw(x, fmt);
 }
+
+// Four values to codes packed little-endian (v[0] in the low byte).
+__device__ __forceinline__ uint32_t ukv_fp8x4_encode(const float (&v)[4], ukv_fp8_format fmt) {
+  if (fmt == UKV_FP8_E4M3FN)
+    return (uint32_t)ukv_fp8x2_encode_e4m3fn(v[0], v[1]) | ((uint32_t)ukv_fp8x2_encode_e4m3fn(v[2], v[3]) << 16);
+  uint32_t codes = 0;
+  for (int i = 0; i < 4; ++i) codes |= (uint32_t)ukv_fp8_encode_sw(v[i], fmt) << (8 * i);
+  return codes;
+}
+
+// One 64-value tile held 4 consecutive values per lane by 16 lanes that form an
+// aligned 16-lane group of the warp (all 32 lanes call it): the tile's UE8M0
+// byte (NaN-ignoring amax over the 16 lanes, as src/fp8.rs quantize_block) and
+// this lane's 4 codes. `v` holds bf16-representable values.
+__device__ __forceinline__ uint32_t ukv_fp8_quantize_tile16(const float (&v)[4], ukv_fp8_format fmt,
+                                                           uint8_t* scale_byte) {
+  float amax = 0.f;
+  // fmaxf drops NaN operands, so a NaN never becomes the amax (Rust's f32::max).
+  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int mask = 8; mask > 0; mask >>= 1) amax = fmaxf(amax, ukv_shfl_xor(amax, mask, 32));
+  const uint8_t byte = ukv_ue8m0_scale_byte(amax, fmt);
+  const float scale = ukv_ue8m0_to_float(byte);
+  float q[4];
+  for (int i = 0; i < 4; ++i) q[i] = v[i] / scale;
+  *scale_byte = byte;
+  return ukv_fp8x4_encode(q, fmt);
+}
+
+// Two codes (the low byte first) to their exact fp32 values: the hardware
+// conversion for e4m3fn where present, the software decoder otherwise.
+__device__ __forceinline__ void ukv_fp8x2_decode(uint32_t codes, ukv_fp8_format fmt, float& lo, float& hi) {
+#if defined(UKV_HAS_E4M3_CVT)
+  if (fmt == UKV_FP8_E4M3FN) {
+    ukv_cvt_e4m3x2_to_float2((uint16_t)codes, lo, hi);
+    return;
+  }
+#endif
+  lo = ukv_fp8_decode((uint8_t)codes, fmt);
+  hi = ukv_fp8_decode((uint8_t)(codes >> 8), fmt);
+}

@@ -6,13 +6,23 @@
 #include <stdint.h>
 
 /* SWA ring scatter (spec unified_kv 5.2). */
+/* A pool layer's rows: bf16 `[rows, 512]` in `data`, or (fp8 != 0) the FP8
+ * pool's 512-byte nope rows in `data` and `[rows, 64]` bf16 rope rows in `rope`
+ * (spec unified_kv 1.5(c)). `fp8_format` is a ukv_fp8_format (kernels/fp8.cuh). */
+typedef struct ukv_pool_rows {
+  void* data;
+  void* rope;
+  int32_t fp8;
+  uint32_t fp8_format;
+} ukv_pool_rows;
+
 typedef struct ukv_store_swa_params {
   const void* kv;           /* [num_tokens, 512] bf16, row stride kv_stride */
   const int32_t* batch_id;  /* [num_tokens] */
   const int32_t* req_slots; /* [num_requests] */
   const int32_t* positions; /* [num_tokens] */
   const int32_t* final_pos; /* [num_requests] or NULL */
-  void* pool;               /* layer buffer [pool_rows, 512] bf16 */
+  ukv_pool_rows pool;
   int64_t kv_stride;
   int64_t pool_rows;
   int32_t num_tokens;
@@ -27,7 +37,7 @@ typedef struct ukv_store_swa_params {
 typedef struct ukv_store_compressed_params {
   const void* kv;      /* [num_rows, 512] bf16 */
   const int32_t* loc;  /* [num_rows], < 0 = skip */
-  void* pool;
+  ukv_pool_rows pool;
   int64_t kv_stride;
   int64_t swa_rows;
   int64_t compressed_rows;
@@ -106,7 +116,7 @@ typedef struct ukv_prefill_streams_params {
 
 /* One key source of sparse attention. */
 typedef struct ukv_kv_source {
-  const void* kv;          /* [rows, 512] bf16 */
+  ukv_pool_rows kv;        /* bf16 rows (stride kv_stride elements) or FP8 pool rows */
   const int32_t* indices;
   const int32_t* indptr;   /* [num_tokens + 1] */
   int64_t kv_stride;

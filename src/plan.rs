@@ -51,9 +51,14 @@ impl PlanShape {
             "params.head_dim: {} is not supported, expected {HEAD_DIM}",
             self.head_dim
         );
+        ensure!(
+            self.kv_dtype == DType::Bf16 || self.kv_dtype.fp8_format().is_some(),
+            BadDtype,
+            "params.kv_dtype: {} is not supported, expected the pool's dtype (bf16, fp8_e4m3fn or fp8_e4m3fnuz)",
+            self.kv_dtype.name()
+        );
         for (name, dtype) in [
             ("params.q_dtype", self.q_dtype),
-            ("params.kv_dtype", self.kv_dtype),
             ("params.out_dtype", self.out_dtype),
         ] {
             ensure!(

@@ -1,13 +1,18 @@
-//! The unified KV pool: one `[rows, 512]` bf16 buffer per layer plus the
-//! request-slot allocator. Buffers live in the context's backend memory and are
-//! either allocated here (zeroed) or adopted from the caller.
+//! The unified KV pool: per layer either one `[rows, 512]` bf16 buffer or, for
+//! FP8 pools, a `[rows, 512]` byte buffer of nope rows plus a `[rows, 64]` bf16
+//! buffer of rope rows (spec unified_kv §1.5(c)); and the request-slot
+//! allocator. Buffers live in the context's backend memory and are either
+//! allocated here (zeroed) or adopted from the caller.
 
 use std::sync::Arc;
 
 use half::bf16;
 
+use crate::cache_layouts::unified::{NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::context::Context;
+use crate::dtype::DType;
 use crate::error::{ensure, Result};
+use crate::fp8::Fp8Format;
 use crate::geometry::{Geometry, PoolConfig, HEAD_DIM};
 use crate::slots::SlotAllocator;
 use crate::tensor::{Matrix, ROW_ALIGN};
@@ -15,11 +20,51 @@ use crate::tensor::{Matrix, ROW_ALIGN};
 /// Bytes of one bf16 latent row.
 pub const ROW_BYTES: usize = HEAD_DIM * 2;
 
+/// One layer's rows as operations see them. Row ids are the same in both
+/// kinds; an FP8 row is quantized on store and dequantized inside attention.
+#[derive(Debug, Clone, Copy)]
+pub enum LayerRows {
+    Bf16(Matrix<bf16>),
+    Fp8 {
+        /// `[rows, 512]` bytes: 448 codes, 7 scale bytes twice, zero padding.
+        nope: Matrix<u8>,
+        /// `[rows, 64]` bf16.
+        rope: Matrix<bf16>,
+        format: Fp8Format,
+    },
+}
+
+impl LayerRows {
+    pub fn rows(&self) -> usize {
+        match self {
+            LayerRows::Bf16(m) => m.shape[0],
+            LayerRows::Fp8 { nope, .. } => nope.shape[0],
+        }
+    }
+}
+
+/// A layer's buffers: `data` holds bf16 rows or FP8 nope rows; `rope` is null
+/// for bf16 pools.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerBuffers {
+    pub data: *mut u8,
+    pub rope: *mut u8,
+}
+
+/// Bytes of a layer's (data, rope) buffers for `rows` rows of `dtype`.
+pub fn layer_bytes(dtype: DType, rows: usize) -> (usize, usize) {
+    match dtype.fp8_format() {
+        None => (rows * ROW_BYTES, 0),
+        Some(_) => (rows * NOPE_ROW_BYTES, rows * ROPE_DIMS * 2),
+    }
+}
+
 #[derive(Debug)]
 pub struct Pool {
     ctx: Arc<Context>,
     geometry: Geometry,
-    layers: Vec<*mut u8>,
+    dtype: DType,
+    layers: Vec<LayerBuffers>,
     owned: bool,
     slots: SlotAllocator,
 }
@@ -30,10 +75,22 @@ unsafe impl Send for Pool {}
 unsafe impl Sync for Pool {}
 
 impl Pool {
-    /// Creates a pool; `adopt` holds one caller-owned buffer per layer, or is None
-    /// to allocate zeroed buffers through the backend.
-    pub fn new(ctx: Arc<Context>, config: PoolConfig, adopt: Option<&[*mut u8]>) -> Result<Self> {
+    /// Creates a pool of `dtype` rows (bf16 or an FP8 flavour); `adopt` holds
+    /// caller-owned buffers per layer (`rope` null for bf16), or is None to
+    /// allocate zeroed buffers through the backend.
+    pub fn new(
+        ctx: Arc<Context>,
+        config: PoolConfig,
+        dtype: DType,
+        adopt: Option<&[LayerBuffers]>,
+    ) -> Result<Self> {
         ctx.check_usable()?;
+        ensure!(
+            dtype == DType::Bf16 || dtype.fp8_format().is_some(),
+            BadDtype,
+            "params.kv_dtype: {} pools are not supported, expected bf16, fp8_e4m3fn or fp8_e4m3fnuz",
+            dtype.name()
+        );
         let geometry = Geometry::new(config)?;
         for layer in 0..geometry.num_layers() {
             ensure!(
@@ -48,15 +105,22 @@ impl Pool {
             let mut pool = Pool {
                 ctx,
                 geometry,
+                dtype,
                 layers: Vec::new(),
                 owned: true,
                 slots,
             };
             for layer in 0..pool.geometry.num_layers() {
-                let bytes = pool.geometry.rows(layer) * ROW_BYTES;
-                // On failure `pool` drops and frees the layers allocated so far.
-                let ptr = pool.ctx.backend().alloc(bytes)?;
-                pool.layers.push(ptr);
+                let (data, rope) = layer_bytes(dtype, pool.geometry.rows(layer));
+                // On failure `pool` drops and frees the buffers allocated so far.
+                let data = pool.ctx.backend().alloc(data)?;
+                pool.layers.push(LayerBuffers {
+                    data,
+                    rope: std::ptr::null_mut(),
+                });
+                if rope > 0 {
+                    pool.layers[layer].rope = pool.ctx.backend().alloc(rope)?;
+                }
             }
             return Ok(pool);
         };
@@ -67,21 +131,32 @@ impl Pool {
             buffers.len(),
             geometry.num_layers()
         );
-        for (layer, ptr) in buffers.iter().enumerate() {
-            ensure!(
-                !ptr.is_null(),
-                NullArgument,
-                "params.layer_buffers[{layer}]"
-            );
-            ensure!(
-                (*ptr as usize) % ROW_ALIGN == 0,
-                BadAlignment,
-                "params.layer_buffers[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
-            );
+        let fp8 = dtype.fp8_format().is_some();
+        for (layer, b) in buffers.iter().enumerate() {
+            for (name, ptr, wanted) in [
+                ("layer_buffers", b.data, true),
+                ("rope_buffers", b.rope, fp8),
+            ] {
+                if !wanted {
+                    ensure!(
+                        ptr.is_null(),
+                        InvalidArgument,
+                        "params.rope_buffers: must be NULL for a bf16 pool"
+                    );
+                    continue;
+                }
+                ensure!(!ptr.is_null(), NullArgument, "params.{name}[{layer}]");
+                ensure!(
+                    (ptr as usize) % ROW_ALIGN == 0,
+                    BadAlignment,
+                    "params.{name}[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
+                );
+            }
         }
         Ok(Pool {
             ctx,
             geometry,
+            dtype,
             layers: buffers.to_vec(),
             owned: false,
             slots,
@@ -104,26 +179,39 @@ impl Pool {
         self.owned
     }
 
-    pub fn layer_ptr(&self, layer: usize) -> *mut u8 {
+    /// bf16, fp8_e4m3fn or fp8_e4m3fnuz.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn layer_buffers(&self, layer: usize) -> LayerBuffers {
         self.layers[layer]
     }
 
-    /// The `[rows, 512]` view of one layer's buffer.
-    pub fn layer_view(&self, layer: usize) -> Matrix<bf16> {
-        Matrix::from_parts(
-            self.layers[layer] as *mut bf16,
-            [self.geometry.rows(layer), HEAD_DIM],
-        )
+    /// The rows of one layer.
+    pub fn layer_rows(&self, layer: usize) -> LayerRows {
+        let rows = self.geometry.rows(layer);
+        let b = self.layers[layer];
+        match self.dtype.fp8_format() {
+            None => LayerRows::Bf16(Matrix::from_parts(b.data as *mut bf16, [rows, HEAD_DIM])),
+            Some(format) => LayerRows::Fp8 {
+                nope: Matrix::from_parts(b.data, [rows, NOPE_ROW_BYTES]),
+                rope: Matrix::from_parts(b.rope as *mut bf16, [rows, ROPE_DIMS]),
+                format,
+            },
+        }
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
         if self.owned {
-            for ptr in self.layers.drain(..) {
-                // SAFETY: allocated by this backend in `new` and never handed out
-                // as owned. A failing free has nowhere to report to in drop.
-                let _ = unsafe { self.ctx.backend().free(ptr) };
+            for b in self.layers.drain(..) {
+                for ptr in [b.data, b.rope].into_iter().filter(|p| !p.is_null()) {
+                    // SAFETY: allocated by this backend in `new` and never handed
+                    // out as owned. A failing free has nowhere to report to in drop.
+                    let _ = unsafe { self.ctx.backend().free(ptr) };
+                }
             }
         }
     }

@@ -132,8 +132,9 @@ pub fn store_token(
     Ok(())
 }
 
-/// The 448 codes and 7 UE8M0 bytes of the nope dims, tile by tile.
-fn quantize_nope(nope: &[bf16], fmt: Fp8Format) -> ([u8; NOPE_DIMS], [u8; NOPE_TILES]) {
+/// The 448 codes and 7 UE8M0 bytes of the nope dims, tile by tile (shared with
+/// the unified pool's FP8 rows, which quantize the same way).
+pub(crate) fn quantize_nope(nope: &[bf16], fmt: Fp8Format) -> ([u8; NOPE_DIMS], [u8; NOPE_TILES]) {
     let mut codes = [0u8; NOPE_DIMS];
     let mut scales = [0u8; NOPE_TILES];
     let tiles = nope

@@ -1,6 +1,7 @@
-//! The two cache layouts of FlashMLA-based serving stacks (spec store_fused
-//! §1.1 and §1.2): where a token's bytes live in a paged cache, how one token is
-//! quantized into them, and a dequantizer for tests.
+//! FP8 byte layouts: the two cache layouts of FlashMLA-based serving stacks
+//! (spec store_fused §1.1 and §1.2) and the unified pool's FP8 row (spec
+//! unified_kv §1.5(c)): where a token's bytes live, how one token is quantized
+//! into them, and a dequantizer.
 //!
 //! Pure host code. The GPU store kernels are tested against these functions byte
 //! for byte, so each follows the spec's arithmetic step by step and says where
@@ -14,6 +15,7 @@
 
 pub mod flashmla;
 pub mod indexer;
+pub mod unified;
 
 use crate::error::{ensure, err, Result};
 

@@ -40,9 +40,12 @@ pub struct unikv_attention_plan_params {
     pub num_heads: u32,
     /// Latent width; must be 512.
     pub head_dim: u32,
-    /// `unikv_dtype` of q, the KV rows and out; UNIKV_DTYPE_BF16 in this version.
+    /// `unikv_dtype` of q: UNIKV_DTYPE_BF16.
     pub q_dtype: u32,
+    /// The pool's `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of
+    /// another dtype is UNIKV_BAD_DTYPE.
     pub kv_dtype: u32,
+    /// `unikv_dtype` of out: UNIKV_DTYPE_BF16.
     pub out_dtype: u32,
 }
 

@@ -10,7 +10,8 @@ use crate::ffi::boundary::{
 use crate::ffi::context::{context, unikv_context};
 use crate::ffi::status::unikv_status;
 use crate::geometry::{PoolConfig, Ratio};
-use crate::pool::{Pool, ROW_BYTES};
+use crate::cache_layouts::unified;
+use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
 
 /// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
 /// Operations that write pool rows may run concurrently only on disjoint rows
@@ -34,8 +35,9 @@ pub struct unikv_pool_params {
     pub compress_ratios: *const u32,
     /// NULL: the pool allocates zeroed buffers in the context's memory and owns
     /// them. Otherwise a host array of `num_layers` caller-owned buffers (device
-    /// memory for GPU backends), each `rows(layer) * row_bytes` bytes and 16-byte
-    /// aligned; they must outlive the pool.
+    /// memory for GPU backends), 16-byte aligned, that must outlive the pool:
+    /// each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
+    /// `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
     pub layer_buffers: *const *mut c_void,
     pub num_layers: u32,
     /// Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
@@ -46,8 +48,16 @@ pub struct unikv_pool_params {
     pub spec_extra: u32,
     /// Number of 128-token blocks B of the caller's KV page space.
     pub c128_blocks: u32,
-    /// A `unikv_dtype`; only UNIKV_DTYPE_BF16 in this version.
+    /// A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
+    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
+    /// unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+    /// tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
+    /// row at the same row id. Stores quantize; attention dequantizes.
     pub kv_dtype: u32,
+    /// FP8 pools adopting buffers: a host array of `num_layers` caller-owned
+    /// rope buffers, each `rows(layer) * 128` bytes, 16-byte aligned. NULL
+    /// otherwise (required NULL for bf16 pools).
+    pub rope_buffers: *const *mut c_void,
 }
 
 unsafe impl Versioned for unikv_pool_params {
@@ -63,7 +73,8 @@ pub struct unikv_pool_info {
     pub struct_size: usize,
     /// Rows of the SWA region (identical in every layer): (max_requests + 1) * ring.
     pub swa_rows: u64,
-    /// Bytes of one row (1024 for bf16).
+    /// Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
+    /// nope row + 128-byte rope row).
     pub row_bytes: u64,
     pub num_layers: u32,
     pub max_requests: u32,
@@ -90,7 +101,8 @@ unsafe impl Versioned for unikv_pool_info {
 pub struct unikv_pool_layer_info {
     /// sizeof(unikv_pool_layer_info), set by the caller.
     pub struct_size: usize,
-    /// The layer's `[rows, 512]` buffer (device memory for GPU backends).
+    /// The layer's `[rows, 512]` buffer (device memory for GPU backends): bf16
+    /// rows, or the FP8 pool's 512-byte nope rows.
     pub data: *mut c_void,
     /// Total rows of the layer.
     pub rows: u64,
@@ -98,11 +110,15 @@ pub struct unikv_pool_layer_info {
     pub swa_rows: u64,
     /// Compressed rows after the SWA region (0 for dense layers).
     pub compressed_rows: u64,
-    /// Bytes of the buffer: rows * row_bytes.
+    /// Bytes of `data`: rows * 1024 (bf16) or rows * 512 (FP8).
     pub bytes: u64,
     /// 0, 4 or 128.
     pub compress_ratio: u32,
     pub reserved: u32,
+    /// FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
+    pub rope_data: *mut c_void,
+    /// Bytes of `rope_data`: rows * 128 (FP8) or 0.
+    pub rope_bytes: u64,
 }
 
 unsafe impl Versioned for unikv_pool_layer_info {
@@ -142,15 +158,10 @@ pub unsafe extern "C" fn unikv_pool_create(
             spec_extra: 0,
             c128_blocks: 0,
             kv_dtype: 0,
+            rope_buffers: std::ptr::null(),
         };
         let p = read_params(params, defaults)?;
         let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
-        ensure!(
-            dtype == DType::Bf16,
-            BadDtype,
-            "params.kv_dtype: {} pools are not supported, expected bf16",
-            dtype.name()
-        );
         ensure!(
             p.num_layers >= 1,
             InvalidArgument,
@@ -167,8 +178,30 @@ pub unsafe extern "C" fn unikv_pool_create(
             .enumerate()
             .map(|(i, r)| Ratio::from_raw(&format!("params.compress_ratios[{i}]"), *r))
             .collect::<Result<Vec<_>>>()?;
+        let layers = p.num_layers as usize;
+        let fp8 = dtype.fp8_format().is_some();
+        ensure!(
+            p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
+            InvalidArgument,
+            "params.rope_buffers: only for FP8 pools that adopt layer_buffers"
+        );
+        ensure!(
+            p.layer_buffers.is_null() || !fp8 || !p.rope_buffers.is_null(),
+            NullArgument,
+            "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
+        );
         let adopt = (!p.layer_buffers.is_null()).then(|| {
-            std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, p.num_layers as usize)
+            let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
+            (0..layers)
+                .map(|l| LayerBuffers {
+                    data: data[l],
+                    rope: if fp8 {
+                        *(p.rope_buffers as *const *mut u8).add(l)
+                    } else {
+                        std::ptr::null_mut()
+                    },
+                })
+                .collect::<Vec<_>>()
         });
         let config = PoolConfig {
             ratios,
@@ -177,7 +210,7 @@ pub unsafe extern "C" fn unikv_pool_create(
             spec_extra: p.spec_extra as usize,
             c128_blocks: p.c128_blocks as usize,
         };
-        let inner = Pool::new(ctx.clone(), config, adopt)?;
+        let inner = Pool::new(ctx.clone(), config, dtype, adopt.as_deref())?;
         out.write(Box::into_raw(Box::new(unikv_pool { inner })));
         Ok(())
     })
@@ -209,14 +242,17 @@ pub unsafe extern "C" fn unikv_pool_get_info(
             unikv_pool_info {
                 struct_size: 0,
                 swa_rows: g.swa_rows as u64,
-                row_bytes: ROW_BYTES as u64,
+                row_bytes: match p.dtype().fp8_format() {
+                    None => ROW_BYTES,
+                    Some(_) => unified::ROW_BYTES,
+                } as u64,
                 num_layers: g.num_layers() as u32,
                 max_requests: g.config.max_requests as u32,
                 window: g.config.window as u32,
                 ring: g.ring as u32,
                 c128_blocks: g.config.c128_blocks as u32,
                 slots_in_use: p.slots().in_use() as u32,
-                kv_dtype: DType::Bf16.to_raw(),
+                kv_dtype: p.dtype().to_raw(),
                 owns_memory: p.owns_memory() as u32,
             },
         )
@@ -237,18 +273,22 @@ pub unsafe extern "C" fn unikv_pool_get_layer(
         let p = pool_of(pool)?;
         let g = p.geometry();
         let layer = g.check_layer(layer)?;
-        let rows = g.rows(layer) as u64;
+        let rows = g.rows(layer);
+        let buffers = p.layer_buffers(layer);
+        let (bytes, rope_bytes) = layer_bytes(p.dtype(), rows);
         write_info(
             info,
             unikv_pool_layer_info {
                 struct_size: 0,
-                data: p.layer_ptr(layer) as *mut c_void,
-                rows,
+                data: buffers.data as *mut c_void,
+                rows: rows as u64,
                 swa_rows: g.swa_rows as u64,
                 compressed_rows: g.compressed_rows(g.ratio(layer)) as u64,
-                bytes: rows * ROW_BYTES as u64,
+                bytes: bytes as u64,
                 compress_ratio: g.ratio(layer).value() as u32,
                 reserved: 0,
+                rope_data: buffers.rope as *mut c_void,
+                rope_bytes: rope_bytes as u64,
             },
         )
     })

@@ -15,7 +15,7 @@ use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::tokens;
 use crate::plan::{AttentionPlan, PlanKind};
-use crate::pool::Pool;
+use crate::pool::{LayerRows, Pool};
 use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
 
 pub use crate::plan::PlanShape;
@@ -42,9 +42,10 @@ pub struct ExtendRaw {
 }
 
 /// One key/value source: rows of `kv` named by `indices[indptr[t]..indptr[t+1]]`.
+/// The pool source has the pool's row kind; prefill's extend rows are bf16.
 #[derive(Debug, Clone, Copy)]
 pub struct KvSource {
-    pub kv: Matrix<bf16>,
+    pub kv: LayerRows,
     pub indices: Vector<i32>,
     pub indptr: Vector<i32>,
 }
@@ -86,7 +87,7 @@ pub const SOURCE_NAMES: [(&str, &str); 2] =
 
 fn source(
     which: usize,
-    kv: Matrix<bf16>,
+    kv: LayerRows,
     indices: &RawTensor,
     indptr: &RawTensor,
     t: usize,
@@ -146,16 +147,23 @@ fn validate<'a>(
         NullArgument,
         "workspace"
     );
+    ensure!(
+        shape.kv_dtype == pool.dtype(),
+        BadDtype,
+        "plan: made for {} KV rows, the pool holds {}",
+        shape.kv_dtype.name(),
+        pool.dtype().name()
+    );
     let layer = pool.geometry().check_layer(raw.layer)?;
-    let pool_source = source(0, pool.layer_view(layer), &raw.indices, &raw.indptr, t)?;
+    let pool_source = source(0, pool.layer_rows(layer), &raw.indices, &raw.indptr, t)?;
     let mut sources = [pool_source, pool_source];
     if let Some(ext) = extend {
-        let kv = ext.kv.view(
+        let kv: Matrix<bf16> = ext.kv.view(
             "extend_kv",
             [Extent::AtLeast(0), Extent::Exact(HEAD_DIM)],
             ROW_ALIGN,
         )?;
-        sources[1] = source(1, kv, &ext.indices, &ext.indptr, t)?;
+        sources[1] = source(1, LayerRows::Bf16(kv), &ext.indices, &ext.indptr, t)?;
     }
     let row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
     Ok(AttentionArgs {

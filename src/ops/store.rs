@@ -7,7 +7,7 @@ use crate::backend::Stream;
 use crate::error::Result;
 use crate::geometry::{Geometry, HEAD_DIM};
 use crate::ops::tokens;
-use crate::pool::Pool;
+use crate::pool::{LayerRows, Pool};
 use crate::tensor::{Extent, Matrix, RawTensor, Vector, ROW_ALIGN};
 
 /// Caller arguments of `store_swa`.
@@ -22,14 +22,15 @@ pub struct StoreSwaRaw {
     pub final_pos: RawTensor,
 }
 
-/// Validated `store_swa`: row t of `kv` goes to ring row
+/// Validated `store_swa` (FP8 pools quantize each row on the way in, see
+/// `cache_layouts::unified`): row t of `kv` goes to ring row
 /// `slot(batch_id[t]) * ring + positions[t] % ring` unless `batch_id[t] < 0`
 /// (padding) or the position lies outside its request's final window
 /// `(final_pos[b] - window, final_pos[b]]` when `final_pos` is given.
 #[derive(Debug)]
 pub struct StoreSwaArgs<'a> {
     pub geometry: &'a Geometry,
-    pub pool_layer: Matrix<bf16>,
+    pub pool_layer: LayerRows,
     pub num_tokens: usize,
     pub kv: Matrix<bf16>,
     pub batch_id: Vector<i32>,
@@ -52,7 +53,7 @@ pub struct StoreCompressedRaw {
 #[derive(Debug)]
 pub struct StoreCompressedArgs<'a> {
     pub geometry: &'a Geometry,
-    pub pool_layer: Matrix<bf16>,
+    pub pool_layer: LayerRows,
     pub compressed_rows: usize,
     pub num_rows: usize,
     pub kv: Matrix<bf16>,
@@ -67,7 +68,7 @@ pub fn store_swa(pool: &Pool, raw: &StoreSwaRaw, stream: Stream) -> Result<()> {
     let requests = req_slots.shape[0];
     let args = StoreSwaArgs {
         geometry: pool.geometry(),
-        pool_layer: pool.layer_view(layer),
+        pool_layer: pool.layer_rows(layer),
         num_tokens: n,
         kv: raw
             .kv
@@ -88,7 +89,7 @@ pub fn store_compressed(pool: &Pool, raw: &StoreCompressedRaw, stream: Stream) -
     let n = raw.num_rows;
     let args = StoreCompressedArgs {
         geometry: pool.geometry(),
-        pool_layer: pool.layer_view(layer),
+        pool_layer: pool.layer_rows(layer),
         compressed_rows: pool
             .geometry()
             .compressed_rows(pool.geometry().ratio(layer)),

@@ -83,6 +83,11 @@ pub struct PoolSpec {
 
 impl PoolSpec {
     pub fn params(&self) -> unikv_pool_params {
+        self.params_of(unikv_dtype::UNIKV_DTYPE_BF16)
+    }
+
+    /// Parameters of a pool of `kv_dtype` rows (bf16 or an FP8 flavour).
+    pub fn params_of(&self, kv_dtype: unikv_dtype) -> unikv_pool_params {
         unikv_pool_params {
             struct_size: std::mem::size_of::<unikv_pool_params>(),
             compress_ratios: self.ratios.as_ptr(),
@@ -92,7 +97,8 @@ impl PoolSpec {
             window: self.window,
             spec_extra: self.spec_extra,
             c128_blocks: self.c128_blocks,
-            kv_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+            kv_dtype: kv_dtype as u32,
+            rope_buffers: ptr::null(),
         }
     }
 }
@@ -102,8 +108,13 @@ pub struct Pool(pub *mut unikv_pool);
 
 impl Pool {
     pub fn new(ctx: &Ctx, spec: &PoolSpec) -> Self {
+        Self::of(ctx, spec, unikv_dtype::UNIKV_DTYPE_BF16)
+    }
+
+    /// A pool of `kv_dtype` rows.
+    pub fn of(ctx: &Ctx, spec: &PoolSpec, kv_dtype: unikv_dtype) -> Self {
         let mut pool = ptr::null_mut();
-        ok(unsafe { unikv_pool_create(ctx.0, &spec.params(), &mut pool) });
+        ok(unsafe { unikv_pool_create(ctx.0, &spec.params_of(kv_dtype), &mut pool) });
         Pool(pool)
     }
 

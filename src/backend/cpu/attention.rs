@@ -8,7 +8,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::backend::cpu::host::slice;
+use crate::backend::cpu::host::{extend_with_row, slice};
 use crate::backend::cpu::index::checked_indptr;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
@@ -30,7 +30,7 @@ pub(crate) fn check_source(
     let (first, last) = (indptr[0] as usize, indptr[num_tokens] as usize);
     // SAFETY: host view; last <= capacity was just checked.
     let indices = unsafe { slice(&src.indices, last) };
-    let rows = src.kv.shape[0];
+    let rows = src.kv.rows();
     for (offset, &r) in indices.iter().enumerate().skip(first) {
         let skipped = skip_negative && r == -1;
         ensure!(
@@ -70,7 +70,8 @@ struct Scratch {
     acc: Vec<f32>,
 }
 
-/// Gathers token t's keys as f32 rows into `keys`; returns how many.
+/// Gathers token t's keys as f32 rows into `keys` (FP8 rows dequantized
+/// exactly); returns how many.
 ///
 /// # Safety
 /// The sources' indices were checked by `check_source`.
@@ -84,11 +85,7 @@ unsafe fn gather(a: &AttentionArgs, t: usize, keys: &mut Vec<f32>) -> usize {
             if r < 0 {
                 continue;
             }
-            let row = std::slice::from_raw_parts(
-                src.kv.as_ptr().add(src.kv.offset([r as usize, 0])),
-                HEAD_DIM,
-            );
-            keys.extend(row.iter().map(|x| x.to_f32()));
+            extend_with_row(&src.kv, r as usize, keys);
             count += 1;
         }
     }

@@ -1,6 +1,11 @@
 //! Host access to validated views: on the CPU backend every view points at host
 //! memory whose extents the operations already checked.
 
+use half::bf16;
+
+use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
+use crate::geometry::HEAD_DIM;
+use crate::pool::LayerRows;
 use crate::tensor::{Matrix, Vector};
 
 /// The first `len` elements of a vector view.
@@ -41,4 +46,37 @@ pub unsafe fn put<T>(v: &Vector<T>, i: usize, value: T) {
 pub unsafe fn put_row<T: Copy>(m: &Matrix<T>, r: usize, src: &[T]) {
     debug_assert!(r < m.shape[0] && src.len() == m.shape[1]);
     std::ptr::copy(src.as_ptr(), m.as_ptr().add(m.offset([r, 0])), src.len());
+}
+
+/// Stores a 512-value latent row at row `r` of a pool layer, quantizing it for
+/// FP8 pools.
+///
+/// # Safety
+/// The layer is host memory valid for writes, `r < rows`, `src` has 512 values.
+pub unsafe fn put_layer_row(layer: &LayerRows, r: usize, src: &[bf16]) {
+    match layer {
+        LayerRows::Bf16(m) => put_row(m, r, src),
+        LayerRows::Fp8 { nope, rope, format } => {
+            let mut n = [0u8; NOPE_ROW_BYTES];
+            let mut q = [bf16::ZERO; ROPE_DIMS];
+            unified::quantize_row(src, *format, &mut n, &mut q);
+            put_row(nope, r, &n);
+            put_row(rope, r, &q);
+        }
+    }
+}
+
+/// Appends row `r` of a key source as 512 f32 values (FP8 rows dequantized).
+///
+/// # Safety
+/// The layer is host memory valid for reads and `r < rows`.
+pub unsafe fn extend_with_row(layer: &LayerRows, r: usize, out: &mut Vec<f32>) {
+    match layer {
+        LayerRows::Bf16(m) => out.extend(row(m, r).iter().map(|x| x.to_f32())),
+        LayerRows::Fp8 { nope, rope, format } => {
+            let start = out.len();
+            out.resize(start + HEAD_DIM, 0.0);
+            unified::dequantize_row(row(nope, r), row(rope, r), *format, &mut out[start..]);
+        }
+    }
 }

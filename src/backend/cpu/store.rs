@@ -1,7 +1,7 @@
 //! Store path on the host: every destination row is computed and checked first,
 //! then the rows are copied, so a rejected call writes nothing.
 
-use crate::backend::cpu::host::{put_row, row, slice};
+use crate::backend::cpu::host::{put_layer_row, row, slice};
 use crate::error::{ensure, err, Result};
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
@@ -79,7 +79,7 @@ pub(crate) fn swa_moves(a: &StoreSwaArgs) -> Result<Vec<(usize, usize)>> {
 pub fn store_swa(a: &StoreSwaArgs) -> Result<()> {
     for (t, dst) in swa_moves(a)? {
         // SAFETY: `dst` < swa_rows <= pool rows; `t` < n <= kv rows.
-        unsafe { put_row(&a.pool_layer, dst, row(&a.kv, t)) };
+        unsafe { put_layer_row(&a.pool_layer, dst, row(&a.kv, t)) };
     }
     Ok(())
 }
@@ -107,7 +107,7 @@ pub fn store_compressed(a: &StoreCompressedArgs) -> Result<()> {
         if l >= 0 {
             let dst = a.geometry.compressed_row(l as usize);
             // SAFETY: dst < swa_rows + compressed_rows = pool rows; i < kv rows.
-            unsafe { put_row(&a.pool_layer, dst, row(&a.kv, i)) };
+            unsafe { put_layer_row(&a.pool_layer, dst, row(&a.kv, i)) };
         }
     }
     Ok(())

@@ -14,11 +14,13 @@ use parking_lot::Mutex;
 
 use crate::backend::{cpu, Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
 use crate::error::{err, Error, Result};
+use crate::fp8::Fp8Format;
 use crate::geometry::{Ratio, HEAD_DIM};
 use crate::ops::attention::{AttentionArgs, KvSource, PlanShape, SOURCE_NAMES};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::ops::merge::MergeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+use crate::pool::LayerRows;
 use crate::tensor::View;
 
 #[derive(Debug)]
@@ -150,20 +152,54 @@ impl GpuBackend {
     }
 }
 
+/// A layer's rows as the kernels take them, with the bf16 row stride.
+fn pool_rows(rows: &LayerRows) -> (shim::PoolRows, i64) {
+    match rows {
+        LayerRows::Bf16(m) => (
+            shim::PoolRows {
+                data: m.as_ptr() as *mut c_void,
+                rope: std::ptr::null_mut(),
+                fp8: 0,
+                fp8_format: 0,
+            },
+            m.strides[0] as i64,
+        ),
+        LayerRows::Fp8 { nope, rope, format } => (
+            shim::PoolRows {
+                data: nope.as_ptr() as *mut c_void,
+                rope: rope.as_ptr() as *mut c_void,
+                fp8: 1,
+                // ukv_fp8_format of kernels/fp8.cuh.
+                fp8_format: match format {
+                    Fp8Format::E4m3Fn => 0,
+                    Fp8Format::E4m3Fnuz => 1,
+                },
+            },
+            HEAD_DIM as i64,
+        ),
+    }
+}
+
 fn kv_source(s: &KvSource) -> shim::KvSource {
+    let (kv, kv_stride) = pool_rows(&s.kv);
     shim::KvSource {
-        kv: s.kv.as_ptr() as *const c_void,
+        kv,
         indices: s.indices.as_ptr(),
         indptr: s.indptr.as_ptr(),
-        kv_stride: s.kv.strides[0] as i64,
-        rows: s.kv.shape[0] as i64,
+        kv_stride,
+        rows: s.kv.rows() as i64,
         capacity: s.indices.shape[0] as i64,
     }
 }
 
 fn null_source() -> shim::KvSource {
     shim::KvSource {
-        kv: std::ptr::null(),
+        kv: shim::PoolRows {
+            data: std::ptr::null_mut(),
+            rope: std::ptr::null_mut(),
+            fp8: 0,
+            fp8_format: 0,
+        },
         indices: std::ptr::null(),
         indptr: std::ptr::null(),
         kv_stride: 0,
@@ -301,9 +337,9 @@ impl Backend for GpuBackend {
             final_pos: a
                 .final_pos
                 .map_or(std::ptr::null(), |v| v.as_ptr() as *const i32),
-            pool: a.pool_layer.as_ptr() as *mut c_void,
+            pool: pool_rows(&a.pool_layer).0,
             kv_stride: a.kv.strides[0] as i64,
-            pool_rows: a.pool_layer.shape[0] as i64,
+            pool_rows: a.pool_layer.rows() as i64,
             num_tokens: a.num_tokens as i32,
             num_requests: a.req_slots.shape[0] as i32,
             window: g.config.window as i32,
@@ -327,7 +363,7 @@ impl Backend for GpuBackend {
         let p = shim::StoreCompressedParams {
             kv: a.kv.as_ptr() as *const c_void,
             loc: a.loc.as_ptr(),
-            pool: a.pool_layer.as_ptr() as *mut c_void,
+            pool: pool_rows(&a.pool_layer).0,
             kv_stride: a.kv.strides[0] as i64,
             swa_rows: a.geometry.swa_rows as i64,
             compressed_rows: a.compressed_rows as i64,

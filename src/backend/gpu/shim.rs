@@ -12,13 +12,22 @@ pub const SHIM_INVALID: c_int = 5;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct PoolRows {
+    pub data: *mut c_void,
+    pub rope: *mut c_void,
+    pub fp8: i32,
+    pub fp8_format: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct StoreSwaParams {
     pub kv: *const c_void,
     pub batch_id: *const i32,
     pub req_slots: *const i32,
     pub positions: *const i32,
     pub final_pos: *const i32,
-    pub pool: *mut c_void,
+    pub pool: PoolRows,
     pub kv_stride: i64,
     pub pool_rows: i64,
     pub num_tokens: i32,
@@ -34,7 +43,7 @@ pub struct StoreSwaParams {
 pub struct StoreCompressedParams {
     pub kv: *const c_void,
     pub loc: *const i32,
-    pub pool: *mut c_void,
+    pub pool: PoolRows,
     pub kv_stride: i64,
     pub swa_rows: i64,
     pub compressed_rows: i64,
@@ -118,7 +127,7 @@ pub struct PrefillStreamsParams {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct KvSource {
-    pub kv: *const c_void,
+    pub kv: PoolRows,
     pub indices: *const i32,
     pub indptr: *const i32,
     pub kv_stride: i64,
