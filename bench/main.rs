@@ -12,6 +12,7 @@ use half::bf16;
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use unikv::backend::gpu::devtools::{copy_kernel, Event, Graph, OwnedStream};
+use unikv::cache_layouts::unified;
 use unikv::ffi::attention::*;
 use unikv::ffi::context::*;
 use unikv::ffi::index::*;
@@ -19,6 +20,7 @@ use unikv::ffi::pool::*;
 use unikv::ffi::status::unikv_status;
 use unikv::ffi::store::*;
 use unikv::ffi::types::unikv_tensor;
+use unikv::fp8::Fp8Format;
 
 const L2_BYTES: usize = 60 << 20;
 const POOL_ROWS_MIN: usize = 1_000_000;
@@ -225,11 +227,27 @@ fn main() {
         spec_extra: 0,
         c128_blocks: 0,
         kv_dtype: 1,
+        rope_buffers: ptr::null(),
     };
     let mut pool = ptr::null_mut();
     ok(
         unsafe { unikv_pool_create(ctx, &params, &mut pool) },
         "pool",
+    );
+    // The same rows in an FP8 (e4m3fn) pool: 512-byte nope rows + bf16 rope rows.
+    let mut pool8 = ptr::null_mut();
+    ok(
+        unsafe {
+            unikv_pool_create(
+                ctx,
+                &unikv_pool_params {
+                    kv_dtype: 7,
+                    ..params
+                },
+                &mut pool8,
+            )
+        },
+        "fp8 pool",
     );
     let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
     layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
@@ -260,9 +278,11 @@ fn main() {
             done += n;
         }
     }
+    fill_fp8_pool(ctx, pool8, &mut rng);
     println!(
-        "pool: {rows} rows x 1024 B = {:.2} GB\n",
-        rows as f64 * 1024.0 / 1e9
+        "pools: {rows} rows x 1024 B = {:.2} GB (bf16), x 640 B = {:.2} GB (fp8 e4m3fn)\n",
+        rows as f64 * 1024.0 / 1e9,
+        rows as f64 * 640.0 / 1e9
     );
     println!("| op               |     T |   H |  keys |  us/call |    GB/s | TFLOP/s | floor us | floor |");
     println!("|------------------|-------|-----|-------|----------|---------|---------|----------|-------|");
@@ -276,14 +296,22 @@ fn main() {
         v
     };
 
-    if only.is_empty() || only == "decode" {
+    // (pool, its kv dtype, row label, bytes a key row moves)
+    let kinds = [
+        (pool, 1u32, "decode", 1024usize),
+        (pool8, 7, "decode fp8", 640),
+    ];
+    for &(kv_pool, kv_dtype, label, row_bytes) in &kinds {
+        if !(only.is_empty() || only == "decode" || only == label) {
+            continue;
+        }
         for &t in &[1usize, 4, 16, 64, 128, 256] {
             for &h in &[8usize, 16, 32, 64, 128] {
                 for &keys in &[640usize, 1152, 2176, 8320] {
                     if case.is_some_and(|c| c != (t, h, keys)) {
                         continue;
                     }
-                    let bytes_call = t * keys * 1024;
+                    let bytes_call = t * keys * row_bytes;
                     let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
                     let idx: Vec<Dev> = (0..sets)
                         .map(|_| Dev::upload(ctx, &idx_set(t, keys, &mut rng)))
@@ -293,7 +321,7 @@ fn main() {
                     let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
                     let out = Dev::new(ctx, t * h * 512 * 2);
                     let sink = Dev::upload(ctx, &vec![0.5f32; h]);
-                    let (plan, ws, ws_bytes) = decode_plan(ctx, t, h);
+                    let (plan, ws, ws_bytes) = decode_plan(ctx, t, h, kv_dtype);
                     let us = per_call_us(&stream, sets, |i, s| {
                         let args = unikv_decode_args {
                             struct_size: std::mem::size_of::<unikv_decode_args>(),
@@ -312,7 +340,7 @@ fn main() {
                             unsafe {
                                 unikv_sparse_decode(
                                     plan,
-                                    pool,
+                                    kv_pool,
                                     &args,
                                     ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr),
                                     ws_bytes,
@@ -322,10 +350,10 @@ fn main() {
                             "decode",
                         );
                     });
-                    let bytes = (t * keys * (1024 + 4) + 2 * t * h * 1024) as f64;
+                    let bytes = (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64;
                     let flops = 4.0 * (t * h * keys * 512) as f64;
                     Row {
-                        op: "decode".into(),
+                        op: label.into(),
                         t,
                         h,
                         keys,
@@ -518,7 +546,54 @@ fn main() {
     }
     unsafe {
         unikv_pool_destroy(pool);
+        unikv_pool_destroy(pool8);
         unikv_context_destroy(ctx);
+    }
+}
+
+/// Fills an FP8 pool with quantized random rows: one block of rows quantized on
+/// the host, uploaded over and over.
+fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl Rng) {
+    const BLOCK: usize = 1 << 16;
+    let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+    layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
+    ok(
+        unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
+        "fp8 layer",
+    );
+    let (mut nope, mut rope) = (vec![0u8; BLOCK * 512], vec![bf16::ZERO; BLOCK * 64]);
+    let rows = random_bf16(rng, BLOCK * 512);
+    for r in 0..BLOCK {
+        unified::quantize_row(
+            &rows[r * 512..(r + 1) * 512],
+            Fp8Format::E4m3Fn,
+            (&mut nope[r * 512..(r + 1) * 512]).try_into().unwrap(),
+            (&mut rope[r * 64..(r + 1) * 64]).try_into().unwrap(),
+        );
+    }
+    let total = layer.rows as usize;
+    let mut done = 0;
+    while done < total {
+        let n = (total - done).min(BLOCK);
+        for (dst, src, bytes) in [
+            (layer.data as *mut u8, nope.as_ptr(), 512),
+            (layer.rope_data as *mut u8, rope.as_ptr().cast(), 128),
+        ] {
+            ok(
+                unsafe {
+                    unikv_memory_copy(
+                        ctx,
+                        dst.add(done * bytes).cast(),
+                        src.cast(),
+                        n * bytes,
+                        0,
+                        ptr::null_mut(),
+                    )
+                },
+                "fill fp8 pool",
+            );
+        }
+        done += n;
     }
 }
 
@@ -539,13 +614,18 @@ const ABSENT: unikv_tensor = unikv_tensor {
 
 /// bf16 plan shapes for `t` tokens and `h` heads.
 fn plan_params(t: usize, h: usize) -> unikv_attention_plan_params {
+    plan_params_kv(t, h, 1)
+}
+
+/// Plan shapes for pools of `kv_dtype` rows.
+fn plan_params_kv(t: usize, h: usize, kv_dtype: u32) -> unikv_attention_plan_params {
     unikv_attention_plan_params {
         struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
         max_tokens: t as u32,
         num_heads: h as u32,
         head_dim: 512,
         q_dtype: 1,
-        kv_dtype: 1,
+        kv_dtype,
         out_dtype: 1,
     }
 }
@@ -554,10 +634,11 @@ fn decode_plan(
     ctx: *mut unikv_context,
     t: usize,
     h: usize,
+    kv_dtype: u32,
 ) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
     let mut plan = ptr::null_mut();
     ok(
-        unsafe { unikv_decode_plan_create(ctx, &plan_params(t, h), &mut plan) },
+        unsafe { unikv_decode_plan_create(ctx, &plan_params_kv(t, h, kv_dtype), &mut plan) },
         "decode plan",
     );
     let mut bytes = 0;

@@ -353,6 +353,46 @@ static void test_pool_bad_params(void) {
     unikv_context_destroy(ctx);
 }
 
+/* FP8 pools: two buffers per layer (512-byte nope rows, bf16 rope rows). */
+static void test_fp8_pools(void) {
+    static const uint32_t ratio = 4;
+    unikv_context *ctx = cpu_context();
+    unikv_pool_params p = {.struct_size = sizeof p, .compress_ratios = &ratio, .num_layers = 1,
+                           .max_requests = 2, .window = 128, .c128_blocks = 2,
+                           .kv_dtype = UNIKV_DTYPE_FP8_E4M3FN};
+    unikv_pool *pool = NULL, *out;
+    unikv_pool_info info = {.struct_size = sizeof info};
+    unikv_pool_layer_info li = {.struct_size = sizeof li};
+    void *nope[1], *rope[1];
+
+    CHECK_OK(unikv_pool_create(ctx, &p, &pool));
+    CHECK_OK(unikv_pool_get_info(pool, &info));
+    CHECK(info.row_bytes == 640 && info.kv_dtype == UNIKV_DTYPE_FP8_E4M3FN);
+    CHECK_OK(unikv_pool_get_layer(pool, 0, &li));
+    CHECK(li.bytes == li.rows * 512 && li.rope_bytes == li.rows * 128 && li.rope_data != NULL);
+    nope[0] = alloc(ctx, li.bytes);
+    rope[0] = alloc(ctx, li.rope_bytes);
+    unikv_pool_destroy(pool);
+
+    /* Adopting needs both buffers. */
+    p.layer_buffers = nope;
+    memset(&out, 0xA5, sizeof out);
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "params.rope_buffers", &out, sizeof out,
+                unikv_pool_create(ctx, &p, &out));
+    p.rope_buffers = rope;
+    CHECK_OK(unikv_pool_create(ctx, &p, &pool));
+    CHECK_OK(unikv_pool_get_layer(pool, 0, &li));
+    CHECK(li.data == nope[0] && li.rope_data == rope[0]);
+    unikv_pool_destroy(pool);
+    /* A bf16 pool has no rope buffers. */
+    p.kv_dtype = UNIKV_DTYPE_BF16;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "params.rope_buffers", &out, sizeof out,
+                unikv_pool_create(ctx, &p, &out));
+    CHECK_OK(unikv_memory_free(ctx, nope[0]));
+    CHECK_OK(unikv_memory_free(ctx, rope[0]));
+    unikv_context_destroy(ctx);
+}
+
 static void test_slots(void) {
     static const uint32_t ratio = 0;
     unikv_context *ctx = cpu_context();
@@ -613,6 +653,7 @@ int main(void) {
     test_memory();
     test_pools();
     test_pool_bad_params();
+    test_fp8_pools();
     test_slots();
     test_plans();
     test_decode();

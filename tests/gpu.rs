@@ -13,11 +13,13 @@ use common::*;
 use half::bf16;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::Rng;
+use unikv::cache_layouts::unified;
 use unikv::ffi::attention::*;
 use unikv::ffi::context::*;
 use unikv::ffi::index::*;
 use unikv::ffi::store::*;
-use unikv::ffi::types::unikv_tensor;
+use unikv::ffi::types::{unikv_dtype, unikv_tensor};
+use unikv::fp8::Fp8Format;
 
 fn small() -> bool {
     std::env::var_os("UNIKV_GPU_TEST_SMALL").is_some()
@@ -170,37 +172,87 @@ impl Drop for Dev<'_> {
     }
 }
 
-/// Writes host rows into a pool layer of either backend.
-fn fill_layer(ctx: &Ctx, pool: &Pool, layer: u32, rows: &[bf16]) {
-    let info = pool.layer(layer);
-    assert_eq!(rows.len() as u64, info.rows * 512);
+/// The FP8 flavour of a pool, None for bf16 pools.
+fn pool_format(pool: &Pool) -> Option<Fp8Format> {
+    match pool.info().kv_dtype {
+        1 => None,
+        7 => Some(Fp8Format::E4m3Fn),
+        8 => Some(Fp8Format::E4m3Fnuz),
+        d => panic!("kv_dtype {d}"),
+    }
+}
+
+fn upload_to(ctx: &Ctx, dst: *mut c_void, bytes: &[u8]) {
     ok(unsafe {
         unikv_memory_copy(
             ctx.0,
-            info.data,
-            rows.as_ptr().cast(),
-            info.bytes as usize,
+            dst,
+            bytes.as_ptr().cast(),
+            bytes.len(),
             0,
             ptr::null_mut(),
         )
     });
 }
 
-fn read_layer(ctx: &Ctx, pool: &Pool, layer: u32) -> Vec<bf16> {
+/// Writes host rows into a pool layer of either backend (FP8 pools receive the
+/// rows quantized on the host).
+fn fill_layer(ctx: &Ctx, pool: &Pool, layer: u32, rows: &[bf16]) {
     let info = pool.layer(layer);
-    let mut out = vec![bf16::ZERO; info.rows as usize * 512];
+    assert_eq!(rows.len() as u64, info.rows * 512);
+    let Some(fmt) = pool_format(pool) else {
+        upload_to(ctx, info.data, &bytes_of(rows));
+        return;
+    };
+    let n = info.rows as usize;
+    let (mut nope, mut rope) = (vec![0u8; n * 512], vec![bf16::ZERO; n * 64]);
+    for r in 0..n {
+        let (nr, rr) = (&mut nope[r * 512..][..512], &mut rope[r * 64..][..64]);
+        unified::quantize_row(
+            &rows[r * 512..][..512],
+            fmt,
+            nr.try_into().unwrap(),
+            rr.try_into().unwrap(),
+        );
+    }
+    upload_to(ctx, info.data, &nope);
+    upload_to(ctx, info.rope_data, &bytes_of(&rope));
+}
+
+fn download(ctx: &Ctx, src: *mut c_void, bytes: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes];
     ok(unsafe {
         unikv_memory_copy(
             ctx.0,
             out.as_mut_ptr().cast(),
-            info.data,
-            info.bytes as usize,
+            src,
+            bytes,
             1,
             ptr::null_mut(),
         )
     });
     ok(unsafe { unikv_stream_synchronize(ctx.0, ptr::null_mut()) });
     out
+}
+
+/// Every byte of a pool layer: its data buffer, then its rope buffer (FP8).
+fn read_layer(ctx: &Ctx, pool: &Pool, layer: u32) -> Vec<u8> {
+    let info = pool.layer(layer);
+    let mut out = download(ctx, info.data, info.bytes as usize);
+    if info.rope_bytes > 0 {
+        out.extend(download(ctx, info.rope_data, info.rope_bytes as usize));
+    }
+    out
+}
+
+/// Sets every byte of a pool layer (both buffers) to `value`.
+fn poison_layer(ctx: &Ctx, pool: &Pool, layer: u32, value: u8) {
+    let info = pool.layer(layer);
+    for (ptr, bytes) in [(info.data, info.bytes), (info.rope_data, info.rope_bytes)] {
+        if bytes > 0 {
+            ok(unsafe { unikv_memory_set(ctx.0, ptr, value, bytes as usize, ptr::null_mut()) });
+        }
+    }
 }
 
 /// A plan with its workspace; destroyed on drop.
@@ -230,13 +282,18 @@ impl Drop for Plan<'_> {
 }
 
 fn plan(ctx: &Ctx, decode: bool, max_tokens: usize, heads: usize) -> Plan<'_> {
+    plan_kv(ctx, decode, max_tokens, heads, 1)
+}
+
+/// A plan for pools of `kv_dtype` rows.
+fn plan_kv(ctx: &Ctx, decode: bool, max_tokens: usize, heads: usize, kv_dtype: u32) -> Plan<'_> {
     let params = unikv_attention_plan_params {
         struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
         max_tokens: max_tokens as u32,
         num_heads: heads as u32,
         head_dim: 512,
         q_dtype: 1,
-        kv_dtype: 1,
+        kv_dtype,
         out_dtype: 1,
     };
     let mut bytes = 0usize;
@@ -492,6 +549,11 @@ fn setup() -> Option<Setup> {
 }
 
 fn attention_pools(s: &Setup, rng: &mut impl Rng) -> (Pool, Pool, usize) {
+    attention_pools_of(s, rng, unikv_dtype::UNIKV_DTYPE_BF16)
+}
+
+/// Two pools (CPU, GPU) of `kv_dtype` rows holding the same random rows.
+fn attention_pools_of(s: &Setup, rng: &mut impl Rng, kv_dtype: unikv_dtype) -> (Pool, Pool, usize) {
     let spec = PoolSpec {
         ratios: vec![0, 0],
         max_requests: 23,
@@ -499,7 +561,10 @@ fn attention_pools(s: &Setup, rng: &mut impl Rng) -> (Pool, Pool, usize) {
         spec_extra: 0,
         c128_blocks: 0,
     };
-    let (pc, pg) = (Pool::new(&s.cpu, &spec), Pool::new(&s.gpu, &spec));
+    let (pc, pg) = (
+        Pool::of(&s.cpu, &spec, kv_dtype),
+        Pool::of(&s.gpu, &spec, kv_dtype),
+    );
     let rows = pc.layer(1).rows as usize;
     for layer in 0..2 {
         let data = random_bf16(rng, rows * 512);
@@ -513,8 +578,9 @@ fn attention_pools(s: &Setup, rng: &mut impl Rng) -> (Pool, Pool, usize) {
 /// on the GPU bitwise.
 fn check_decode(s: &Setup, pc: &Pool, pg: &Pool, rows: usize, t: usize, h: usize, what: &str) {
     let c = random_case(&mut rand::rng(), t, h, rows, false);
-    let cp = plan(&s.cpu, true, t, h);
-    let gp = plan(&s.gpu, true, t, h);
+    let kv = pc.info().kv_dtype;
+    let cp = plan_kv(&s.cpu, true, t, h, kv);
+    let gp = plan_kv(&s.gpu, true, t, h, kv);
     let want = run_attention(&s.cpu, pc, 1, &c, &cp);
     let got = run_attention(&s.gpu, pg, 1, &c, &gp);
     compare((c.t, c.h), &got, &want, &format!("{what} T={t} H={h}"));
@@ -544,6 +610,47 @@ fn decode_matches_cpu() {
     }
 }
 
+/// FP8 pools (both flavours) through every kernel: the rows are dequantized in
+/// the key tile on the GPU and on gather on the CPU, so both see the same
+/// values. The fallback paths gather with cp.async instead of bulk copies.
+#[test]
+fn decode_over_fp8_pools_matches_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (tokens, heads): (&[usize], &[usize]) = if small() {
+        (&[3], &[16, 64])
+    } else {
+        (&[1, 64, 257], &[1, 16, 32, 40, 64, 128])
+    };
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ,
+    ] {
+        let (pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
+        for &t in tokens {
+            for &h in heads {
+                check_decode(&s, &pc, &pg, rows, t, h, &format!("{dtype:?} decode"));
+            }
+        }
+        #[cfg(feature = "test-hooks")]
+        {
+            unikv::ffi::test_hooks::gpu_plan_fallbacks(true, true);
+            for (t, h) in [(3, 16), (16, 64)] {
+                check_decode(
+                    &s,
+                    &pc,
+                    &pg,
+                    rows,
+                    t,
+                    h,
+                    &format!("{dtype:?} decode (fallback paths)"),
+                );
+            }
+            unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
+        }
+    }
+}
+
 /// The paths GPUs without clusters or wgmma take (workspace + combine kernel,
 /// mma.sync for 64-head blocks), forced on this thread's plans.
 #[cfg(feature = "test-hooks")]
@@ -558,23 +665,35 @@ fn decode_fallback_paths_match_cpu() {
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
 }
 
+/// bf16 pools, and FP8 pools whose tiles mix FP8 pool rows with the bf16
+/// extend rows of the chunk.
 #[test]
 fn prefill_matches_cpu() {
     let Some(s) = setup() else { return };
     let mut rng = rand::rng();
-    let (pc, pg, rows) = attention_pools(&s, &mut rng);
     let cases: &[(usize, usize)] = if small() {
         &[(3, 8)]
     } else {
         &[(64, 8), (64, 32), (257, 64), (64, 128)]
     };
-    for &(t, h) in cases {
-        let c = random_case(&mut rng, t, h, rows, true);
-        let cp = plan(&s.cpu, false, t, h);
-        let gp = plan(&s.gpu, false, t, h);
-        let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
-        let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
-        compare((c.t, c.h), &got, &want, &format!("prefill T={t} H={h}"));
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+    ] {
+        let (pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
+        for &(t, h) in cases {
+            let c = random_case(&mut rng, t, h, rows, true);
+            let cp = plan_kv(&s.cpu, false, t, h, dtype as u32);
+            let gp = plan_kv(&s.gpu, false, t, h, dtype as u32);
+            let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
+            let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
+            compare(
+                (c.t, c.h),
+                &got,
+                &want,
+                &format!("{dtype:?} prefill T={t} H={h}"),
+            );
+        }
     }
 }
 
@@ -638,6 +757,10 @@ fn decode_is_batch_invariant() {
 }
 
 fn index_pools(s: &Setup) -> (Pool, Pool, PoolSpec) {
+    index_pools_of(s, unikv_dtype::UNIKV_DTYPE_BF16)
+}
+
+fn index_pools_of(s: &Setup, kv_dtype: unikv_dtype) -> (Pool, Pool, PoolSpec) {
     let spec = PoolSpec {
         ratios: vec![0, 4, 128],
         max_requests: 6,
@@ -645,7 +768,11 @@ fn index_pools(s: &Setup) -> (Pool, Pool, PoolSpec) {
         spec_extra: 3,
         c128_blocks: 64,
     };
-    (Pool::new(&s.cpu, &spec), Pool::new(&s.gpu, &spec), spec)
+    (
+        Pool::of(&s.cpu, &spec, kv_dtype),
+        Pool::of(&s.gpu, &spec, kv_dtype),
+        spec,
+    )
 }
 
 /// Runs build_decode_streams + fill_csa_tail on one context; returns the six outputs.
@@ -829,13 +956,36 @@ fn index_builders_match_cpu_exactly() {
     }
 }
 
+/// Byte for byte, bf16 and both FP8 pools (every byte poisoned first, so an
+/// unwritten FP8 pad byte fails too).
 #[test]
 fn stores_match_cpu_exactly() {
     let Some(s) = setup() else { return };
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ,
+    ] {
+        check_stores(&s, dtype);
+    }
+}
+
+fn check_stores(s: &Setup, dtype: unikv_dtype) {
     let mut rng = rand::rng();
-    let (pc, pg, spec) = index_pools(&s);
+    let (pc, pg, spec) = index_pools_of(s, dtype);
+    poison_layer(&s.cpu, &pc, 1, 0xA5);
+    poison_layer(&s.gpu, &pg, 1, 0xA5);
     let t = 300;
-    let kv = random_bf16(&mut rng, t * 512);
+    // Tiles of different magnitudes exercise many scale bytes.
+    let kv: Vec<bf16> = random_bf16(&mut rng, t * 512)
+        .chunks(64)
+        .flat_map(|tile| {
+            let f = 2f32.powi(rng.random_range(-12..12));
+            tile.iter()
+                .map(move |x| bf16::from_f32(x.to_f32() * f))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     // Request 0 is a 200-token chunk (longer than the ring), then 99 decode-like rows and a pad.
     let batch: Vec<i32> = (0..t)
         .map(|i| {
@@ -913,9 +1063,9 @@ fn stores_match_cpu_exactly() {
         };
         ok(unsafe { unikv_store_compressed(pool.0, &cargs, ptr::null_mut()) });
     }
-    assert_eq!(
-        bytes_of(&read_layer(&s.gpu, &pg, 1)),
-        bytes_of(&read_layer(&s.cpu, &pc, 1))
+    assert!(
+        read_layer(&s.gpu, &pg, 1) == read_layer(&s.cpu, &pc, 1),
+        "{dtype:?}: GPU pool bytes differ from the CPU's"
     );
 }
 
