@@ -18,10 +18,11 @@ mod cuda {
     use std::env;
     use std::path::PathBuf;
 
-    const SOURCES: [&str; 6] = [
+    const SOURCES: [&str; 7] = [
         "shim.cu",
         "store.cu",
         "index.cu",
+        "rope.cu",
         "attention.cu",
         "devtools.cu",
         "fp8_check.cu",

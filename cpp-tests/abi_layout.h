@@ -188,6 +188,14 @@ PIN_SIZE(unikv_rope_params, 48);
 PIN_AT(unikv_rope_params, struct_size, 0);
 PIN_AT(unikv_rope_params, base, 8);
 PIN_AT(unikv_rope_params, yarn, 16);
+
+PIN_SIZE(unikv_inverse_rope_args, 256);
+PIN_AT(unikv_inverse_rope_args, struct_size, 0);
+PIN_AT(unikv_inverse_rope_args, x, 8);
+PIN_AT(unikv_inverse_rope_args, positions, 88);
+PIN_AT(unikv_inverse_rope_args, rope_table, 168);
+PIN_AT(unikv_inverse_rope_args, num_tokens, 248);
+PIN_AT(unikv_inverse_rope_args, num_heads, 252);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

@@ -640,6 +640,108 @@ static void test_rope_table(void) {
                 unikv_rope_table(&params, ROWS, table, ROWS * 64 + 1));
 }
 
+/* ---- inverse RoPE -------------------------------------------------------------- */
+
+/* One bf16 ulp at magnitude |v| (8 significant bits). */
+static double bf16_ulp(double v) {
+    int e;
+    frexp(v, &e);
+    return ldexp(1.0, e - 8);
+}
+
+/* unikv_inverse_rope from C on a table from unikv_rope_table: the rope dims of
+ * every head come back rotated by the conjugate of the token's row (float64
+ * reference, 1 bf16 ulp plus the fp32 error near zero), the nope dims are
+ * bit-unchanged; bad inputs fail and leave x untouched. */
+static void test_inverse_rope(void) {
+    enum { NT = 3, NH = 2, MAX_POS = 8 };
+    static const int32_t pos_init[NT] = {5, 0, 7};
+    const size_t x_bytes = (size_t)NT * NH * D * 2;
+    unikv_context *ctx = cpu_context();
+    uint16_t *x = alloc(ctx, x_bytes), *before = malloc(x_bytes);
+    float *table = alloc(ctx, MAX_POS * 64 * sizeof(float));
+    int32_t *pos = alloc(ctx, sizeof pos_init);
+    int64_t *pos64 = alloc(ctx, NT * sizeof(int64_t));
+    unikv_rope_params rp;
+    unikv_inverse_rope_args a;
+    size_t i;
+    int t, h, k;
+
+    CHECK(before != NULL);
+    memset(&rp, 0, sizeof rp);
+    rp.struct_size = sizeof rp;
+    rp.base = 10000.0;
+    CHECK_OK(unikv_rope_table(&rp, MAX_POS, table, MAX_POS * 64));
+    for (i = 0; i < (size_t)NT * NH * D; ++i) x[i] = to_bf16(uniform());
+    memcpy(before, x, x_bytes);
+    memcpy(pos, pos_init, sizeof pos_init);
+
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.x = tensor(x, UNIKV_DTYPE_BF16, 3, NT, NH, D);
+    a.positions = tensor(pos, UNIKV_DTYPE_I32, 1, NT, 0, 0);
+    a.rope_table = tensor(table, UNIKV_DTYPE_F32, 2, MAX_POS, 64, 0);
+    a.num_tokens = NT;
+    a.num_heads = NH;
+    CHECK_OK(unikv_inverse_rope(ctx, &a, NULL));
+    for (t = 0; t < NT; ++t) {
+        const float *cs = table + pos_init[t] * 64;
+        for (h = 0; h < NH; ++h) {
+            const size_t row = ((size_t)t * NH + h) * D;
+            CHECK(memcmp(x + row, before + row, 448 * 2) == 0);
+            for (k = 0; k < 32; ++k) {
+                const size_t d = row + 448 + 2 * k;
+                const double re = from_bf16(before[d]), im = from_bf16(before[d + 1]);
+                const double want_re = re * cs[2 * k] + im * cs[2 * k + 1];
+                const double want_im = im * cs[2 * k] - re * cs[2 * k + 1];
+                CHECK(fabs(from_bf16(x[d]) - want_re) <= bf16_ulp(want_re) + 1e-6);
+                CHECK(fabs(from_bf16(x[d + 1]) - want_im) <= bf16_ulp(want_im) + 1e-6);
+            }
+        }
+    }
+
+    /* Failing calls leave x exactly as it was. */
+    a.x.dtype = UNIKV_DTYPE_F32;
+    EXPECT_FAIL(UNIKV_BAD_DTYPE, "x", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    a.x = tensor(x, UNIKV_DTYPE_BF16, 3, NT, NH, D / 2);
+    EXPECT_FAIL(UNIKV_BAD_SHAPE, "x", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    a.x = tensor(x, UNIKV_DTYPE_BF16, 3, NT, NH, D);
+    a.num_heads = NH + 1;
+    EXPECT_FAIL(UNIKV_BAD_SHAPE, "x", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    a.num_heads = 0;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "num_heads", x, x_bytes,
+                unikv_inverse_rope(ctx, &a, NULL));
+    a.num_heads = NH;
+    a.positions.dtype = UNIKV_DTYPE_F32;
+    EXPECT_FAIL(UNIKV_BAD_DTYPE, "positions", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    a.positions.dtype = UNIKV_DTYPE_I32;
+    a.rope_table = tensor(table, UNIKV_DTYPE_F32, 2, MAX_POS * 2, 32, 0);
+    EXPECT_FAIL(UNIKV_BAD_SHAPE, "rope_table", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    a.rope_table = tensor(table, UNIKV_DTYPE_F32, 2, MAX_POS, 64, 0);
+    pos[2] = MAX_POS; /* one past the table */
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "positions", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    pos[2] = -1;
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "positions", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    pos[2] = pos_init[2];
+    /* int64 positions: one past 2^32 must not wrap to a valid row. */
+    for (t = 0; t < NT; ++t) pos64[t] = pos_init[t];
+    pos64[1] = ((int64_t)1 << 32) + 1;
+    a.positions = tensor(pos64, UNIKV_DTYPE_I64, 1, NT, 0, 0);
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "positions", x, x_bytes, unikv_inverse_rope(ctx, &a, NULL));
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "args", x, x_bytes, unikv_inverse_rope(ctx, NULL, NULL));
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "ctx", x, x_bytes, unikv_inverse_rope(NULL, &a, NULL));
+    a.struct_size = 0;
+    EXPECT_FAIL(UNIKV_BAD_STRUCT_SIZE, "args.struct_size", x, x_bytes,
+                unikv_inverse_rope(ctx, &a, NULL));
+
+    free(before);
+    CHECK_OK(unikv_memory_free(ctx, x));
+    CHECK_OK(unikv_memory_free(ctx, table));
+    CHECK_OK(unikv_memory_free(ctx, pos));
+    CHECK_OK(unikv_memory_free(ctx, pos64));
+    unikv_context_destroy(ctx);
+}
+
 int main(void) {
     /* Before any failure the thread's message is empty. */
     CHECK(strcmp(unikv_last_error_message(), "") == 0);
@@ -658,6 +760,7 @@ int main(void) {
     test_plans();
     test_decode();
     test_rope_table();
+    test_inverse_rope();
     printf("test_api: all checks passed\n");
     return 0;
 }

@@ -491,6 +491,24 @@ typedef struct unikv_rope_params {
   struct unikv_rope_yarn yarn;
 } unikv_rope_params;
 
+// Arguments of `unikv_inverse_rope`.
+typedef struct unikv_inverse_rope_args {
+  // sizeof(unikv_inverse_rope_args).
+  size_t struct_size;
+  // Attention output `[>= num_tokens, num_heads, 512]` bf16, rotated in
+  // place; data and outer strides 8-byte aligned (head padding allowed).
+  struct unikv_tensor x;
+  // `[>= num_tokens]` UNIKV_DTYPE_I32 or UNIKV_DTYPE_I64: each token's
+  // position, the row of `rope_table` it is rotated back by.
+  struct unikv_tensor positions;
+  // `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
+  // data and row stride 16-byte aligned.
+  struct unikv_tensor rope_table;
+  uint32_t num_tokens;
+  // Heads per token, > 0; must equal `x.shape[1]`.
+  uint32_t num_heads;
+} unikv_inverse_rope_args;
+
 // Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
 // 1-D contiguous i32.
 typedef struct unikv_store_swa_args {
@@ -762,6 +780,23 @@ unikv_status unikv_rope_table(const struct unikv_rope_params *params,
                               uint32_t max_pos,
                               float *table,
                               size_t table_len);
+
+// Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
+// for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
+// 448..511 of `x[t, h]` are multiplied by the conjugate of row
+// `positions[t]` of `rope_table` (c, s = its pair i):
+// `x[2i] <- x[2i] c + x[2i+1] s`, `x[2i+1] <- x[2i+1] c - x[2i] s`,
+// computed in fp32 from the bf16 values and rounded once to bf16 (nearest
+// even); the backends agree bit for bit. Dims 0..447 are not touched.
+// Tensors are in the context's memory; `args` is host memory read during the
+// call. Runs on `stream` without allocating or synchronizing. Device values:
+// the CPU backend checks every position (OUT_OF_RANGE when negative or not
+// below the table's rows; nothing written); GPU backends leave such tokens
+// unchanged. Thread-safe for disjoint `x`.
+UNIKV_NODISCARD
+unikv_status unikv_inverse_rope(const struct unikv_context *ctx,
+                                const struct unikv_inverse_rope_args *args,
+                                void *stream);
 
 // Writes each non-padding row of `kv` into its request's SWA ring at row
 // `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;

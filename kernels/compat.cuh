@@ -159,6 +159,13 @@ __device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// fp32 arithmetic that the compiler may not contract into fused multiply-adds:
+// kernels that must match the host bit for bit spell their products and sums
+// with these, in the host's order.
+__device__ __forceinline__ float ukv_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float ukv_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float ukv_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+
 // Programmatic dependent launch: the primary lets dependents start early; the
 // dependent waits for the primary's completion and memory before reading it.
 __device__ __forceinline__ void ukv_pdl_launch_dependents() {

@@ -162,6 +162,20 @@ typedef struct ukv_merge_params {
   int32_t reserved;
 } ukv_merge_params;
 
+/* Inverse RoPE of an attention output's rope dims (spec unified_kv 5.4). */
+typedef struct ukv_inverse_rope_params {
+  void* x;               /* [num_tokens, num_heads, 512] bf16, rotated in place */
+  const void* positions; /* [num_tokens] int32 or int64 (positions_i64) */
+  const float* table;    /* [max_pos, 64] f32, row stride table_stride */
+  int64_t x_stride_token, x_stride_head;
+  int64_t table_stride;
+  int64_t max_pos;
+  int64_t num_tokens;
+  int64_t num_heads;
+  int32_t positions_i64; /* 1: positions are int64 */
+  int32_t reserved;
+} ukv_inverse_rope_params;
+
 /* Launch configuration chosen at plan creation (capture-time shapes only). */
 typedef struct ukv_attention_plan {
   int32_t max_tokens;

@@ -36,6 +36,9 @@ impl Elem for f32 {
 impl Elem for i32 {
     const DTYPE: DType = DType::I32;
 }
+impl Elem for i64 {
+    const DTYPE: DType = DType::I64;
+}
 impl Elem for u8 {
     const DTYPE: DType = DType::U8;
 }
@@ -234,6 +237,50 @@ impl RawTensor {
             "{name}: spans {bytes} bytes, more than the address space"
         );
         Ok(view)
+    }
+}
+
+/// A vector of token positions that callers pass as int32 or int64 (serving
+/// stacks keep positions in either width; copying to one width would cost a
+/// launch and a buffer). Backends widen each value to i64.
+#[derive(Debug, Clone, Copy)]
+pub enum Positions {
+    I32(Vector<i32>),
+    I64(Vector<i64>),
+}
+
+impl Positions {
+    /// The first entry (device memory on GPU backends).
+    pub fn as_ptr(&self) -> *const u8 {
+        match self {
+            Positions::I32(v) => v.as_ptr() as *const u8,
+            Positions::I64(v) => v.as_ptr() as *const u8,
+        }
+    }
+
+    pub fn is_i64(&self) -> bool {
+        matches!(self, Positions::I64(_))
+    }
+}
+
+impl RawTensor {
+    /// Validates a required 1-D int32 or int64 vector of at least `len`
+    /// entries, aligned to its element size.
+    pub fn positions(&self, name: &str, len: usize) -> Result<Positions> {
+        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
+        match DType::from_raw(name, self.dtype)? {
+            DType::I32 => self
+                .view(name, [Extent::AtLeast(len)], 4)
+                .map(Positions::I32),
+            DType::I64 => self
+                .view(name, [Extent::AtLeast(len)], 8)
+                .map(Positions::I64),
+            other => Err(err!(
+                BadDtype,
+                "{name}: dtype is {}, expected i32 or i64",
+                other.name()
+            )),
+        }
     }
 }
 

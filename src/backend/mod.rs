@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
+use crate::ops::rope::InverseRopeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
@@ -102,4 +103,6 @@ pub trait Backend: Send + Sync + Debug {
     fn attention(&self, args: &AttentionArgs, stream: Stream) -> Result<()>;
     /// Exact merge of partial results over disjoint key sets, sink applied once.
     fn merge(&self, args: &MergeArgs, stream: Stream) -> Result<()>;
+    /// Rotates the rope dims of an attention output back, in place.
+    fn inverse_rope(&self, args: &InverseRopeArgs, stream: Stream) -> Result<()>;
 }

@@ -1,9 +1,15 @@
-//! RoPE table builder: the fp32 tables the Q/KV preparation and inverse RoPE
-//! read (spec store_fused §3.3).
+//! RoPE: the fp32 table builder (spec store_fused §3.3) and the inverse RoPE of
+//! an attention output (spec unified_kv §5.4), which reads such a table.
 
+use std::os::raw::c_void;
+
+use crate::backend::Stream;
 use crate::error::{ensure, Error};
 use crate::ffi::boundary::{boundary, read_params, Versioned};
+use crate::ffi::context::{context, unikv_context};
 use crate::ffi::status::unikv_status;
+use crate::ffi::types::unikv_tensor;
+use crate::ops::rope::{self as rope_op, InverseRopeRaw};
 use crate::rope::{self, RopeConfig, Yarn, ROPE_DIM};
 
 /// YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
@@ -97,4 +103,62 @@ fn name_fields(e: Error) -> Error {
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("params.{m}")),
         other => other,
     }
+}
+
+/// Arguments of `unikv_inverse_rope`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_inverse_rope_args {
+    /// sizeof(unikv_inverse_rope_args).
+    pub struct_size: usize,
+    /// Attention output `[>= num_tokens, num_heads, 512]` bf16, rotated in
+    /// place; data and outer strides 8-byte aligned (head padding allowed).
+    pub x: unikv_tensor,
+    /// `[>= num_tokens]` UNIKV_DTYPE_I32 or UNIKV_DTYPE_I64: each token's
+    /// position, the row of `rope_table` it is rotated back by.
+    pub positions: unikv_tensor,
+    /// `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
+    /// data and row stride 16-byte aligned.
+    pub rope_table: unikv_tensor,
+    pub num_tokens: u32,
+    /// Heads per token, > 0; must equal `x.shape[1]`.
+    pub num_heads: u32,
+}
+
+unsafe impl Versioned for unikv_inverse_rope_args {
+    const NAME: &'static str = "args";
+}
+
+/// Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
+/// for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
+/// 448..511 of `x[t, h]` are multiplied by the conjugate of row
+/// `positions[t]` of `rope_table` (c, s = its pair i):
+/// `x[2i] <- x[2i] c + x[2i+1] s`, `x[2i+1] <- x[2i+1] c - x[2i] s`,
+/// computed in fp32 from the bf16 values and rounded once to bf16 (nearest
+/// even); the backends agree bit for bit. Dims 0..447 are not touched.
+/// Tensors are in the context's memory; `args` is host memory read during the
+/// call. Runs on `stream` without allocating or synchronizing. Device values:
+/// the CPU backend checks every position (OUT_OF_RANGE when negative or not
+/// below the table's rows; nothing written); GPU backends leave such tokens
+/// unchanged. Thread-safe for disjoint `x`.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_inverse_rope(
+    ctx: *const unikv_context,
+    args: *const unikv_inverse_rope_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let raw = InverseRopeRaw {
+            num_tokens: a.num_tokens as usize,
+            num_heads: a.num_heads as usize,
+            x: (&a.x).into(),
+            positions: (&a.positions).into(),
+            rope_table: (&a.rope_table).into(),
+        };
+        rope_op::inverse_rope(ctx, &raw, Stream(stream))
+    })
 }

@@ -6,7 +6,7 @@ use half::bf16;
 use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::geometry::HEAD_DIM;
 use crate::pool::LayerRows;
-use crate::tensor::{Matrix, Vector};
+use crate::tensor::{Matrix, Positions, Vector};
 
 /// The first `len` elements of a vector view.
 ///
@@ -18,6 +18,17 @@ pub unsafe fn slice<'a, T>(v: &Vector<T>, len: usize) -> &'a [T] {
         return &[];
     }
     std::slice::from_raw_parts(v.as_ptr(), len)
+}
+
+/// The first `len` positions, widened to i64.
+///
+/// # Safety
+/// The view is host memory valid for reads and `len <= shape[0]`.
+pub unsafe fn positions(p: &Positions, len: usize) -> Vec<i64> {
+    match p {
+        Positions::I32(v) => slice(v, len).iter().map(|&x| i64::from(x)).collect(),
+        Positions::I64(v) => slice(v, len).to_vec(),
+    }
 }
 
 /// One row of a matrix view.

@@ -2,13 +2,14 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-// attention, index and store are visible to the crate for their value checks,
+// attention, index, rope and store are visible to the crate for their value checks,
 // which the GPU backend's validate mode runs on host copies.
 pub(crate) mod attention;
 mod host;
 pub(crate) mod index;
 mod memory;
 mod merge;
+pub(crate) mod rope;
 pub(crate) mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
@@ -16,6 +17,7 @@ use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
+use crate::ops::rope::InverseRopeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 #[derive(Debug)]
@@ -112,5 +114,9 @@ impl Backend for CpuBackend {
     fn merge(&self, args: &MergeArgs, _stream: Stream) -> Result<()> {
         merge::merge(&self.threads, args);
         Ok(())
+    }
+
+    fn inverse_rope(&self, args: &InverseRopeArgs, _stream: Stream) -> Result<()> {
+        rope::inverse_rope(&self.threads, args)
     }
 }

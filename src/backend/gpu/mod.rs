@@ -19,9 +19,10 @@ use crate::geometry::{Ratio, HEAD_DIM};
 use crate::ops::attention::{AttentionArgs, KvSource, PlanShape, SOURCE_NAMES};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::ops::merge::MergeArgs;
+use crate::ops::rope::InverseRopeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::pool::LayerRows;
-use crate::tensor::View;
+use crate::tensor::{Positions, View};
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -141,6 +142,24 @@ impl GpuBackend {
             Some(v) => self.mirror(v, stream).map(|(h, v)| (h, Some(v))),
             None => Ok((Vec::new(), None)),
         }
+    }
+
+    /// The first `len` positions (either width) copied to the host and widened
+    /// (validate mode; synchronizes `stream`).
+    fn host_positions(&self, p: &Positions, len: usize, stream: Stream) -> Result<Vec<i64>> {
+        Ok(match p {
+            Positions::I32(v) => {
+                let (host, _) = self.mirror(v, stream)?;
+                self.synchronize(stream)?;
+                host[..len].iter().map(|&x| i64::from(x)).collect()
+            }
+            Positions::I64(v) => {
+                let (mut host, _) = self.mirror(v, stream)?;
+                self.synchronize(stream)?;
+                host.truncate(len);
+                host
+            }
+        })
     }
 
     fn stream_out(s: &StreamOut) -> shim::StreamOut {
@@ -595,6 +614,31 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_merge(self.device, &p, stream.0) },
             "merge",
+        )
+    }
+
+    fn inverse_rope(&self, a: &InverseRopeArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            let positions = self.host_positions(&a.positions, a.num_tokens, stream)?;
+            cpu::rope::check_positions(&positions, a.table.shape[0])?;
+        }
+        let p = shim::InverseRopeParams {
+            x: a.x.as_ptr() as *mut c_void,
+            positions: a.positions.as_ptr() as *const c_void,
+            table: a.table.as_ptr(),
+            x_stride_token: a.x.strides[0] as i64,
+            x_stride_head: a.x.strides[1] as i64,
+            table_stride: a.table.strides[0] as i64,
+            max_pos: a.table.shape[0] as i64,
+            num_tokens: a.num_tokens as i64,
+            num_heads: a.num_heads as i64,
+            positions_i64: i32::from(a.positions.is_i64()),
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::rope`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_inverse_rope(self.device, &p, stream.0) },
+            "inverse_rope",
         )
     }
 }

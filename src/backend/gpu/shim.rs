@@ -209,8 +209,24 @@ pub struct Fp8CheckParams {
     pub reserved: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct InverseRopeParams {
+    pub x: *mut c_void,
+    pub positions: *const c_void,
+    pub table: *const f32,
+    pub x_stride_token: i64,
+    pub x_stride_head: i64,
+    pub table_stride: i64,
+    pub max_pos: i64,
+    pub num_tokens: i64,
+    pub num_heads: i64,
+    pub positions_i64: i32,
+    pub reserved: i32,
+}
+
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
-pub const MIRRORS: [(c_int, usize, &str); 9] = [
+pub const MIRRORS: [(c_int, usize, &str); 10] = [
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
     (
         1,
@@ -232,6 +248,11 @@ pub const MIRRORS: [(c_int, usize, &str); 9] = [
     (6, std::mem::size_of::<MergeParams>(), "MergeParams"),
     (7, std::mem::size_of::<AttentionPlan>(), "AttentionPlan"),
     (8, std::mem::size_of::<Fp8CheckParams>(), "Fp8CheckParams"),
+    (
+        9,
+        std::mem::size_of::<InverseRopeParams>(),
+        "InverseRopeParams",
+    ),
 ];
 
 extern "C" {
@@ -288,6 +309,11 @@ extern "C" {
         plan: *mut AttentionPlan,
     ) -> c_int;
     pub fn unikv_gpu_merge(device: c_int, p: *const MergeParams, stream: *mut c_void) -> c_int;
+    pub fn unikv_gpu_inverse_rope(
+        device: c_int,
+        p: *const InverseRopeParams,
+        stream: *mut c_void,
+    ) -> c_int;
     /// Plans created afterwards on the calling thread skip the cluster merge
     /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
     pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);

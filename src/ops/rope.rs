@@ -1,0 +1,63 @@
+//! Inverse RoPE of an attention output (spec unified_kv §5.4, store_fused §3.3):
+//! the attention output is the latent `[T, H, 512]` including the rope dims, and
+//! the model rotates dims 448..511 of every head of token t by the conjugate of
+//! the rotation at `positions[t]` before `wo_a`. Dims 0..447 are not touched.
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::context::Context;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::ops::tokens;
+use crate::rope::ROPE_DIM;
+use crate::tensor::{Extent, Matrix, Positions, RawTensor, Tensor3, ROW_ALIGN};
+
+/// Caller arguments of `inverse_rope`.
+#[derive(Debug, Clone, Copy)]
+pub struct InverseRopeRaw {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub x: RawTensor,
+    pub positions: RawTensor,
+    pub rope_table: RawTensor,
+}
+
+/// Validated inverse RoPE: dims `448..512` of `x[t, h]` for `t < num_tokens`
+/// are rotated in place by the conjugate of table row `positions[t]`.
+#[derive(Debug)]
+pub struct InverseRopeArgs {
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub x: Tensor3<bf16>,
+    pub positions: Positions,
+    /// `[max_pos, 64]` interleaved (cos, sin) pairs (`rope::build_table`).
+    pub table: Matrix<f32>,
+}
+
+/// Alignment of `x`: the kernels move the rope dims in 8-byte vectors (two
+/// pairs), which the nope offset (896 bytes) keeps aligned.
+const X_ALIGN: usize = 8;
+
+pub fn inverse_rope(ctx: &Context, raw: &InverseRopeRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let (t, h) = (raw.num_tokens, raw.num_heads);
+    ensure!(h > 0, InvalidArgument, "num_heads: must be positive");
+    let args = InverseRopeArgs {
+        num_tokens: t,
+        num_heads: h,
+        x: raw.x.view(
+            "x",
+            [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)],
+            X_ALIGN,
+        )?,
+        positions: raw.positions.positions("positions", t)?,
+        // 16-byte rows: each GPU thread reads its two (cos, sin) pairs as one vector.
+        table: raw.rope_table.view(
+            "rope_table",
+            [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
+            ROW_ALIGN,
+        )?,
+    };
+    ctx.backend().inverse_rope(&args, stream)
+}
