@@ -36,6 +36,9 @@ impl Elem for f32 {
 impl Elem for i32 {
     const DTYPE: DType = DType::I32;
 }
+impl Elem for i64 {
+    const DTYPE: DType = DType::I64;
+}
 impl Elem for u8 {
     const DTYPE: DType = DType::U8;
 }
@@ -234,6 +237,94 @@ impl RawTensor {
             "{name}: spans {bytes} bytes, more than the address space"
         );
         Ok(view)
+    }
+}
+
+/// A 1-D integer argument the caller may pass as int32 or int64 (cache
+/// locations, positions): serving stacks keep such tensors in either width.
+#[derive(Debug, Clone, Copy)]
+pub enum IndexVector {
+    I32(Vector<i32>),
+    I64(Vector<i64>),
+}
+
+impl IndexVector {
+    pub fn is_i64(&self) -> bool {
+        matches!(self, IndexVector::I64(_))
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        match self {
+            IndexVector::I32(v) => v.as_ptr() as *mut u8,
+            IndexVector::I64(v) => v.as_ptr() as *mut u8,
+        }
+    }
+}
+
+/// Rows of values the caller may pass as bf16 or f32 (a key an earlier step
+/// produced in either precision).
+#[derive(Debug, Clone, Copy)]
+pub enum FloatRows {
+    Bf16(Matrix<half::bf16>),
+    F32(Matrix<f32>),
+}
+
+impl FloatRows {
+    pub fn as_ptr(&self) -> *mut u8 {
+        match self {
+            FloatRows::Bf16(m) => m.as_ptr() as *mut u8,
+            FloatRows::F32(m) => m.as_ptr() as *mut u8,
+        }
+    }
+
+    /// The row stride in elements.
+    pub fn row_stride(&self) -> usize {
+        match self {
+            FloatRows::Bf16(m) => m.strides[0],
+            FloatRows::F32(m) => m.strides[0],
+        }
+    }
+
+    pub fn is_f32(&self) -> bool {
+        matches!(self, FloatRows::F32(_))
+    }
+}
+
+impl RawTensor {
+    /// Validates a 1-D int32 or int64 argument (see `view` for the checks).
+    pub fn index_vector(&self, name: &str, extent: Extent) -> Result<IndexVector> {
+        match self.either_dtype(name, DType::I32, DType::I64)? {
+            DType::I32 => self.view(name, [extent], 4).map(IndexVector::I32),
+            _ => self.view(name, [extent], 8).map(IndexVector::I64),
+        }
+    }
+
+    /// Validates a 2-D bf16 or f32 argument (see `view` for the checks).
+    pub fn float_rows(
+        &self,
+        name: &str,
+        extents: [Extent; 2],
+        align_bytes: usize,
+    ) -> Result<FloatRows> {
+        match self.either_dtype(name, DType::Bf16, DType::F32)? {
+            DType::Bf16 => self.view(name, extents, align_bytes).map(FloatRows::Bf16),
+            _ => self.view(name, extents, align_bytes).map(FloatRows::F32),
+        }
+    }
+
+    /// The descriptor's dtype when it is `a` or `b`; `view` checks the rest.
+    fn either_dtype(&self, name: &str, a: DType, b: DType) -> Result<DType> {
+        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
+        let dtype = DType::from_raw(name, self.dtype)?;
+        ensure!(
+            dtype == a || dtype == b,
+            BadDtype,
+            "{name}: dtype is {}, expected {} or {}",
+            dtype.name(),
+            a.name(),
+            b.name()
+        );
+        Ok(dtype)
     }
 }
 
