@@ -42,3 +42,13 @@ pub unsafe fn put_row<T: Copy>(m: &Matrix<T>, r: usize, src: &[T]) {
     debug_assert!(r < m.shape[0] && src.len() == m.shape[1]);
     std::ptr::copy(src.as_ptr(), m.as_ptr().add(m.offset([r, 0])), src.len());
 }
+
+/// Every element of a matrix whose rows are contiguous, as one slice.
+///
+/// # Safety
+/// The view is host memory valid for writes, not otherwise borrowed, and
+/// `strides[0] == shape[1]`.
+pub unsafe fn contiguous_mut<'a, T>(m: &Matrix<T>) -> &'a mut [T] {
+    debug_assert_eq!(m.strides[0], m.shape[1]);
+    std::slice::from_raw_parts_mut(m.as_ptr(), m.shape[0] * m.shape[1])
+}
