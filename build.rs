@@ -21,6 +21,7 @@ mod cuda {
     const SOURCES: [&str; 7] = [
         "shim.cu",
         "store.cu",
+        "cache_store.cu",
         "index.cu",
         "rope.cu",
         "attention.cu",

@@ -168,6 +168,26 @@ PIN_AT(unikv_store_compressed_args, loc, 88);
 PIN_AT(unikv_store_compressed_args, layer, 168);
 PIN_AT(unikv_store_compressed_args, num_rows, 172);
 
+PIN_SIZE(unikv_store_flashmla_args, 264);
+PIN_AT(unikv_store_flashmla_args, struct_size, 0);
+PIN_AT(unikv_store_flashmla_args, cache, 8);
+PIN_AT(unikv_store_flashmla_args, kv, 88);
+PIN_AT(unikv_store_flashmla_args, loc, 168);
+PIN_AT(unikv_store_flashmla_args, page_size, 248);
+PIN_AT(unikv_store_flashmla_args, cache_dtype, 252);
+PIN_AT(unikv_store_flashmla_args, num_tokens, 256);
+PIN_AT(unikv_store_flashmla_args, reserved, 260);
+
+PIN_SIZE(unikv_store_indexer_args, 264);
+PIN_AT(unikv_store_indexer_args, struct_size, 0);
+PIN_AT(unikv_store_indexer_args, cache, 8);
+PIN_AT(unikv_store_indexer_args, key, 88);
+PIN_AT(unikv_store_indexer_args, loc, 168);
+PIN_AT(unikv_store_indexer_args, page_size, 248);
+PIN_AT(unikv_store_indexer_args, cache_dtype, 252);
+PIN_AT(unikv_store_indexer_args, num_tokens, 256);
+PIN_AT(unikv_store_indexer_args, reserved, 260);
+
 PIN_SIZE(unikv_merge_args, 416);
 PIN_AT(unikv_merge_args, struct_size, 0);
 PIN_AT(unikv_merge_args, parts_out, 8);

@@ -739,6 +739,61 @@ static void test_inverse_rope(void) {
     CHECK_OK(unikv_memory_free(ctx, table));
     CHECK_OK(unikv_memory_free(ctx, pos));
     CHECK_OK(unikv_memory_free(ctx, pos64));
+/* The FlashMLA cache store from C: a row of ones in the nope dims (scale
+ * 1/448 rounds up to 2^-8, byte 119, codes of 256 = 0x78) and a RoPE ramp at
+ * location 3 of two pages of 2 tokens (page 1, slot 1); then bad inputs fail
+ * with their status and leave the cache as it was. */
+static void test_store_flashmla(void) {
+    enum { P = 2, PAGES = 2, BPP = 1728 };
+    unikv_context *ctx = cpu_context();
+    unsigned char *cache = alloc(ctx, PAGES * BPP);
+    uint16_t *kv = alloc(ctx, 2 * D * sizeof(uint16_t));
+    int64_t *loc = alloc(ctx, 2 * sizeof(int64_t));
+    unikv_store_flashmla_args a;
+    int d;
+    for (d = 0; d < D; ++d) kv[d] = d < 448 ? to_bf16(1.0f) : to_bf16((float)(d - 448) / 64.0f);
+    for (d = 0; d < D; ++d) kv[D + d] = to_bf16(uniform());
+    loc[0] = 3;
+    loc[1] = -1;
+    memset(cache, 0xA5, PAGES * BPP);
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.cache = tensor(cache, UNIKV_DTYPE_U8, 2, PAGES, BPP, 0);
+    a.kv = tensor(kv, UNIKV_DTYPE_BF16, 2, 2, D, 0);
+    a.loc = tensor(loc, UNIKV_DTYPE_I64, 1, 2, 0, 0);
+    a.page_size = P;
+    a.cache_dtype = UNIKV_DTYPE_FP8_E4M3FN;
+    a.num_tokens = 2;
+    CHECK_OK(unikv_store_flashmla(ctx, &a, NULL));
+    for (d = 0; d < 448; ++d) CHECK(cache[BPP + 576 + d] == 0x78);
+    CHECK(memcmp(cache + BPP + 576 + 448, kv + 448, 128) == 0);
+    for (d = 0; d < 7; ++d) CHECK(cache[BPP + 576 * P + 8 + d] == 119);
+    CHECK(cache[BPP + 576 * P + 8 + 7] == 0xA5); /* the scale slot's padding byte */
+    CHECK(cache[0] == 0xA5 && cache[BPP - 1] == 0xA5);
+
+    a.page_size = 3;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "page_size", cache, PAGES * BPP,
+                unikv_store_flashmla(ctx, &a, NULL));
+    a.page_size = P;
+    a.cache_dtype = UNIKV_DTYPE_BF16;
+    EXPECT_FAIL(UNIKV_BAD_DTYPE, "cache_dtype", cache, PAGES * BPP,
+                unikv_store_flashmla(ctx, &a, NULL));
+    a.cache_dtype = 99;
+    EXPECT_FAIL(UNIKV_BAD_ENUM, "cache_dtype", cache, PAGES * BPP,
+                unikv_store_flashmla(ctx, &a, NULL));
+    a.cache_dtype = UNIKV_DTYPE_FP8_E4M3FNUZ;
+    a.cache.strides[0] = BPP + 16;
+    a.cache.shape[0] = 1;
+    EXPECT_FAIL(UNIKV_BAD_STRIDE, "cache", cache, PAGES * BPP,
+                unikv_store_flashmla(ctx, &a, NULL));
+    a.cache = tensor(cache, UNIKV_DTYPE_U8, 2, PAGES, BPP, 0);
+    /* Token 0 is valid, token 1 lies past the 4 slots: nothing is written. */
+    loc[1] = P * PAGES;
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "loc", cache, PAGES * BPP,
+                unikv_store_flashmla(ctx, &a, NULL));
+    CHECK_OK(unikv_memory_free(ctx, loc));
+    CHECK_OK(unikv_memory_free(ctx, kv));
+    CHECK_OK(unikv_memory_free(ctx, cache));
     unikv_context_destroy(ctx);
 }
 
@@ -761,6 +816,7 @@ int main(void) {
     test_decode();
     test_rope_table();
     test_inverse_rope();
+    test_store_flashmla();
     printf("test_api: all checks passed\n");
     return 0;
 }

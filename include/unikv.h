@@ -398,6 +398,59 @@ typedef struct unikv_merge_args {
   uint32_t reserved;
 } unikv_merge_args;
 
+// Arguments of `unikv_store_flashmla`.
+typedef struct unikv_store_flashmla_args {
+  // sizeof(unikv_store_flashmla_args).
+  size_t struct_size;
+  // The cache, `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8, 16-byte aligned,
+  // row stride exactly bytes_per_page = ceil(584 * page_size / 576) * 576
+  // (1 728, 37 440 or 149 760 bytes for page sizes 2, 64, 256). A page holds
+  // page_size value slots of 576 bytes (448 FP8 codes of dims 0..448, then
+  // dims 448..512 as bf16), then page_size scale slots of 8 bytes (one UE8M0
+  // byte per 64-dim tile, then a padding byte that is never written), then
+  // padding that is never written.
+  struct unikv_tensor cache;
+  // Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
+  // 16-byte aligned.
+  struct unikv_tensor kv;
+  // `[>= num_tokens]` int32 or int64: the flat location of each row
+  // (page = loc / page_size, slot = loc % page_size); negative = skip.
+  struct unikv_tensor loc;
+  // Tokens per page: 2, 64 or 256.
+  uint32_t page_size;
+  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour
+  // (the reader must use the same). Each tile's scale is the smallest power
+  // of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
+  uint32_t cache_dtype;
+  uint32_t num_tokens;
+  // Must be 0.
+  uint32_t reserved;
+} unikv_store_flashmla_args;
+
+// Arguments of `unikv_store_indexer`.
+typedef struct unikv_store_indexer_args {
+  // sizeof(unikv_store_indexer_args).
+  size_t struct_size;
+  // The cache, `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8, 16-byte
+  // aligned, row stride exactly 132 * page_size bytes: page_size keys of 128
+  // FP8 codes, then page_size fp32 scales (little-endian).
+  struct unikv_tensor cache;
+  // Indexer keys `[>= num_tokens, 128]`, bf16 or f32 (quantized from f32
+  // either way; bf16 widens exactly), rows 16-byte aligned.
+  struct unikv_tensor key;
+  // `[>= num_tokens]` int32 or int64: the flat location of each key;
+  // negative = skip.
+  struct unikv_tensor loc;
+  // Keys per page: 64.
+  uint32_t page_size;
+  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
+  // max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
+  uint32_t cache_dtype;
+  uint32_t num_tokens;
+  // Must be 0.
+  uint32_t reserved;
+} unikv_store_indexer_args;
+
 // Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
 // are 1-D contiguous i32 unless stated.
 typedef struct unikv_decode_streams_args {
@@ -736,6 +789,31 @@ UNIKV_NODISCARD
 unikv_status unikv_attention_merge(const struct unikv_context *ctx,
                                    const struct unikv_merge_args *args,
                                    void *stream);
+
+// Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
+// `loc[t]` (spec store_fused §1.1, §2): 7 tiles of 64 dims as FP8 codes with
+// one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
+// NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
+// may exceed 4 GiB). Tensors are in the context's memory; `args` is host
+// memory read during the call. Runs on `stream` (ignored by the CPU backend).
+// Device values: the CPU backend (and GPU backends in `validate` mode) checks
+// every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
+// INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
+// Otherwise GPU backends skip a location past the cache, and two tokens at one
+// location leave that slot's bytes unspecified. Thread-safe for stores to
+// disjoint locations.
+UNIKV_NODISCARD
+unikv_status unikv_store_flashmla(const struct unikv_context *ctx,
+                                  const struct unikv_store_flashmla_args *args,
+                                  void *stream);
+
+// Quantizes key t into the indexer key cache at location `loc[t]` (spec
+// store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
+// stream, device-value and thread-safety rules as `unikv_store_flashmla`.
+UNIKV_NODISCARD
+unikv_status unikv_store_indexer(const struct unikv_context *ctx,
+                                 const struct unikv_store_indexer_args *args,
+                                 void *stream);
 
 // Builds the SWA, HCA and CSA decode streams once per forward: the three
 // indptrs, the SWA and HCA indices, and the SWA part of each CSA slice. Each

@@ -122,6 +122,14 @@ __host__ __device__ inline float ukv_ue8m0_to_float(uint8_t byte) {
   return ukv_fp8_bits_float((uint32_t)byte << 23);
 }
 
+// The exact inverse 2^(127-byte) of a UE8M0 scale byte below 255: a normal
+// float up to byte 253, the subnormal 2^-127 at 254 (an Inf in the tile).
+// Multiplying by it gives the bits of dividing by ukv_ue8m0_to_float(byte) as
+// long as subnormals are not flushed (see the note on --use_fast_math above).
+__host__ __device__ inline float ukv_ue8m0_inverse(uint8_t byte) {
+  return byte < 254 ? ukv_fp8_bits_float((uint32_t)(254 - byte) << 23) : ukv_fp8_bits_float(0x00400000u);
+}
+
 // Two values to e4m3fn, `lo` in the low byte: one hardware conversion where
 // the target has it, the software codec otherwise.
 __device__ __forceinline__ uint16_t ukv_fp8x2_encode_e4m3fn(float lo, float hi) {

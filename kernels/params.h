@@ -45,6 +45,22 @@ typedef struct ukv_store_compressed_params {
   int32_t reserved;
 } ukv_store_compressed_params;
 
+/* Quantize-and-store into a FlashMLA FP8 KV cache or an indexer key cache
+ * (spec store_fused 1.1, 1.2): one entry per layout, same params. */
+typedef struct ukv_cache_store_params {
+  const void* rows;       /* [num_tokens, 512] bf16 (FlashMLA) or [num_tokens, 128] bf16 / f32 (indexer) */
+  const void* loc;        /* [num_tokens] int32 or int64; < 0 or >= token_slots: skipped */
+  uint8_t* cache;         /* [num_pages, bytes_per_page], 16-byte aligned */
+  int64_t row_stride;     /* elements */
+  int64_t bytes_per_page;
+  int64_t token_slots;    /* num_pages * page_size */
+  int64_t num_tokens;
+  int32_t page_shift;     /* page_size = 1 << page_shift (2, 64, 256) */
+  uint32_t format;        /* ukv_fp8_format */
+  int32_t loc_i64;        /* 1: loc is int64 */
+  int32_t rows_f32;       /* 1: rows are f32 (indexer only) */
+} ukv_cache_store_params;
+
 /* One output stream of an index builder. */
 typedef struct ukv_stream_out {
   int32_t* indptr;  /* [num_tokens + 1] */

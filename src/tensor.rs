@@ -240,47 +240,91 @@ impl RawTensor {
     }
 }
 
-/// A vector of token positions that callers pass as int32 or int64 (serving
-/// stacks keep positions in either width; copying to one width would cost a
-/// launch and a buffer). Backends widen each value to i64.
+/// A 1-D integer argument the caller may pass as int32 or int64 (cache
+/// locations, positions): serving stacks keep such tensors in either width.
 #[derive(Debug, Clone, Copy)]
-pub enum Positions {
+pub enum IndexVector {
     I32(Vector<i32>),
     I64(Vector<i64>),
 }
 
-impl Positions {
-    /// The first entry (device memory on GPU backends).
-    pub fn as_ptr(&self) -> *const u8 {
+impl IndexVector {
+    pub fn is_i64(&self) -> bool {
+        matches!(self, IndexVector::I64(_))
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
         match self {
-            Positions::I32(v) => v.as_ptr() as *const u8,
-            Positions::I64(v) => v.as_ptr() as *const u8,
+            IndexVector::I32(v) => v.as_ptr() as *mut u8,
+            IndexVector::I64(v) => v.as_ptr() as *mut u8,
+        }
+    }
+}
+
+/// Rows of values the caller may pass as bf16 or f32 (a key an earlier step
+/// produced in either precision).
+#[derive(Debug, Clone, Copy)]
+pub enum FloatRows {
+    Bf16(Matrix<half::bf16>),
+    F32(Matrix<f32>),
+}
+
+impl FloatRows {
+    pub fn as_ptr(&self) -> *mut u8 {
+        match self {
+            FloatRows::Bf16(m) => m.as_ptr() as *mut u8,
+            FloatRows::F32(m) => m.as_ptr() as *mut u8,
         }
     }
 
-    pub fn is_i64(&self) -> bool {
-        matches!(self, Positions::I64(_))
+    /// The row stride in elements.
+    pub fn row_stride(&self) -> usize {
+        match self {
+            FloatRows::Bf16(m) => m.strides[0],
+            FloatRows::F32(m) => m.strides[0],
+        }
+    }
+
+    pub fn is_f32(&self) -> bool {
+        matches!(self, FloatRows::F32(_))
     }
 }
 
 impl RawTensor {
-    /// Validates a required 1-D int32 or int64 vector of at least `len`
-    /// entries, aligned to its element size.
-    pub fn positions(&self, name: &str, len: usize) -> Result<Positions> {
-        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
-        match DType::from_raw(name, self.dtype)? {
-            DType::I32 => self
-                .view(name, [Extent::AtLeast(len)], 4)
-                .map(Positions::I32),
-            DType::I64 => self
-                .view(name, [Extent::AtLeast(len)], 8)
-                .map(Positions::I64),
-            other => Err(err!(
-                BadDtype,
-                "{name}: dtype is {}, expected i32 or i64",
-                other.name()
-            )),
+    /// Validates a 1-D int32 or int64 argument (see `view` for the checks).
+    pub fn index_vector(&self, name: &str, extent: Extent) -> Result<IndexVector> {
+        match self.either_dtype(name, DType::I32, DType::I64)? {
+            DType::I32 => self.view(name, [extent], 4).map(IndexVector::I32),
+            _ => self.view(name, [extent], 8).map(IndexVector::I64),
         }
+    }
+
+    /// Validates a 2-D bf16 or f32 argument (see `view` for the checks).
+    pub fn float_rows(
+        &self,
+        name: &str,
+        extents: [Extent; 2],
+        align_bytes: usize,
+    ) -> Result<FloatRows> {
+        match self.either_dtype(name, DType::Bf16, DType::F32)? {
+            DType::Bf16 => self.view(name, extents, align_bytes).map(FloatRows::Bf16),
+            _ => self.view(name, extents, align_bytes).map(FloatRows::F32),
+        }
+    }
+
+    /// The descriptor's dtype when it is `a` or `b`; `view` checks the rest.
+    fn either_dtype(&self, name: &str, a: DType, b: DType) -> Result<DType> {
+        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
+        let dtype = DType::from_raw(name, self.dtype)?;
+        ensure!(
+            dtype == a || dtype == b,
+            BadDtype,
+            "{name}: dtype is {}, expected {} or {}",
+            dtype.name(),
+            a.name(),
+            b.name()
+        );
+        Ok(dtype)
     }
 }
 

@@ -11,6 +11,7 @@ use std::fmt::Debug;
 
 use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
+use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
@@ -96,6 +97,10 @@ pub trait Backend: Send + Sync + Debug {
 
     fn store_swa(&self, args: &StoreSwaArgs, stream: Stream) -> Result<()>;
     fn store_compressed(&self, args: &StoreCompressedArgs, stream: Stream) -> Result<()>;
+    /// Quantizes latent rows into a FlashMLA FP8 KV cache (spec store_fused §1.1).
+    fn store_flashmla(&self, args: &FlashMlaStoreArgs, stream: Stream) -> Result<()>;
+    /// Quantizes keys into an indexer key cache (spec store_fused §1.2).
+    fn store_indexer(&self, args: &IndexerStoreArgs, stream: Stream) -> Result<()>;
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, stream: Stream) -> Result<()>;
     fn fill_csa_tail(&self, args: &CsaTailArgs, stream: Stream) -> Result<()>;
     fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;

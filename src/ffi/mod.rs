@@ -18,6 +18,7 @@ pub mod context;
 pub mod pool;
 // Operations of one serving step.
 pub mod attention;
+pub mod cache_store;
 pub mod index;
 pub mod rope;
 pub mod store;

@@ -3,6 +3,7 @@
 //! reading device memory) and hands them to the context's backend.
 
 pub mod attention;
+pub mod cache_store;
 pub mod index;
 pub mod merge;
 pub mod rope;

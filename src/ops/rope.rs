@@ -11,7 +11,7 @@ use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::tokens;
 use crate::rope::ROPE_DIM;
-use crate::tensor::{Extent, Matrix, Positions, RawTensor, Tensor3, ROW_ALIGN};
+use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, ROW_ALIGN};
 
 /// Caller arguments of `inverse_rope`.
 #[derive(Debug, Clone, Copy)]
@@ -30,7 +30,7 @@ pub struct InverseRopeArgs {
     pub num_tokens: usize,
     pub num_heads: usize,
     pub x: Tensor3<bf16>,
-    pub positions: Positions,
+    pub positions: IndexVector,
     /// `[max_pos, 64]` interleaved (cos, sin) pairs (`rope::build_table`).
     pub table: Matrix<f32>,
 }
@@ -51,7 +51,9 @@ pub fn inverse_rope(ctx: &Context, raw: &InverseRopeRaw, stream: Stream) -> Resu
             [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)],
             X_ALIGN,
         )?,
-        positions: raw.positions.positions("positions", t)?,
+        positions: raw
+            .positions
+            .index_vector("positions", Extent::AtLeast(t))?,
         // 16-byte rows: each GPU thread reads its two (cos, sin) pairs as one vector.
         table: raw.rope_table.view(
             "rope_table",

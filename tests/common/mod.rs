@@ -2,6 +2,8 @@
 //! C ABI (the product surface), with host buffers on the CPU backend.
 #![allow(dead_code)]
 
+pub mod cache_store;
+
 use std::ffi::CStr;
 use std::os::raw::c_void;
 use std::ptr;

@@ -6,7 +6,7 @@ use half::bf16;
 use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::geometry::HEAD_DIM;
 use crate::pool::LayerRows;
-use crate::tensor::{Matrix, Positions, Vector};
+use crate::tensor::{IndexVector, Matrix, Vector};
 
 /// The first `len` elements of a vector view.
 ///
@@ -24,10 +24,10 @@ pub unsafe fn slice<'a, T>(v: &Vector<T>, len: usize) -> &'a [T] {
 ///
 /// # Safety
 /// The view is host memory valid for reads and `len <= shape[0]`.
-pub unsafe fn positions(p: &Positions, len: usize) -> Vec<i64> {
+pub unsafe fn positions(p: &IndexVector, len: usize) -> Vec<i64> {
     match p {
-        Positions::I32(v) => slice(v, len).iter().map(|&x| i64::from(x)).collect(),
-        Positions::I64(v) => slice(v, len).to_vec(),
+        IndexVector::I32(v) => slice(v, len).iter().map(|&x| i64::from(x)).collect(),
+        IndexVector::I64(v) => slice(v, len).to_vec(),
     }
 }
 
@@ -90,4 +90,14 @@ pub unsafe fn extend_with_row(layer: &LayerRows, r: usize, out: &mut Vec<f32>) {
             unified::dequantize_row(row(nope, r), row(rope, r), *format, &mut out[start..]);
         }
     }
+}
+
+/// Every element of a matrix whose rows are contiguous, as one slice.
+///
+/// # Safety
+/// The view is host memory valid for writes, not otherwise borrowed, and
+/// `strides[0] == shape[1]`.
+pub unsafe fn contiguous_mut<'a, T>(m: &Matrix<T>) -> &'a mut [T] {
+    debug_assert_eq!(m.strides[0], m.shape[1]);
+    std::slice::from_raw_parts_mut(m.as_ptr(), m.shape[0] * m.shape[1])
 }

@@ -2,9 +2,10 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-// attention, index, rope and store are visible to the crate for their value checks,
-// which the GPU backend's validate mode runs on host copies.
+// attention, cache_store, index, rope and store are visible to the crate for
+// their value checks, which the GPU backend's validate mode runs on host copies.
 pub(crate) mod attention;
+pub(crate) mod cache_store;
 mod host;
 pub(crate) mod index;
 mod memory;
@@ -15,6 +16,7 @@ pub(crate) mod store;
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
 use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
+use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
@@ -93,6 +95,14 @@ impl Backend for CpuBackend {
 
     fn store_compressed(&self, args: &StoreCompressedArgs, _stream: Stream) -> Result<()> {
         store::store_compressed(args)
+    }
+
+    fn store_flashmla(&self, args: &FlashMlaStoreArgs, _stream: Stream) -> Result<()> {
+        cache_store::store_flashmla(args)
+    }
+
+    fn store_indexer(&self, args: &IndexerStoreArgs, _stream: Stream) -> Result<()> {
+        cache_store::store_indexer(args)
     }
 
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, _stream: Stream) -> Result<()> {

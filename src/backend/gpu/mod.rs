@@ -17,12 +17,13 @@ use crate::error::{err, Error, Result};
 use crate::fp8::Fp8Format;
 use crate::geometry::{Ratio, HEAD_DIM};
 use crate::ops::attention::{AttentionArgs, KvSource, PlanShape, SOURCE_NAMES};
+use crate::ops::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::pool::LayerRows;
-use crate::tensor::{Positions, View};
+use crate::tensor::{IndexVector, View};
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -146,20 +147,49 @@ impl GpuBackend {
 
     /// The first `len` positions (either width) copied to the host and widened
     /// (validate mode; synchronizes `stream`).
-    fn host_positions(&self, p: &Positions, len: usize, stream: Stream) -> Result<Vec<i64>> {
+    fn host_positions(&self, p: &IndexVector, len: usize, stream: Stream) -> Result<Vec<i64>> {
         Ok(match p {
-            Positions::I32(v) => {
+            IndexVector::I32(v) => {
                 let (host, _) = self.mirror(v, stream)?;
                 self.synchronize(stream)?;
                 host[..len].iter().map(|&x| i64::from(x)).collect()
             }
-            Positions::I64(v) => {
+            IndexVector::I64(v) => {
                 let (mut host, _) = self.mirror(v, stream)?;
                 self.synchronize(stream)?;
                 host.truncate(len);
                 host
             }
         })
+    }
+
+    /// Validate mode: the CPU backend's checks of a cache store's locations,
+    /// on a host copy.
+    fn check_cache_locations(&self, target: &CacheTarget, stream: Stream) -> Result<()> {
+        if !self.validate {
+            return Ok(());
+        }
+        match target.loc {
+            IndexVector::I32(v) => {
+                let (_l, loc) = self.mirror(&v, stream)?;
+                self.synchronize(stream)?;
+                let host = CacheTarget {
+                    loc: IndexVector::I32(loc),
+                    ..*target
+                };
+                cpu::cache_store::destinations(&host)?;
+            }
+            IndexVector::I64(v) => {
+                let (_l, loc) = self.mirror(&v, stream)?;
+                self.synchronize(stream)?;
+                let host = CacheTarget {
+                    loc: IndexVector::I64(loc),
+                    ..*target
+                };
+                cpu::cache_store::destinations(&host)?;
+            }
+        }
+        Ok(())
     }
 
     fn stream_out(s: &StreamOut) -> shim::StreamOut {
@@ -208,6 +238,33 @@ fn kv_source(s: &KvSource) -> shim::KvSource {
         kv_stride,
         rows: s.kv.rows() as i64,
         capacity: s.indices.shape[0] as i64,
+    }
+}
+
+/// The params of either cache store; `rows` is the kv or key tensor.
+fn cache_store_params(
+    target: &CacheTarget,
+    (rows, row_stride, rows_f32): (*const c_void, usize, bool),
+    bytes_per_page: u64,
+    fmt: Fp8Format,
+) -> shim::CacheStoreParams {
+    debug_assert!(target.page_size.is_power_of_two());
+    shim::CacheStoreParams {
+        rows,
+        loc: target.loc.as_ptr() as *const c_void,
+        cache: target.cache.as_ptr(),
+        row_stride: row_stride as i64,
+        bytes_per_page: bytes_per_page as i64,
+        token_slots: target.token_slots() as i64,
+        num_tokens: target.num_tokens as i64,
+        page_shift: target.page_size.trailing_zeros() as i32,
+        // ukv_fp8_format in kernels/fp8.cuh.
+        format: match fmt {
+            Fp8Format::E4m3Fn => 0,
+            Fp8Format::E4m3Fnuz => 1,
+        },
+        loc_i64: target.loc.is_i64() as i32,
+        rows_f32: rows_f32 as i32,
     }
 }
 
@@ -393,6 +450,34 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_store_compressed(self.device, &p, stream.0) },
             "store_compressed",
+        )
+    }
+
+    fn store_flashmla(&self, a: &FlashMlaStoreArgs, stream: Stream) -> Result<()> {
+        self.check_cache_locations(&a.target, stream)?;
+        let rows = (a.kv.as_ptr() as *const c_void, a.kv.strides[0], false);
+        let g = &a.geometry;
+        let p = cache_store_params(&a.target, rows, g.bytes_per_page(), g.format());
+        // SAFETY: views validated by `ops::cache_store`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_store_flashmla(self.device, &p, stream.0) },
+            "store_flashmla",
+        )
+    }
+
+    fn store_indexer(&self, a: &IndexerStoreArgs, stream: Stream) -> Result<()> {
+        self.check_cache_locations(&a.target, stream)?;
+        let rows = (
+            a.key.as_ptr() as *const c_void,
+            a.key.row_stride(),
+            a.key.is_f32(),
+        );
+        let g = &a.geometry;
+        let p = cache_store_params(&a.target, rows, g.bytes_per_page(), g.format());
+        // SAFETY: as above.
+        self.check(
+            unsafe { shim::unikv_gpu_store_indexer(self.device, &p, stream.0) },
+            "store_indexer",
         )
     }
 

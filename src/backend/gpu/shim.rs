@@ -53,6 +53,22 @@ pub struct StoreCompressedParams {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct CacheStoreParams {
+    pub rows: *const c_void,
+    pub loc: *const c_void,
+    pub cache: *mut u8,
+    pub row_stride: i64,
+    pub bytes_per_page: i64,
+    pub token_slots: i64,
+    pub num_tokens: i64,
+    pub page_shift: i32,
+    pub format: u32,
+    pub loc_i64: i32,
+    pub rows_f32: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct StreamOut {
     pub indptr: *mut i32,
     pub indices: *mut i32,
@@ -253,6 +269,11 @@ pub const MIRRORS: [(c_int, usize, &str); 10] = [
         std::mem::size_of::<InverseRopeParams>(),
         "InverseRopeParams",
     ),
+    (
+        10,
+        std::mem::size_of::<CacheStoreParams>(),
+        "CacheStoreParams",
+    ),
 ];
 
 extern "C" {
@@ -285,6 +306,16 @@ extern "C" {
     pub fn unikv_gpu_store_compressed(
         device: c_int,
         p: *const StoreCompressedParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_store_flashmla(
+        device: c_int,
+        p: *const CacheStoreParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_store_indexer(
+        device: c_int,
+        p: *const CacheStoreParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_build_decode_streams(

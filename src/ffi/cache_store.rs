@@ -1,0 +1,141 @@
+//! Cache store entry points: quantize-and-store into the FlashMLA FP8 KV
+//! cache and the indexer key cache (spec store_fused §1.1, §1.2, §2). The
+//! caches are caller-owned byte buffers, not pool layers.
+
+use std::os::raw::c_void;
+
+use crate::backend::Stream;
+use crate::error::ensure;
+use crate::ffi::boundary::{boundary, read_params, Versioned};
+use crate::ffi::context::{context, unikv_context};
+use crate::ffi::status::unikv_status;
+use crate::ffi::types::unikv_tensor;
+use crate::ops::cache_store::{self, CacheStoreRaw};
+
+/// Arguments of `unikv_store_flashmla`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_store_flashmla_args {
+    /// sizeof(unikv_store_flashmla_args).
+    pub struct_size: usize,
+    /// The cache, `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8, 16-byte aligned,
+    /// row stride exactly bytes_per_page = ceil(584 * page_size / 576) * 576
+    /// (1 728, 37 440 or 149 760 bytes for page sizes 2, 64, 256). A page holds
+    /// page_size value slots of 576 bytes (448 FP8 codes of dims 0..448, then
+    /// dims 448..512 as bf16), then page_size scale slots of 8 bytes (one UE8M0
+    /// byte per 64-dim tile, then a padding byte that is never written), then
+    /// padding that is never written.
+    pub cache: unikv_tensor,
+    /// Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
+    /// 16-byte aligned.
+    pub kv: unikv_tensor,
+    /// `[>= num_tokens]` int32 or int64: the flat location of each row
+    /// (page = loc / page_size, slot = loc % page_size); negative = skip.
+    pub loc: unikv_tensor,
+    /// Tokens per page: 2, 64 or 256.
+    pub page_size: u32,
+    /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour
+    /// (the reader must use the same). Each tile's scale is the smallest power
+    /// of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
+    pub cache_dtype: u32,
+    pub num_tokens: u32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_store_flashmla_args {
+    const NAME: &'static str = "args";
+}
+
+/// Arguments of `unikv_store_indexer`.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_store_indexer_args {
+    /// sizeof(unikv_store_indexer_args).
+    pub struct_size: usize,
+    /// The cache, `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8, 16-byte
+    /// aligned, row stride exactly 132 * page_size bytes: page_size keys of 128
+    /// FP8 codes, then page_size fp32 scales (little-endian).
+    pub cache: unikv_tensor,
+    /// Indexer keys `[>= num_tokens, 128]`, bf16 or f32 (quantized from f32
+    /// either way; bf16 widens exactly), rows 16-byte aligned.
+    pub key: unikv_tensor,
+    /// `[>= num_tokens]` int32 or int64: the flat location of each key;
+    /// negative = skip.
+    pub loc: unikv_tensor,
+    /// Keys per page: 64.
+    pub page_size: u32,
+    /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
+    /// max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
+    pub cache_dtype: u32,
+    pub num_tokens: u32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_store_indexer_args {
+    const NAME: &'static str = "args";
+}
+
+/// Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
+/// `loc[t]` (spec store_fused §1.1, §2): 7 tiles of 64 dims as FP8 codes with
+/// one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
+/// NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
+/// may exceed 4 GiB). Tensors are in the context's memory; `args` is host
+/// memory read during the call. Runs on `stream` (ignored by the CPU backend).
+/// Device values: the CPU backend (and GPU backends in `validate` mode) checks
+/// every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
+/// INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
+/// Otherwise GPU backends skip a location past the cache, and two tokens at one
+/// location leave that slot's bytes unspecified. Thread-safe for stores to
+/// disjoint locations.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_store_flashmla(
+    ctx: *const unikv_context,
+    args: *const unikv_store_flashmla_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
+        let raw = CacheStoreRaw {
+            cache: (&a.cache).into(),
+            rows: (&a.kv).into(),
+            loc: (&a.loc).into(),
+            page_size: a.page_size,
+            cache_dtype: a.cache_dtype,
+            num_tokens: a.num_tokens as usize,
+        };
+        cache_store::store_flashmla(ctx, &raw, Stream(stream))
+    })
+}
+
+/// Quantizes key t into the indexer key cache at location `loc[t]` (spec
+/// store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
+/// stream, device-value and thread-safety rules as `unikv_store_flashmla`.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_store_indexer(
+    ctx: *const unikv_context,
+    args: *const unikv_store_indexer_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
+        let raw = CacheStoreRaw {
+            cache: (&a.cache).into(),
+            rows: (&a.key).into(),
+            loc: (&a.loc).into(),
+            page_size: a.page_size,
+            cache_dtype: a.cache_dtype,
+            num_tokens: a.num_tokens as usize,
+        };
+        cache_store::store_indexer(ctx, &raw, Stream(stream))
+    })
+}

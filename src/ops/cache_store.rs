@@ -1,0 +1,135 @@
+//! Quantize-and-store into the two caches of FlashMLA-based stacks (spec
+//! store_fused §1.1, §1.2, §2): the FlashMLA FP8 KV cache and the indexer key
+//! cache, addressed by flat token locations (negative = skip).
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::cache_layouts::flashmla::{self, FlashMlaGeometry};
+use crate::cache_layouts::indexer::{self, IndexerGeometry};
+use crate::context::Context;
+use crate::dtype::DType;
+use crate::error::{ensure, err, Result};
+use crate::fp8::Fp8Format;
+use crate::ops::tokens;
+use crate::tensor::{Extent, FloatRows, IndexVector, Matrix, RawTensor, ROW_ALIGN};
+
+/// Caller arguments of both cache stores: `rows` is the FlashMLA latent or the
+/// indexer key.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheStoreRaw {
+    pub cache: RawTensor,
+    pub rows: RawTensor,
+    pub loc: RawTensor,
+    pub page_size: u32,
+    pub cache_dtype: u32,
+    pub num_tokens: usize,
+}
+
+/// Where a validated store writes: a `[num_pages, bytes_per_page]` byte cache
+/// (row stride exactly `bytes_per_page`, so pages are contiguous and byte
+/// offsets are the layout's) and one location per token.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheTarget {
+    pub cache: Matrix<u8>,
+    pub loc: IndexVector,
+    pub num_tokens: usize,
+    pub page_size: u64,
+}
+
+impl CacheTarget {
+    /// Token slots the cache holds: locations at or past this are out of range.
+    pub fn token_slots(&self) -> u64 {
+        self.cache.shape[0] as u64 * self.page_size
+    }
+}
+
+/// Validated `store_flashmla`: row t of `kv` (512 bf16) is quantized to
+/// location `loc[t]`.
+#[derive(Debug, Clone, Copy)]
+pub struct FlashMlaStoreArgs {
+    pub geometry: FlashMlaGeometry,
+    pub target: CacheTarget,
+    pub kv: Matrix<bf16>,
+}
+
+/// Validated `store_indexer`: row t of `key` (128 bf16 or f32) is quantized to
+/// location `loc[t]`.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerStoreArgs {
+    pub geometry: IndexerGeometry,
+    pub target: CacheTarget,
+    pub key: FloatRows,
+}
+
+pub fn store_flashmla(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let fmt = cache_format(raw.cache_dtype)?;
+    let geometry = FlashMlaGeometry::new(raw.page_size.into(), fmt)?;
+    let args = FlashMlaStoreArgs {
+        target: target(raw, geometry.bytes_per_page(), geometry.page_size())?,
+        kv: raw.rows.view(
+            "kv",
+            [tokens(raw.num_tokens), Extent::Exact(flashmla::TOKEN_DIMS)],
+            ROW_ALIGN,
+        )?,
+        geometry,
+    };
+    ctx.backend().store_flashmla(&args, stream)
+}
+
+pub fn store_indexer(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let fmt = cache_format(raw.cache_dtype)?;
+    let geometry = IndexerGeometry::new(raw.page_size.into(), fmt)?;
+    let args = IndexerStoreArgs {
+        target: target(raw, geometry.bytes_per_page(), geometry.page_size())?,
+        key: raw.rows.float_rows(
+            "key",
+            [tokens(raw.num_tokens), Extent::Exact(indexer::KEY_DIMS)],
+            ROW_ALIGN,
+        )?,
+        geometry,
+    };
+    ctx.backend().store_indexer(&args, stream)
+}
+
+/// The FP8 flavour named by `cache_dtype`: an unknown value is `BadEnum`, a
+/// dtype that is not FP8 `BadDtype`.
+fn cache_format(raw: u32) -> Result<Fp8Format> {
+    let dtype = DType::ALL
+        .into_iter()
+        .find(|d| d.to_raw() == raw)
+        .ok_or_else(|| err!(BadEnum, "cache_dtype: unknown dtype value {raw}"))?;
+    dtype.fp8_format().ok_or_else(|| {
+        err!(
+            BadDtype,
+            "cache_dtype: {} is not an FP8 dtype (fp8_e4m3fn or fp8_e4m3fnuz)",
+            dtype.name()
+        )
+    })
+}
+
+/// The cache and locations. The kernels compute byte offsets as
+/// `page * bytes_per_page`, so the row stride must be exactly the page stride;
+/// 16-byte alignment lets them store 16-byte vectors.
+fn target(raw: &CacheStoreRaw, bytes_per_page: u64, page_size: u64) -> Result<CacheTarget> {
+    let bytes_per_page = bytes_per_page as usize;
+    let cache: Matrix<u8> = raw.cache.view(
+        "cache",
+        [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
+        ROW_ALIGN,
+    )?;
+    ensure!(
+        cache.strides[0] == bytes_per_page,
+        BadStride,
+        "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
+        cache.strides[0]
+    );
+    Ok(CacheTarget {
+        cache,
+        loc: raw.loc.index_vector("loc", tokens(raw.num_tokens))?,
+        num_tokens: raw.num_tokens,
+        page_size,
+    })
+}
