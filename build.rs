@@ -18,7 +18,7 @@ mod cuda {
     use std::env;
     use std::path::PathBuf;
 
-    const SOURCES: [&str; 7] = [
+    const SOURCES: &[&str] = &[
         "shim.cu",
         "store.cu",
         "cache_store.cu",
@@ -28,7 +28,7 @@ mod cuda {
         "devtools.cu",
         "fp8_check.cu",
     ];
-    const HEADERS: [&str; 4] = ["compat.cuh", "shim.cuh", "params.h", "fp8.cuh"];
+    const HEADERS: &[&str] = &["compat.cuh", "shim.cuh", "params.h", "fp8.cuh"];
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 
     /// nvcc from CUDA_HOME/bin or PATH; the `cc` crate must see it by its bare

@@ -1576,200 +1576,210 @@ fn inverse_rope_matches_cpu_exactly() {
     };
     let mut table = vec![0f32; max_pos as usize * 64];
     ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
-    // ---------------------------------------------------------------------------
-    // FlashMLA and indexer cache stores (unikv_store_flashmla / _indexer)
-    // ---------------------------------------------------------------------------
-
-    use common::cache_store::{random_rows, Case, Layout, FORMATS};
-
-    /// Runs a cache store on `ctx` with its buffers in that context's memory and
-    /// returns the cache, poisoned before the call.
-    fn cache_store_on<'a>(ctx: &'a Ctx, case: &Case) -> Dev<'a> {
-        let cache = Dev::zeroed(ctx, case.cache_bytes());
-        cache.poison();
-        let rows = Dev::upload(ctx, case.row_buffer().bytes());
-        let loc = Dev::upload(ctx, case.loc_buffer().bytes());
-        ok(case.call(cache.ptr, rows.ptr, loc.ptr).run(ctx));
-        cache
-    }
-
-    /// Rows through the codec's edge cases: all-zero tiles and keys, NaN and ±Inf
-    /// elements, values near the bf16 maximum, bf16 subnormals, and values whose
-    /// scaled codes are ties between FP8 neighbours (17, 19, 21 at scale 1: round
-    /// to the even mantissa).
-    fn special_rows(layout: Layout) -> Vec<f32> {
-        let groups: [Vec<f32>; 6] = [
-            vec![0.0; 64],
-            (0..64)
-                .map(|i| if i == 5 { f32::NAN } else { i as f32 })
-                .collect(),
-            (0..64)
-                .map(|i| match i {
-                    3 => f32::INFINITY,
-                    9 => f32::NEG_INFINITY,
-                    _ => -(i as f32),
-                })
-                .collect(),
-            (0..64)
-                .map(|i| if i % 2 == 0 { 3.0e38 } else { -1.5e38 })
-                .collect(),
-            (0..64).map(|i| (i as f32 - 30.0) * 1e-40).collect(),
-            (0..64)
-                .map(|i| [448.0, 17.0, 19.0, 21.0, -23.0, 0.0][i % 6])
-                .collect(),
-        ];
-        let values: Vec<f32> = groups
-            .iter()
-            .flatten()
-            .map(|&x| bf16::from_f32(x).to_f32())
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend: 2,
+        device: 0,
+        cpu_threads: 0,
+        validate: 1,
+    };
+    let mut raw = ptr::null_mut();
+    ok(unsafe { unikv_context_create(&options, &mut raw) });
+    let strict = Ctx(raw);
+    // (tokens, heads, elements per head in the buffer)
+    let shapes: &[(usize, usize, usize)] = if small() {
+        &[(3, 16, 576)]
+    } else {
+        &[(1, 1, 512), (7, 16, 576), (130, 64, 512), (300, 128, 520)]
+    };
+    for &(t, h, head_stride) in shapes {
+        let x = random_bf16(&mut rng, t * h * head_stride);
+        let valid: Vec<i64> = (0..t)
+            .map(|_| rng.random_range(0..i64::from(max_pos)))
             .collect();
-        // Each row cycles through the groups from its own start, so every group
-        // lands in FlashMLA nope tiles, RoPE dims and indexer keys; the last row
-        // is all zeros.
-        let (dims, len) = (layout.dims(), values.len());
-        (0..groups.len())
-            .flat_map(|r| (0..dims).map(move |d| (r * 64 + d) % len))
-            .map(|i| values[i])
-            .chain(std::iter::repeat(0.0).take(dims))
-            .collect()
+        let mut invalid = valid.clone();
+        let bad = rng.random_range(0..t);
+        invalid[bad] = if rng.random_bool(0.5) {
+            -1
+        } else {
+            i64::from(max_pos)
+        };
+        for wide in [false, true] {
+            let run = |ctx: &Ctx, positions: &[i64]| {
+                let xd = Dev::upload(ctx, &x);
+                let tb = Dev::upload(ctx, &table);
+                let narrow: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+                let (_pd, pt) = if wide {
+                    let d = Dev::upload(ctx, positions);
+                    let desc = d.t::<i64>(&[t]);
+                    (d, desc)
+                } else {
+                    let d = Dev::upload(ctx, &narrow);
+                    let desc = d.t::<i32>(&[t]);
+                    (d, desc)
+                };
+                let mut xt = xd.t::<bf16>(&[t, h, head_stride]);
+                xt.shape[2] = 512;
+                let args = unikv_inverse_rope_args {
+                    struct_size: std::mem::size_of::<unikv_inverse_rope_args>(),
+                    x: xt,
+                    positions: pt,
+                    rope_table: tb.t::<f32>(&[max_pos as usize, 64]),
+                    num_tokens: t as u32,
+                    num_heads: h as u32,
+                };
+                let status = unsafe { unikv_inverse_rope(ctx.0, &args, ptr::null_mut()) };
+                (status, xd.read::<bf16>())
+            };
+            let what = format!("T={t} H={h} head stride {head_stride} int64 {wide}");
+            let first_diff = |a: &[bf16], b: &[bf16]| {
+                a.iter()
+                    .zip(b)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+            };
+            let (status, want) = run(&s.cpu, &valid);
+            ok(status);
+            let (status, got) = run(&s.gpu, &valid);
+            ok(status);
+            assert_eq!(first_diff(&got, &want), None, "{what}");
+            assert_ne!(first_diff(&got, &x), None, "{what}: nothing rotated");
+
+            let (status, got) = run(&s.gpu, &invalid);
+            ok(status);
+            let mut want_skip = want.clone();
+            let row = bad * h * head_stride;
+            want_skip[row..row + h * head_stride].copy_from_slice(&x[row..row + h * head_stride]);
+            assert_eq!(
+                first_diff(&got, &want_skip),
+                None,
+                "{what}: token {bad} skipped"
+            );
+
+            let (status, got) = run(&strict, &invalid);
+            fails(status, UNIKV_OUT_OF_RANGE, &format!("positions[{bad}]"));
+            assert_eq!(
+                first_diff(&got, &x),
+                None,
+                "{what}: validate writes nothing"
+            );
+        }
     }
+}
 
-    #[test]
-    fn cache_stores_match_cpu_exactly() {
-        let Some(s) = setup() else { return };
-        let (mut rng, _) = seeded("cache_stores_match_cpu_exactly");
-        let max_tokens = if small() { 40 } else { 600 };
-        for layout in Layout::ALL {
-            for &p in layout.page_sizes() {
-                for fmt in FORMATS {
-                    for loc_i64 in [false, true] {
-                        let mut case = Case::random(&mut rng, layout, p, fmt, max_tokens);
-                        case.loc_i64 = loc_i64;
-                        let specials = special_rows(layout);
-                        let n = specials.len().min(case.rows.len());
-                        case.rows[..n].copy_from_slice(&specials[..n]);
-                        let what = format!("{layout:?} P = {p} {:?} i64 loc {loc_i64}", case.fmt);
-                        let want = cache_store_on(&s.cpu, &case).read::<u8>();
-                        assert!(
-                            want != vec![POISON_BYTE; want.len()],
-                            "{what}: nothing stored"
-                        );
-                        let got = cache_store_on(&s.gpu, &case).read::<u8>();
-                        assert!(got == want, "{what}: GPU bytes differ from the CPU's");
+// ---------------------------------------------------------------------------
+// FlashMLA and indexer cache stores (unikv_store_flashmla / _indexer)
+// ---------------------------------------------------------------------------
 
-                        // On the GPU a location past the cache is skipped, like a
-                        // negative one on the CPU.
-                        let slots = (case.num_pages as u64 * p) as i64;
-                        let mut past = case.clone();
-                        let mut skipped = case.clone();
-                        for t in (0..case.num_tokens()).step_by(3) {
-                            past.locations[t] = slots + t as i64;
-                            skipped.locations[t] = -1;
-                        }
-                        let want = cache_store_on(&s.cpu, &skipped).read::<u8>();
-                        let got = cache_store_on(&s.gpu, &past).read::<u8>();
-                        assert!(got == want, "{what}: locations past the cache");
+use common::cache_store::{random_rows, Case, Layout, FORMATS};
+
+/// Runs a cache store on `ctx` with its buffers in that context's memory and
+/// returns the cache, poisoned before the call.
+fn cache_store_on<'a>(ctx: &'a Ctx, case: &Case) -> Dev<'a> {
+    let cache = Dev::zeroed(ctx, case.cache_bytes());
+    cache.poison();
+    let rows = Dev::upload(ctx, case.row_buffer().bytes());
+    let loc = Dev::upload(ctx, case.loc_buffer().bytes());
+    ok(case.call(cache.ptr, rows.ptr, loc.ptr).run(ctx));
+    cache
+}
+
+/// Rows through the codec's edge cases: all-zero tiles and keys, NaN and ±Inf
+/// elements, values near the bf16 maximum, bf16 subnormals, and values whose
+/// scaled codes are ties between FP8 neighbours (17, 19, 21 at scale 1: round
+/// to the even mantissa).
+fn special_rows(layout: Layout) -> Vec<f32> {
+    let groups: [Vec<f32>; 6] = [
+        vec![0.0; 64],
+        (0..64)
+            .map(|i| if i == 5 { f32::NAN } else { i as f32 })
+            .collect(),
+        (0..64)
+            .map(|i| match i {
+                3 => f32::INFINITY,
+                9 => f32::NEG_INFINITY,
+                _ => -(i as f32),
+            })
+            .collect(),
+        (0..64)
+            .map(|i| if i % 2 == 0 { 3.0e38 } else { -1.5e38 })
+            .collect(),
+        (0..64).map(|i| (i as f32 - 30.0) * 1e-40).collect(),
+        (0..64)
+            .map(|i| [448.0, 17.0, 19.0, 21.0, -23.0, 0.0][i % 6])
+            .collect(),
+    ];
+    let values: Vec<f32> = groups
+        .iter()
+        .flatten()
+        .map(|&x| bf16::from_f32(x).to_f32())
+        .collect();
+    // Each row cycles through the groups from its own start, so every group
+    // lands in FlashMLA nope tiles, RoPE dims and indexer keys; the last row
+    // is all zeros.
+    let (dims, len) = (layout.dims(), values.len());
+    (0..groups.len())
+        .flat_map(|r| (0..dims).map(move |d| (r * 64 + d) % len))
+        .map(|i| values[i])
+        .chain(std::iter::repeat(0.0).take(dims))
+        .collect()
+}
+
+#[test]
+fn cache_stores_match_cpu_exactly() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("cache_stores_match_cpu_exactly");
+    let max_tokens = if small() { 40 } else { 600 };
+    for layout in Layout::ALL {
+        for &p in layout.page_sizes() {
+            for fmt in FORMATS {
+                for loc_i64 in [false, true] {
+                    let mut case = Case::random(&mut rng, layout, p, fmt, max_tokens);
+                    case.loc_i64 = loc_i64;
+                    let specials = special_rows(layout);
+                    let n = specials.len().min(case.rows.len());
+                    case.rows[..n].copy_from_slice(&specials[..n]);
+                    let what = format!("{layout:?} P = {p} {:?} i64 loc {loc_i64}", case.fmt);
+                    let want = cache_store_on(&s.cpu, &case).read::<u8>();
+                    assert!(
+                        want != vec![POISON_BYTE; want.len()],
+                        "{what}: nothing stored"
+                    );
+                    let got = cache_store_on(&s.gpu, &case).read::<u8>();
+                    assert!(got == want, "{what}: GPU bytes differ from the CPU's");
+
+                    // On the GPU a location past the cache is skipped, like a
+                    // negative one on the CPU.
+                    let slots = (case.num_pages as u64 * p) as i64;
+                    let mut past = case.clone();
+                    let mut skipped = case.clone();
+                    for t in (0..case.num_tokens()).step_by(3) {
+                        past.locations[t] = slots + t as i64;
+                        skipped.locations[t] = -1;
                     }
+                    let want = cache_store_on(&s.cpu, &skipped).read::<u8>();
+                    let got = cache_store_on(&s.gpu, &past).read::<u8>();
+                    assert!(got == want, "{what}: locations past the cache");
                 }
             }
         }
     }
+}
 
-    #[test]
-    fn cache_store_validate_mode_reports_bad_locations() {
-        if gpu().is_none() {
-            return;
-        }
-        let options = unikv_context_options {
-            struct_size: std::mem::size_of::<unikv_context_options>(),
-            backend: 2,
-            device: 0,
-            cpu_threads: 0,
-            validate: 1,
-        };
-        let mut raw = ptr::null_mut();
-        ok(unsafe { unikv_context_create(&options, &mut raw) });
-        let strict = Ctx(raw);
-        // (tokens, heads, elements per head in the buffer)
-        let shapes: &[(usize, usize, usize)] = if small() {
-            &[(3, 16, 576)]
-        } else {
-            &[(1, 1, 512), (7, 16, 576), (130, 64, 512), (300, 128, 520)]
-        };
-        for &(t, h, head_stride) in shapes {
-            let x = random_bf16(&mut rng, t * h * head_stride);
-            let valid: Vec<i64> = (0..t)
-                .map(|_| rng.random_range(0..i64::from(max_pos)))
-                .collect();
-            let mut invalid = valid.clone();
-            let bad = rng.random_range(0..t);
-            invalid[bad] = if rng.random_bool(0.5) {
-                -1
-            } else {
-                i64::from(max_pos)
-            };
-            for wide in [false, true] {
-                let run = |ctx: &Ctx, positions: &[i64]| {
-                    let xd = Dev::upload(ctx, &x);
-                    let tb = Dev::upload(ctx, &table);
-                    let narrow: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-                    let (_pd, pt) = if wide {
-                        let d = Dev::upload(ctx, positions);
-                        let desc = d.t::<i64>(&[t]);
-                        (d, desc)
-                    } else {
-                        let d = Dev::upload(ctx, &narrow);
-                        let desc = d.t::<i32>(&[t]);
-                        (d, desc)
-                    };
-                    let mut xt = xd.t::<bf16>(&[t, h, head_stride]);
-                    xt.shape[2] = 512;
-                    let args = unikv_inverse_rope_args {
-                        struct_size: std::mem::size_of::<unikv_inverse_rope_args>(),
-                        x: xt,
-                        positions: pt,
-                        rope_table: tb.t::<f32>(&[max_pos as usize, 64]),
-                        num_tokens: t as u32,
-                        num_heads: h as u32,
-                    };
-                    let status = unsafe { unikv_inverse_rope(ctx.0, &args, ptr::null_mut()) };
-                    (status, xd.read::<bf16>())
-                };
-                let what = format!("T={t} H={h} head stride {head_stride} int64 {wide}");
-                let first_diff = |a: &[bf16], b: &[bf16]| {
-                    a.iter()
-                        .zip(b)
-                        .position(|(x, y)| x.to_bits() != y.to_bits())
-                };
-                let (status, want) = run(&s.cpu, &valid);
-                ok(status);
-                let (status, got) = run(&s.gpu, &valid);
-                ok(status);
-                assert_eq!(first_diff(&got, &want), None, "{what}");
-                assert_ne!(first_diff(&got, &x), None, "{what}: nothing rotated");
-
-                let (status, got) = run(&s.gpu, &invalid);
-                ok(status);
-                let mut want_skip = want.clone();
-                let row = bad * h * head_stride;
-                want_skip[row..row + h * head_stride]
-                    .copy_from_slice(&x[row..row + h * head_stride]);
-                assert_eq!(
-                    first_diff(&got, &want_skip),
-                    None,
-                    "{what}: token {bad} skipped"
-                );
-
-                let (status, got) = run(&strict, &invalid);
-                fails(status, UNIKV_OUT_OF_RANGE, &format!("positions[{bad}]"));
-                assert_eq!(
-                    first_diff(&got, &x),
-                    None,
-                    "{what}: validate writes nothing"
-                );
-            }
-        }
+#[test]
+fn cache_store_validate_mode_reports_bad_locations() {
+    if gpu().is_none() {
+        return;
     }
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend: 2,
+        device: 0,
+        cpu_threads: 0,
+        validate: 1,
+    };
+    let mut raw = ptr::null_mut();
+    ok(unsafe { unikv_context_create(&options, &mut raw) });
+    let strict = Ctx(raw);
     let (mut rng, _) = seeded("cache_store_validate_mode_reports_bad_locations");
     for layout in Layout::ALL {
         let mut case = Case::random(&mut rng, layout, 64, FORMATS[0], 50);

@@ -56,7 +56,7 @@ fn last_error() -> String {
 impl GpuBackend {
     /// Opens `device`, or says why the GPU backend is unavailable here.
     pub fn open(device: i32, validate: bool) -> Result<Self> {
-        for (which, rust_size, name) in shim::MIRRORS {
+        for &(which, rust_size, name) in shim::MIRRORS {
             // SAFETY: a pure query of the shim.
             let c_size = unsafe { shim::unikv_gpu_params_size(which) };
             if c_size != rust_size {

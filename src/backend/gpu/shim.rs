@@ -242,7 +242,7 @@ pub struct InverseRopeParams {
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
-pub const MIRRORS: [(c_int, usize, &str); 10] = [
+pub const MIRRORS: &[(c_int, usize, &str)] = &[
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
     (
         1,
