@@ -157,11 +157,26 @@ constexpr bool kHasBulkCopy = true;
 constexpr bool kHasBulkCopy = false;
 #endif
 
+// Whether 16 codes with scale byte s may take dequantize_tile's integer path:
+// an e4m3fn code c as the bf16 with bits (c & 0x80) << 8 | (c & 0x7F) << 4 has
+// the value fp8(c) * 2^-120 (subnormal codes become bf16 subnormals), and one
+// bf16 multiply by 2^(s - 7) gives fp8(c) * 2^(s - 127) exactly while that
+// factor is a bf16 (s <= 134) and no product is subnormal (s >= 10). NaN codes
+// (0x7F, 0xFF) would come out finite, so a lane holding one, fnuz rows and
+// other scales take the software decoder (same values, several times slower).
+__device__ __forceinline__ bool fp8_fast_path(const uint32_t (&codes)[4], ukv_fp8_format fmt, uint32_t s) {
+  uint32_t nan = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) nan |= (codes[i] & 0x7F7F7F7Fu) + 0x01010101u;  // bit 7 of a byte: its low 7 bits are all 1
+  return fmt == UKV_FP8_E4M3FN && s >= 10u && s <= 134u && (nan & 0x80808080u) == 0u;
+}
+
 // Dequantizes the FP8 rows of a landed tile in place: warp w takes rows w,
 // w+8, ... Each lane reads one raw chunk (lanes 0..27: 16 codes of tile
 // lane / 4; lane 28: the scale bytes s0 s0 s1 s1 .. s6 s6; lanes 0..7 also one
 // rope chunk) before the warp writes the row's 64 bf16 chunks over them. The
-// values are exact: an e4m3 value times a power of two fits bf16, so the tile
+// values are exact (an e4m3 value times a power of two fits bf16 unless it is
+// subnormal, i.e. for scale bytes below 10, which no store writes), so the tile
 // holds what src/cache_layouts/unified.rs dequantize_row gives.
 template <class Layout>
 __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
@@ -177,16 +192,29 @@ __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, uk
                                      (uint32_t)ukv_shfl((int)codes.z, 28, UKV_WARP),
                                      (uint32_t)ukv_shfl((int)codes.w, 28, UKV_WARP)};
     const uint32_t word = k < 2 ? scale_words[0] : k < 4 ? scale_words[1] : k < 6 ? scale_words[2] : scale_words[3];
-    const float scale = ukv_ue8m0_to_float((uint8_t)(word >> (16 * (k & 1))));
+    const uint32_t s = (word >> (16 * (k & 1))) & 0xFFu;
     ukv_syncwarp();  // every raw chunk of the row is read before any is overwritten
     if (lane < 28) {
       const uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
       uint32_t out[8];
+      if (fp8_fast_path(in, fmt, s)) {
+        // bf16 2^(s - 7) in both halves.
+        const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        float lo, hi;
-        ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
-        out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
+        for (int i = 0; i < 8; ++i) {
+          // Codes 2j, 2j+1 of word i / 2 as the high bytes of two 16-bit halves.
+          const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+          const uint32_t bits = (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+          out[i] = ukv_bf16x2_mul(bits, factor);
+        }
+      } else {
+        const float scale = ukv_ue8m0_to_float((uint8_t)s);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          float lo, hi;
+          ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
+          out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
+        }
       }
       *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane)) = make_uint4(out[0], out[1], out[2], out[3]);
       *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane + 1)) = make_uint4(out[4], out[5], out[6], out[7]);

@@ -158,6 +158,19 @@ __device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
   ukv_bf16x2 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+// Two bf16 products (round to nearest; subnormal operands and results are
+// kept: bf16 arithmetic has no flush-to-zero mode).
+__device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
+  ukv_bf16x2 x, y;
+  memcpy(&x, &a, sizeof(x));
+  memcpy(&y, &b, sizeof(y));
+  const ukv_bf16x2 r = __hmul2(x, y);
+  uint32_t out;
+  memcpy(&out, &r, sizeof(out));
+  return out;
+}
+// Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {b:a}.
+__device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 
 // fp32 arithmetic that the compiler may not contract into fused multiply-adds:
 // kernels that must match the host bit for bit spell their products and sums
