@@ -335,6 +335,8 @@ fn main() {
                             num_tokens: t as u32,
                             softmax_scale: 0.044194173,
                             reserved: 0,
+                            rope_table: ABSENT,
+                            positions: ABSENT,
                         };
                         ok(
                             unsafe {

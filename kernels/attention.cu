@@ -386,6 +386,34 @@ __device__ __forceinline__ void load_q(const ukv_attention_params& p, int t, int
   }
 }
 
+// Decode's inverse-RoPE epilogue (spec unified_kv 5.4): the table row of
+// token t, or nullptr when there is no epilogue or the position lies outside
+// the table (that token's rope dims stay unrotated; the CPU backend rejects it).
+__device__ __forceinline__ const float* inverse_rope_row(const ukv_attention_params& p, int t) {
+  if (p.rope_table == nullptr) return nullptr;
+  const int64_t pos = p.positions_i64 ? static_cast<const int64_t*>(p.positions)[t]
+                                      : (int64_t) static_cast<const int32_t*>(p.positions)[t];
+  return pos >= 0 && pos < p.rope_rows ? p.rope_table + pos * 64 : nullptr;
+}
+
+// Rotates output dims (d, d + 1), d even, by the conjugate of their (cos, sin)
+// pair when they are rope dims (src/rope.rs inverse_rope_row).
+__device__ __forceinline__ void inverse_rope_pair(const float* cs, int d, float& re, float& im) {
+  if (cs == nullptr || d < kD - 64) return;
+  const float2 c = *reinterpret_cast<const float2*>(cs + (d - (kD - 64)));
+  const float r = re, i = im;
+  re = r * c.x + i * c.y;
+  im = i * c.x - r * c.y;
+}
+
+// Four consecutive output values from dim d0 (a multiple of 4), rotated where
+// they are rope dims, packed as bf16.
+__device__ __forceinline__ uint2 pack_out4(const float* cs, int d0, float a, float b, float c, float d) {
+  inverse_rope_pair(cs, d0, a, b);
+  inverse_rope_pair(cs, d0 + 2, c, d);
+  return make_uint2(ukv_pack_bf16x2(a, b), ukv_pack_bf16x2(c, d));
+}
+
 // Folds the sink into (m, l) and returns the scale of acc (0 when the output is
 // zero) and the natural-log LSE.
 __device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h, float m, float l, float* lse) {
@@ -443,7 +471,7 @@ __device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int
     const float scale = fold_sink(p, h, m, l, &lse);
     ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
     *reinterpret_cast<uint2*>(out + d0) =
-        make_uint2(ukv_pack_bf16x2(acc[0] * scale, acc[1] * scale), ukv_pack_bf16x2(acc[2] * scale, acc[3] * scale));
+        pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
     if (p.lse != nullptr && d0 == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
   }
 }
@@ -713,6 +741,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
     cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
     ukv_cluster_sync();  // no block leaves while another still reads its shared memory
   } else if (direct) {
+    const float* cs = inverse_rope_row(p, t);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -726,8 +755,9 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
           const int col = warp * 64 + n * 8 + tq * 2;
-          *reinterpret_cast<uint32_t*>(out + col) =
-              ukv_pack_bf16x2(acc[mt][n][half * 2] * scale, acc[mt][n][half * 2 + 1] * scale);
+          float lo = acc[mt][n][half * 2] * scale, hi = acc[mt][n][half * 2 + 1] * scale;
+          inverse_rope_pair(cs, col, lo, hi);
+          *reinterpret_cast<uint32_t*>(out + col) = ukv_pack_bf16x2(lo, hi);
         }
         if (p.lse != nullptr && warp == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
       }
@@ -973,6 +1003,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
     ukv_cluster_sync();  // no block leaves while another still reads its shared memory
   } else if (direct) {
+    const float* cs = inverse_rope_row(p, t);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int h = h0 + row0 + 8 * r;
@@ -985,8 +1016,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
-          *reinterpret_cast<uint32_t*>(out + col) =
-              ukv_pack_bf16x2(o[hh][4 * i + 2 * r] * scale, o[hh][4 * i + 2 * r + 1] * scale);
+          float lo = o[hh][4 * i + 2 * r] * scale, hi = o[hh][4 * i + 2 * r + 1] * scale;
+          inverse_rope_pair(cs, col, lo, hi);
+          *reinterpret_cast<uint32_t*>(out + col) = ukv_pack_bf16x2(lo, hi);
         }
       if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
     }
@@ -1277,15 +1309,25 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
     cluster_merge<NH>(p, t, h0, cut.count, split, cfg.splits, m_h, l_h, acc_s);
     ukv_cluster_sync();
   } else if (direct) {
+    const float* cs = inverse_rope_row(p, t);
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) {
         const int h = head_of(i);
+        float v = o[mb][i] * scale_h[h];
+        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane ^ 4
+        // (g +- 1, same head); every lane takes part in the shuffle.
+        if (cs != nullptr && wg == 1 && mb == 3) {
+          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
+          const int d = dim_of(mb, i);
+          const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
+          v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
+        }
         if (h0 + h >= p.num_heads) continue;
         ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token +
                         (int64_t)(h0 + h) * p.out_stride_head;
-        out[dim_of(mb, i)] = ukv_float_to_bf16(o[mb][i] * scale_h[h]);
+        out[dim_of(mb, i)] = ukv_float_to_bf16(v);
       }
   } else {
     float* rec = static_cast<float*>(p.workspace) +
@@ -1361,8 +1403,8 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
   float lse;
   const float scale = fold_sink(p, h, m, l, &lse);
   ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
-  uint2 packed = make_uint2(ukv_pack_bf16x2(acc[0] * scale, acc[1] * scale), ukv_pack_bf16x2(acc[2] * scale, acc[3] * scale));
-  *reinterpret_cast<uint2*>(out + d0) = packed;
+  *reinterpret_cast<uint2*>(out + d0) =
+      pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
 }
 

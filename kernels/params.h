@@ -158,6 +158,13 @@ typedef struct ukv_attention_params {
   int32_t skip_negative;
   float softmax_scale;
   int32_t reserved;
+  /* Decode's inverse-RoPE epilogue: fp32 [rope_rows, 64] table and
+   * [num_tokens] positions (int64 when positions_i64), or rope_table NULL. */
+  const float* rope_table;
+  const void* positions;
+  int64_t rope_rows;
+  int32_t positions_i64;
+  int32_t reserved2;
 } ukv_attention_params;
 
 /* Merge of partial attention results over disjoint key sets. */

@@ -628,6 +628,8 @@ fn decode_args(
         num_tokens: t as u32,
         softmax_scale: b.scale,
         reserved: 0,
+        rope_table: absent(),
+        positions: absent(),
     }
 }
 
@@ -1384,6 +1386,8 @@ fn strided_and_oversized_buffers() {
         num_tokens: tokens as u32,
         softmax_scale: SCALE,
         reserved: 0,
+        rope_table: absent(),
+        positions: absent(),
     };
     ok(launch_decode(&plan, &pool, &args));
     let tag = format!("seed {seed}, strided decode, lens {lens:?}");
@@ -1713,5 +1717,122 @@ fn workspace_size_is_zero_on_cpu() {
         bytes = usize::MAX;
         ok(unsafe { unikv_prefill_plan_workspace_size(p.0, &mut bytes) });
         assert_eq!(bytes, 0, "prefill plan ({max_tokens}, {heads})");
+    }
+}
+
+/// A RoPE table of `max_pos` rows from the C ABI (base 40000 with YaRN, the
+/// compressed layers' table).
+fn rope_table(max_pos: u32) -> Vec<f32> {
+    use unikv::ffi::rope::*;
+    let params = unikv_rope_params {
+        struct_size: std::mem::size_of::<unikv_rope_params>(),
+        base: 40_000.0,
+        yarn: unikv_rope_yarn {
+            factor: 16.0,
+            original_max_position: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        },
+    };
+    let mut table = vec![0f32; max_pos as usize * 64];
+    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
+    table
+}
+
+/// Decode's inverse-RoPE epilogue: the rope dims of every output equal the
+/// float64 reference output rotated by the conjugate of the token's table row
+/// (within the decode tolerance); dims 0..447 and lse are bitwise those of
+/// plain decode; int32 and int64 positions give the same bytes. A position past
+/// the table is OUT_OF_RANGE and one of the two tensors alone NULL_ARGUMENT,
+/// nothing written.
+#[test]
+fn decode_inverse_rope_epilogue() {
+    let (mut rng, seed) = seeded("decode_inverse_rope_epilogue");
+    let ctx = Ctx::cpu(0);
+    let pool = KvPool::new(&ctx, &mut rng);
+    let max_pos = 9000u32;
+    let table = rope_table(max_pos);
+    for heads in [1usize, 16, 64] {
+        let tokens = 6;
+        let lens = ragged_lengths(&mut rng, tokens);
+        let lists = lens
+            .iter()
+            .map(|&n| unique_rows(&mut rng, pool.num_rows(), n))
+            .collect();
+        let b = Batch::new(&mut rng, heads, lists);
+        let plan = DecodePlan::new(&ctx, tokens, heads);
+        let plain = run_decode(&plan, &pool, &b, true);
+        let pos: Vec<i32> = (0..tokens)
+            .map(|_| rng.random_range(0..max_pos as i32))
+            .collect();
+        let pos64: Vec<i64> = pos.iter().map(|&p| p as i64).collect();
+        let (indices, indptr) = csr(&b.lists);
+        let run = |positions: unikv_tensor, table_desc: unikv_tensor| {
+            let mut o = Outputs::new(tokens, heads);
+            let mut args = decode_args(&b, &indices, &indptr, &mut o, true);
+            args.rope_table = table_desc;
+            args.positions = positions;
+            (launch_decode(&plan, &pool, &args), o)
+        };
+        let table_desc = tensor(&table, &[max_pos as usize, 64]);
+        let (status, o) = run(vec1(&pos), table_desc);
+        ok(status);
+        let tag = format!("seed {seed}, H={heads}, lens {lens:?}");
+        // The reference, rotated in float64.
+        let mut r = b.decode_reference(&pool);
+        for (t, &p) in pos.iter().enumerate() {
+            let cs = &table[p as usize * 64..(p as usize + 1) * 64];
+            for h in 0..heads {
+                let row = &mut r.out[(t * heads + h) * D..(t * heads + h + 1) * D];
+                for i in 0..32 {
+                    let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
+                    let (re, im) = (row[448 + 2 * i], row[449 + 2 * i]);
+                    row[448 + 2 * i] = re * c + im * s;
+                    row[449 + 2 * i] = im * c - re * s;
+                }
+            }
+        }
+        check(
+            &tag,
+            &r,
+            o.out.as_slice(),
+            Layout::dense(heads),
+            Some((&o.lse, heads)),
+        );
+        for t in 0..tokens * heads {
+            let (a, b) = (&o.out.as_slice()[t * D..], &plain.out.as_slice()[t * D..]);
+            assert!(
+                bytes_of(&a[..448]) == bytes_of(&b[..448]),
+                "{tag}: nope dims changed"
+            );
+        }
+        assert!(
+            bytes_of(&o.lse) == bytes_of(&plain.lse),
+            "{tag}: lse changed"
+        );
+        let (status, o64) = run(vec1(&pos64), table_desc);
+        ok(status);
+        assert!(
+            bytes_of(o64.out.as_slice()) == bytes_of(o.out.as_slice()),
+            "{tag}: int64 positions differ"
+        );
+
+        let mut bad = pos.clone();
+        bad[tokens - 1] = max_pos as i32;
+        let (status, o) = run(vec1(&bad), table_desc);
+        fails(
+            status,
+            UNIKV_OUT_OF_RANGE,
+            &format!("positions[{}]", tokens - 1),
+        );
+        assert!(o.out.as_slice().iter().all(|x| x.to_bits() == POISON_BF16));
+        for (positions, table_desc, arg) in [
+            (vec1(&pos), absent(), "rope_table"),
+            (absent(), table_desc, "positions"),
+        ] {
+            let (status, o) = run(positions, table_desc);
+            fails(status, UNIKV_NULL_ARGUMENT, arg);
+            assert!(o.out.as_slice().iter().all(|x| x.to_bits() == POISON_BF16));
+        }
     }
 }

@@ -432,6 +432,8 @@ fn decode(
         num_tokens: t as u32,
         softmax_scale: scale,
         reserved: 0,
+        rope_table: absent(),
+        positions: absent(),
     };
     let status =
         unsafe { unikv_sparse_decode(plan, pool.0, &args, ptr::null_mut(), 0, ptr::null_mut()) };

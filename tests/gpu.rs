@@ -466,6 +466,8 @@ fn run_attention(
             num_tokens: c.t as u32,
             softmax_scale: c.scale,
             reserved: 0,
+            rope_table: absent(),
+            positions: absent(),
         };
         ok(unsafe {
             unikv_sparse_decode(
@@ -1279,6 +1281,8 @@ fn cuda_graph_replays_a_decode_step() {
                 num_tokens: t as u32,
                 softmax_scale: 1.0 / (512f32).sqrt(),
                 reserved: 0,
+                rope_table: absent(),
+                positions: absent(),
             };
             let ws = plan.ws_ptr();
             ok(unsafe {
@@ -1502,6 +1506,8 @@ fn validate_mode_reports_bad_device_values() {
             num_tokens: t as u32,
             softmax_scale: 0.05,
             reserved: 0,
+            rope_table: absent(),
+            positions: absent(),
         };
         let status = unsafe {
             unikv_sparse_decode(

@@ -171,6 +171,8 @@ fn merge_of_partial_decodes_equals_decode() {
             num_tokens: t as u32,
             softmax_scale: 0.05,
             reserved: 0,
+            rope_table: absent(),
+            positions: absent(),
         };
         ok(unsafe {
             unikv_sparse_decode(plan, pool.0, &args, ptr::null_mut(), 0, ptr::null_mut())

@@ -10,7 +10,7 @@ use crate::ffi::context::{context, unikv_context};
 use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
-use crate::ops::attention::{self, AttentionRaw, ExtendRaw, Workspace};
+use crate::ops::attention::{self, AttentionRaw, ExtendRaw, InverseRopeRaw, Workspace};
 use crate::ops::merge::{self, MergeRaw};
 use crate::plan::{AttentionPlan, PlanKind, PlanShape};
 
@@ -79,6 +79,16 @@ pub struct unikv_decode_args {
     pub softmax_scale: f32,
     /// Must be 0.
     pub reserved: u32,
+    /// Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
+    /// `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
+    /// (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
+    /// head of token t are rotated by the conjugate of table row `positions[t]`
+    /// in fp32 before the single rounding to bf16; `lse` is unaffected. Both
+    /// absent (NULL data): no epilogue. A position outside the table is
+    /// OUT_OF_RANGE on the CPU backend (nothing written); GPU backends leave
+    /// that token's rope dims unrotated.
+    pub rope_table: unikv_tensor,
+    pub positions: unikv_tensor,
 }
 
 unsafe impl Versioned for unikv_decode_args {
@@ -263,10 +273,15 @@ pub unsafe extern "C" fn unikv_sparse_decode(
             out: (&a.out).into(),
             lse: (&a.lse).into(),
         };
+        let epilogue = InverseRopeRaw {
+            rope_table: (&a.rope_table).into(),
+            positions: (&a.positions).into(),
+        };
         attention::decode(
             plan,
             pool,
             &raw,
+            &epilogue,
             to_workspace(workspace, workspace_bytes),
             Stream(stream),
         )

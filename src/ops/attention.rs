@@ -11,12 +11,13 @@ use std::sync::Arc;
 use half::bf16;
 
 use crate::backend::Stream;
-use crate::error::{ensure, Result};
+use crate::error::{ensure, err, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::rope;
 use crate::ops::tokens;
 use crate::plan::{AttentionPlan, PlanKind};
 use crate::pool::{LayerRows, Pool};
-use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
+use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
 
 pub use crate::plan::PlanShape;
 
@@ -32,6 +33,22 @@ pub struct AttentionRaw {
     pub sink: RawTensor,
     pub out: RawTensor,
     pub lse: RawTensor,
+}
+
+/// Caller arguments of decode's optional inverse-RoPE epilogue (both absent:
+/// none).
+#[derive(Debug, Clone, Copy)]
+pub struct InverseRopeRaw {
+    pub rope_table: RawTensor,
+    pub positions: RawTensor,
+}
+
+/// Validated epilogue: dims 448..511 of token t's outputs are rotated by the
+/// conjugate of `table` row `positions[t]` before rounding (`rope::inverse_rope_row`).
+#[derive(Debug, Clone, Copy)]
+pub struct InverseRopeEpilogue {
+    pub table: Matrix<f32>,
+    pub positions: IndexVector,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +96,8 @@ pub struct AttentionArgs<'a> {
     pub out: Tensor3<bf16>,
     pub lse: Option<Matrix<f32>>,
     pub workspace: Workspace,
+    /// Decode only.
+    pub inverse_rope: Option<InverseRopeEpilogue>,
 }
 
 /// Argument names of each key source (static: no formatting on the launch path).
@@ -179,7 +198,27 @@ fn validate<'a>(
         out: raw.out.view("out", row, ROW_ALIGN)?,
         lse: raw.lse.optional("lse", [tokens(t), Extent::Exact(h)], 4)?,
         workspace,
+        inverse_rope: None,
     })
+}
+
+fn epilogue(raw: &InverseRopeRaw, t: usize) -> Result<Option<InverseRopeEpilogue>> {
+    let (table, positions) = (&raw.rope_table, &raw.positions);
+    match (table.data.is_null(), positions.data.is_null()) {
+        (true, true) => Ok(None),
+        (false, true) => Err(err!(
+            NullArgument,
+            "positions: the inverse-RoPE epilogue needs positions with rope_table"
+        )),
+        (true, false) => Err(err!(
+            NullArgument,
+            "rope_table: the inverse-RoPE epilogue needs rope_table with positions"
+        )),
+        (false, false) => Ok(Some(InverseRopeEpilogue {
+            table: rope::rope_table(table)?,
+            positions: positions.index_vector("positions", Extent::AtLeast(t))?,
+        })),
+    }
 }
 
 fn expect_kind(plan: &AttentionPlan, kind: PlanKind) -> Result<()> {
@@ -196,11 +235,13 @@ pub fn decode(
     plan: &AttentionPlan,
     pool: &Pool,
     raw: &AttentionRaw,
+    epilogue_raw: &InverseRopeRaw,
     workspace: Workspace,
     stream: Stream,
 ) -> Result<()> {
     expect_kind(plan, PlanKind::Decode)?;
-    let args = validate(plan, pool, raw, None, workspace)?;
+    let mut args = validate(plan, pool, raw, None, workspace)?;
+    args.inverse_rope = epilogue(epilogue_raw, raw.num_tokens)?;
     plan.context().backend().attention(&args, stream)
 }
 

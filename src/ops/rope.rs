@@ -39,6 +39,16 @@ pub struct InverseRopeArgs {
 /// pairs), which the nope offset (896 bytes) keeps aligned.
 const X_ALIGN: usize = 8;
 
+/// Validates a `[max_pos, 64]` f32 rope table (`rope::build_table`). 16-byte
+/// rows: a GPU thread reads two (cos, sin) pairs as one vector.
+pub fn rope_table(raw: &RawTensor) -> Result<Matrix<f32>> {
+    raw.view(
+        "rope_table",
+        [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
+        ROW_ALIGN,
+    )
+}
+
 pub fn inverse_rope(ctx: &Context, raw: &InverseRopeRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
     let (t, h) = (raw.num_tokens, raw.num_heads);
@@ -54,12 +64,7 @@ pub fn inverse_rope(ctx: &Context, raw: &InverseRopeRaw, stream: Stream) -> Resu
         positions: raw
             .positions
             .index_vector("positions", Extent::AtLeast(t))?,
-        // 16-byte rows: each GPU thread reads its two (cos, sin) pairs as one vector.
-        table: raw.rope_table.view(
-            "rope_table",
-            [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
-            ROW_ALIGN,
-        )?,
+        table: rope_table(&raw.rope_table)?,
     };
     ctx.backend().inverse_rope(&args, stream)
 }

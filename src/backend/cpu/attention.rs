@@ -8,11 +8,13 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::backend::cpu::host::{extend_with_row, slice};
+use crate::backend::cpu::host::{self, extend_with_row, row, slice};
 use crate::backend::cpu::index::checked_indptr;
+use crate::backend::cpu::rope::check_positions;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::attention::{AttentionArgs, KvSource, SOURCE_NAMES};
+use crate::rope::inverse_rope_row;
 
 /// Heads that share one gathered copy of a token's keys.
 const HEAD_GROUP: usize = 16;
@@ -46,6 +48,15 @@ pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
     for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
         check_source(names, src, a.num_tokens, a.skip_negative)?;
     }
+    let positions = match &a.inverse_rope {
+        Some(e) => {
+            // SAFETY: host view with extent checked by `ops::attention`.
+            let p = unsafe { host::positions(&e.positions, a.num_tokens) };
+            check_positions(&p, e.table.shape[0])?;
+            p
+        }
+        None => Vec::new(),
+    };
     let groups = a.num_heads.div_ceil(HEAD_GROUP);
     threads.install(|| {
         (0..a.num_tokens * groups).into_par_iter().for_each_init(
@@ -53,9 +64,12 @@ pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
             |scratch, item| {
                 let (t, g) = (item / groups, item % groups);
                 let heads = g * HEAD_GROUP..((g + 1) * HEAD_GROUP).min(a.num_heads);
-                // SAFETY: indices were checked above; outputs of distinct items
-                // are disjoint (token t, heads of group g).
-                unsafe { attend_token(a, t, heads, scratch) };
+                // SAFETY: indices (and positions) were checked above; outputs of
+                // distinct items are disjoint (token t, heads of group g).
+                let table_row = a
+                    .inverse_rope
+                    .map(|e| unsafe { row(&e.table, positions[t] as usize) });
+                unsafe { attend_token(a, t, heads, table_row, scratch) };
             },
         )
     });
@@ -105,10 +119,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// # Safety
 /// Indices checked; `heads` are this item's exclusive output rows.
+/// `inverse_rope`: the epilogue's table row of token t.
 unsafe fn attend_token(
     a: &AttentionArgs,
     t: usize,
     heads: std::ops::Range<usize>,
+    inverse_rope: Option<&[f32]>,
     scratch: &mut Scratch,
 ) {
     let count = gather(a, t, &mut scratch.keys);
@@ -148,6 +164,9 @@ unsafe fn attend_token(
             }
             for acc in scratch.acc.iter_mut() {
                 *acc /= denom;
+            }
+            if let Some(cs) = inverse_rope {
+                inverse_rope_row(&mut scratch.acc, cs);
             }
             max + denom.ln()
         };

@@ -631,6 +631,10 @@ impl Backend for GpuBackend {
                 self.synchronize(stream)?;
                 cpu::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
             }
+            if let Some(e) = &a.inverse_rope {
+                let positions = self.host_positions(&e.positions, a.num_tokens, stream)?;
+                cpu::rope::check_positions(&positions, e.table.shape[0])?;
+            }
         }
         let plan = a
             .plan
@@ -665,6 +669,15 @@ impl Backend for GpuBackend {
             skip_negative: a.skip_negative as i32,
             softmax_scale: a.softmax_scale,
             reserved: 0,
+            rope_table: a
+                .inverse_rope
+                .map_or(std::ptr::null(), |e| e.table.as_ptr() as *const f32),
+            positions: a
+                .inverse_rope
+                .map_or(std::ptr::null(), |e| e.positions.as_ptr() as *const c_void),
+            rope_rows: a.inverse_rope.map_or(0, |e| e.table.shape[0] as i64),
+            positions_i64: a.inverse_rope.is_some_and(|e| e.positions.is_i64()) as i32,
+            reserved2: 0,
         };
         // SAFETY: as above; the workspace holds at least the plan's bytes.
         self.check(

@@ -172,6 +172,11 @@ pub struct AttentionParams {
     pub skip_negative: i32,
     pub softmax_scale: f32,
     pub reserved: i32,
+    pub rope_table: *const f32,
+    pub positions: *const c_void,
+    pub rope_rows: i64,
+    pub positions_i64: i32,
+    pub reserved2: i32,
 }
 
 #[repr(C)]
