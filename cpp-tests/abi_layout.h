@@ -82,7 +82,7 @@ PIN_AT(unikv_attention_plan_params, kv_dtype, 24);
 PIN_AT(unikv_attention_plan_params, out_dtype, 28);
 
 /* Argument structs: struct_size, then 80-byte tensors, then scalars. */
-PIN_SIZE(unikv_decode_args, 504);
+PIN_SIZE(unikv_decode_args, 664);
 PIN_AT(unikv_decode_args, struct_size, 0);
 PIN_AT(unikv_decode_args, q, 8);
 PIN_AT(unikv_decode_args, indices, 88);
@@ -94,6 +94,8 @@ PIN_AT(unikv_decode_args, layer, 488);
 PIN_AT(unikv_decode_args, num_tokens, 492);
 PIN_AT(unikv_decode_args, softmax_scale, 496);
 PIN_AT(unikv_decode_args, reserved, 500);
+PIN_AT(unikv_decode_args, rope_table, 504);
+PIN_AT(unikv_decode_args, positions, 584);
 
 PIN_SIZE(unikv_prefill_args, 744);
 PIN_AT(unikv_prefill_args, struct_size, 0);

@@ -351,6 +351,16 @@ typedef struct unikv_decode_args {
   float softmax_scale;
   // Must be 0.
   uint32_t reserved;
+  // Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
+  // `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
+  // (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
+  // head of token t are rotated by the conjugate of table row `positions[t]`
+  // in fp32 before the single rounding to bf16; `lse` is unaffected. Both
+  // absent (NULL data): no epilogue. A position outside the table is
+  // OUT_OF_RANGE on the CPU backend (nothing written); GPU backends leave
+  // that token's rope dims unrotated.
+  struct unikv_tensor rope_table;
+  struct unikv_tensor positions;
 } unikv_decode_args;
 
 // Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields

@@ -329,6 +329,8 @@ struct AttnCase {
     extend_kv: Vec<bf16>,
     extend_indices: Vec<i32>,
     extend_indptr: Vec<i32>,
+    /// Decode's inverse-RoPE epilogue: `[max_pos, 64]` table and int64 positions.
+    rope: Option<(Vec<f32>, Vec<i64>)>,
 }
 
 fn random_lengths(rng: &mut impl Rng, t: usize, max: usize) -> Vec<usize> {
@@ -392,6 +394,7 @@ fn random_case(rng: &mut impl Rng, t: usize, h: usize, rows: usize, prefill: boo
         extend_kv: random_bf16(rng, ext_rows * 512),
         extend_indices,
         extend_indptr,
+        rope: None,
     }
 }
 
@@ -454,6 +457,13 @@ fn run_attention(
             )
         });
     } else {
+        let rope = c.rope.as_ref().map(|(table, pos)| {
+            (
+                Dev::upload(ctx, table),
+                Dev::upload(ctx, pos),
+                table.len() / 64,
+            )
+        });
         let args = unikv_decode_args {
             struct_size: std::mem::size_of::<unikv_decode_args>(),
             q: q.t::<bf16>(&[c.t, c.h, 512]),
@@ -466,8 +476,8 @@ fn run_attention(
             num_tokens: c.t as u32,
             softmax_scale: c.scale,
             reserved: 0,
-            rope_table: absent(),
-            positions: absent(),
+            rope_table: rope.as_ref().map_or(absent(), |r| r.0.t::<f32>(&[r.2, 64])),
+            positions: rope.as_ref().map_or(absent(), |r| r.1.t::<i64>(&[c.t])),
         };
         ok(unsafe {
             unikv_sparse_decode(
@@ -747,6 +757,60 @@ fn fp8_dequantization_is_exact_on_gpu() {
         #[cfg(feature = "test-hooks")]
         unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
     }
+}
+
+/// Decode's inverse-RoPE epilogue on the GPU against the CPU backend, through
+/// every write path: direct writes of each kernel (heads 16, 40, 64, 128), the
+/// cluster merge (long slices), and the workspace combine of the fallback paths.
+#[test]
+fn decode_inverse_rope_epilogue_matches_cpu() {
+    use unikv::ffi::rope::*;
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let (pc, pg, rows) = attention_pools(&s, &mut rng);
+    let max_pos = 5000u32;
+    let params = unikv_rope_params {
+        struct_size: std::mem::size_of::<unikv_rope_params>(),
+        base: 10_000.0,
+        yarn: unikv_rope_yarn {
+            factor: 0.0,
+            original_max_position: 0,
+            beta_fast: 0.0,
+            beta_slow: 0.0,
+        },
+    };
+    let mut table = vec![0f32; max_pos as usize * 64];
+    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
+    for (t, h, fallback) in [
+        (1, 16, false),
+        (3, 40, false),
+        (64, 64, false),
+        (17, 128, false),
+        (5, 16, true),
+        (9, 64, true),
+    ] {
+        #[cfg(feature = "test-hooks")]
+        unikv::ffi::test_hooks::gpu_plan_fallbacks(fallback, fallback);
+        #[cfg(not(feature = "test-hooks"))]
+        if fallback {
+            continue;
+        }
+        let mut c = random_case(&mut rng, t, h, rows, false);
+        let pos = (0..t)
+            .map(|_| rng.random_range(0..i64::from(max_pos)))
+            .collect();
+        c.rope = Some((table.clone(), pos));
+        let want = run_attention(&s.cpu, &pc, 1, &c, &plan(&s.cpu, true, t, h));
+        let got = run_attention(&s.gpu, &pg, 1, &c, &plan(&s.gpu, true, t, h));
+        compare(
+            (t, h),
+            &got,
+            &want,
+            &format!("inverse-RoPE epilogue T={t} H={h} fallback {fallback}"),
+        );
+    }
+    #[cfg(feature = "test-hooks")]
+    unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
 }
 
 /// The paths GPUs without clusters or wgmma take (workspace + combine kernel,
