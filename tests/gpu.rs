@@ -729,6 +729,7 @@ fn fp8_dequantization_is_exact_on_gpu() {
                 extend_kv: Vec::new(),
                 extend_indices: Vec::new(),
                 extend_indptr: Vec::new(),
+                rope: None,
             };
             let want = run_attention(
                 &s.cpu,
