@@ -171,55 +171,85 @@ __device__ __forceinline__ bool fp8_fast_path(const uint32_t (&codes)[4], ukv_fp
   return fmt == UKV_FP8_E4M3FN && s >= 10u && s <= 134u && (nan & 0x80808080u) == 0u;
 }
 
-// Dequantizes the FP8 rows of a landed tile in place: warp w takes rows w,
-// w+8, ... Each lane reads one raw chunk (lanes 0..27: 16 codes of tile
-// lane / 4; lane 28: the scale bytes s0 s0 s1 s1 .. s6 s6; lanes 0..7 also one
-// rope chunk) before the warp writes the row's 64 bf16 chunks over them. The
+// The software decoder for the chunks the integer path cannot take; out of
+// line, so its registers do not count against the kernels' budgets.
+__device__ __noinline__ void dequantize_chunk_slow(const uint4& chunk, uint32_t s, ukv_fp8_format fmt,
+                                                   uint32_t (&out)[8]) {
+  const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+  const float scale = ukv_ue8m0_to_float((uint8_t)s);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float lo, hi;
+    ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
+    out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
+  }
+}
+
+// Sixteen codes (one 16-byte chunk of a nope row) with scale byte s to 16 bf16
+// values, `out` in dim order.
+__device__ __forceinline__ void dequantize_chunk(const uint4& chunk, uint32_t s, ukv_fp8_format fmt, uint32_t (&out)[8]) {
+  const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+  if (fp8_fast_path(in, fmt, s)) {
+    const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      // Codes 2i, 2i+1 as the high bytes of two 16-bit halves.
+      const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+      out[i] = ukv_bf16x2_mul((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), factor);
+    }
+    return;
+  }
+  dequantize_chunk_slow(chunk, s, fmt, out);
+}
+
+// Dequantizes the FP8 rows of a landed tile in place. Warp w owns rows w,
+// w+8, ..., two at a time: their 2 x 28 code chunks (16 codes each) are dealt
+// to the lanes, chunk lane + 32j, with the chunk's scale byte (the first copy of
+// s_k at byte 448 + 2k), and lane l < 16 also takes rope chunk l % 8 of row l / 8. All
+// lanes read their raw chunks before any lane writes the bf16 chunks over them;
+// the rows of one round are independent, so their load latencies overlap. The
 // values are exact (an e4m3 value times a power of two fits bf16 unless it is
 // subnormal, i.e. for scale bytes below 10, which no store writes), so the tile
 // holds what src/cache_layouts/unified.rs dequantize_row gives.
 template <class Layout>
 __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
+  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16;
+  // Rows per round and code chunks per lane: 2 x 28 chunks over 32 lanes keeps
+  // the raw data of a round within ~16 registers (the kernels run close to
+  // their register budgets).
+  constexpr int kRoundRows = 2, kPerLane = (kRoundRows * kCodeChunks + UKV_WARP - 1) / UKV_WARP;
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
-  for (int r = warp; r < kBK; r += kWarps) {
-    if (valid[r] != kRowFp8) continue;  // uniform over the warp
-    const uint4 codes = *reinterpret_cast<const uint4*>(tile + Layout::at(r, lane));
-    uint4 rope = make_uint4(0, 0, 0, 0);
-    if (lane < kFp8RopeBytes / 16) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(r, kFp8RopeChunk + lane));
-    const int k = lane / 4 < 7 ? lane / 4 : 0;  // this lane's 64-dim tile
-    const uint32_t scale_words[4] = {(uint32_t)ukv_shfl((int)codes.x, 28, UKV_WARP),
-                                     (uint32_t)ukv_shfl((int)codes.y, 28, UKV_WARP),
-                                     (uint32_t)ukv_shfl((int)codes.z, 28, UKV_WARP),
-                                     (uint32_t)ukv_shfl((int)codes.w, 28, UKV_WARP)};
-    const uint32_t word = k < 2 ? scale_words[0] : k < 4 ? scale_words[1] : k < 6 ? scale_words[2] : scale_words[3];
-    const uint32_t s = (word >> (16 * (k & 1))) & 0xFFu;
-    ukv_syncwarp();  // every raw chunk of the row is read before any is overwritten
-    if (lane < 28) {
-      const uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
-      uint32_t out[8];
-      if (fp8_fast_path(in, fmt, s)) {
-        // bf16 2^(s - 7) in both halves.
-        const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;
+#pragma unroll 1
+  for (int round = 0; round < kBK / kWarps / kRoundRows; ++round) {
+    const int row0 = warp + kWarps * kRoundRows * round;  // rows row0 + 8 rr, rr < kRoundRows
+    uint4 codes[kPerLane];
+    uint32_t scale[kPerLane];
+    int at[kPerLane];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          // Codes 2j, 2j+1 of word i / 2 as the high bytes of two 16-bit halves.
-          const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
-          const uint32_t bits = (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
-          out[i] = ukv_bf16x2_mul(bits, factor);
-        }
-      } else {
-        const float scale = ukv_ue8m0_to_float((uint8_t)s);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          float lo, hi;
-          ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
-          out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
-        }
+    for (int j = 0; j < kPerLane; ++j) {
+      const int c = lane + UKV_WARP * j, rr = c / kCodeChunks, ch = c % kCodeChunks;
+      const int r = row0 + kWarps * rr;
+      at[j] = c < kRoundRows * kCodeChunks && valid[r] == kRowFp8 ? r * kCodeChunks + ch : -1;
+      if (at[j] >= 0) {
+        codes[j] = *reinterpret_cast<const uint4*>(tile + Layout::at(r, ch));
+        scale[j] = *reinterpret_cast<const uint8_t*>(tile + Layout::at(r, kCodeChunks) + 2 * (ch / 4));
       }
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane)) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
     }
-    if (lane < kFp8RopeBytes / 16) *reinterpret_cast<uint4*>(tile + Layout::at(r, kChunks - 8 + lane)) = rope;
+    const int rope_row = row0 + kWarps * (lane / kRopeChunks), rope_chunk = lane % kRopeChunks;
+    const bool rope_fp8 = lane < kRoundRows * kRopeChunks && valid[rope_row] == kRowFp8;
+    uint4 rope = make_uint4(0, 0, 0, 0);
+    if (rope_fp8) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(rope_row, kFp8RopeChunk + rope_chunk));
+    ukv_syncwarp();  // every raw chunk of these rows is read before any is overwritten
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      if (at[j] < 0) continue;
+      const int r = at[j] / kCodeChunks, ch = at[j] % kCodeChunks;
+      uint32_t out[8];
+      dequantize_chunk(codes[j], scale[j], fmt, out);
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+    if (rope_fp8) *reinterpret_cast<uint4*>(tile + Layout::at(rope_row, kChunks - kRopeChunks + rope_chunk)) = rope;
   }
 }
 
