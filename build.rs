@@ -26,7 +26,13 @@ mod cuda {
         "devtools.cu",
         "fp8_check.cu",
     ];
-    const HEADERS: [&str; 4] = ["compat.cuh", "shim.cuh", "params.h", "fp8.cuh"];
+    const HEADERS: [&str; 5] = [
+        "compat.cuh",
+        "shim.cuh",
+        "params.h",
+        "fp8.cuh",
+        "pool_rows.cuh",
+    ];
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 
     /// nvcc from CUDA_HOME/bin or PATH; the `cc` crate must see it by its bare
