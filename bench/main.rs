@@ -225,6 +225,7 @@ fn main() {
         spec_extra: 0,
         c128_blocks: 0,
         kv_dtype: 1,
+        rope_buffers: ptr::null(),
     };
     let mut pool = ptr::null_mut();
     ok(
