@@ -18,9 +18,10 @@ mod cuda {
     use std::env;
     use std::path::PathBuf;
 
-    const SOURCES: [&str; 6] = [
+    const SOURCES: [&str; 7] = [
         "shim.cu",
         "store.cu",
+        "prepare.cu",
         "index.cu",
         "attention.cu",
         "devtools.cu",

@@ -56,6 +56,7 @@ size_t unikv_gpu_params_size(int which) {
     case 6: return sizeof(ukv_merge_params);
     case 7: return sizeof(ukv_attention_plan);
     case 8: return sizeof(ukv_fp8_check_params);
+    case 9: return sizeof(ukv_prepare_qkv_params);
     default: return 0;
   }
 }

@@ -36,6 +36,9 @@ impl Elem for f32 {
 impl Elem for i32 {
     const DTYPE: DType = DType::I32;
 }
+impl Elem for i64 {
+    const DTYPE: DType = DType::I64;
+}
 impl Elem for u8 {
     const DTYPE: DType = DType::U8;
 }
@@ -234,6 +237,53 @@ impl RawTensor {
             "{name}: spans {bytes} bytes, more than the address space"
         );
         Ok(view)
+    }
+}
+
+/// A 1-D integer argument the caller may pass as i32 or i64 (positions and row
+/// ids: serving stacks hold them in either width).
+#[derive(Debug, Clone, Copy)]
+pub enum IntVector {
+    I32(Vector<i32>),
+    I64(Vector<i64>),
+}
+
+impl IntVector {
+    pub fn is_i64(&self) -> bool {
+        matches!(self, IntVector::I64(_))
+    }
+
+    /// Address of the first element (either width).
+    pub fn as_ptr(&self) -> *mut u8 {
+        match self {
+            IntVector::I32(v) => v.as_ptr() as *mut u8,
+            IntVector::I64(v) => v.as_ptr() as *mut u8,
+        }
+    }
+}
+
+impl RawTensor {
+    /// Validates a required 1-D i32 or i64 argument (contiguous, naturally
+    /// aligned); any other dtype is `BadDtype` naming both accepted widths.
+    pub fn int_vector(&self, name: &str, extent: Extent) -> Result<IntVector> {
+        ensure!(!self.data.is_null(), NullArgument, "{name}.data");
+        match DType::from_raw(name, self.dtype)? {
+            DType::I32 => self.view(name, [extent], 4).map(IntVector::I32),
+            DType::I64 => self.view(name, [extent], 8).map(IntVector::I64),
+            other => Err(err!(
+                BadDtype,
+                "{name}: dtype is {}, expected i32 or i64",
+                other.name()
+            )),
+        }
+    }
+
+    /// `int_vector` for an optional argument: a NULL data pointer means absent.
+    pub fn optional_int_vector(&self, name: &str, extent: Extent) -> Result<Option<IntVector>> {
+        if self.data.is_null() {
+            return Ok(None);
+        }
+        self.int_vector(name, extent).map(Some)
     }
 }
 

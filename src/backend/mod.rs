@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
+use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
@@ -95,6 +96,8 @@ pub trait Backend: Send + Sync + Debug {
 
     fn store_swa(&self, args: &StoreSwaArgs, stream: Stream) -> Result<()>;
     fn store_compressed(&self, args: &StoreCompressedArgs, stream: Stream) -> Result<()>;
+    /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool.
+    fn prepare_qkv(&self, args: &PrepareQkvArgs, stream: Stream) -> Result<()>;
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, stream: Stream) -> Result<()>;
     fn fill_csa_tail(&self, args: &CsaTailArgs, stream: Stream) -> Result<()>;
     fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;

@@ -19,6 +19,7 @@ pub mod pool;
 // Operations of one serving step.
 pub mod attention;
 pub mod index;
+pub mod prepare;
 pub mod rope;
 pub mod store;
 // Internals.

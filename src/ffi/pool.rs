@@ -2,6 +2,7 @@
 
 use std::os::raw::c_void;
 
+use crate::cache_layouts::unified;
 use crate::dtype::DType;
 use crate::error::{ensure, Result};
 use crate::ffi::boundary::{
@@ -10,7 +11,6 @@ use crate::ffi::boundary::{
 use crate::ffi::context::{context, unikv_context};
 use crate::ffi::status::unikv_status;
 use crate::geometry::{PoolConfig, Ratio};
-use crate::cache_layouts::unified;
 use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
 
 /// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.

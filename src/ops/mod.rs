@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod index;
 pub mod merge;
+pub mod prepare;
 pub mod store;
 
 use crate::tensor::Extent;

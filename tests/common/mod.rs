@@ -160,6 +160,9 @@ impl Dt for f32 {
 impl Dt for i32 {
     const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_I32;
 }
+impl Dt for i64 {
+    const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_I64;
+}
 
 /// A contiguous descriptor over `data` with the given shape.
 pub fn tensor<T: Dt>(data: &[T], shape: &[usize]) -> unikv_tensor {

@@ -2,13 +2,14 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-// attention, index and store are visible to the crate for their value checks,
+// attention, index, prepare and store are visible to the crate for their value checks,
 // which the GPU backend's validate mode runs on host copies.
 pub(crate) mod attention;
 mod host;
 pub(crate) mod index;
 mod memory;
 mod merge;
+pub(crate) mod prepare;
 pub(crate) mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
@@ -16,6 +17,7 @@ use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
+use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 #[derive(Debug)]
@@ -91,6 +93,10 @@ impl Backend for CpuBackend {
 
     fn store_compressed(&self, args: &StoreCompressedArgs, _stream: Stream) -> Result<()> {
         store::store_compressed(args)
+    }
+
+    fn prepare_qkv(&self, args: &PrepareQkvArgs, _stream: Stream) -> Result<()> {
+        prepare::prepare_qkv(&self.threads, args)
     }
 
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, _stream: Stream) -> Result<()> {
