@@ -22,13 +22,20 @@ mod cuda {
         "shim.cu",
         "store.cu",
         "cache_store.cu",
+        "prepare.cu",
         "index.cu",
         "rope.cu",
         "attention.cu",
         "devtools.cu",
         "fp8_check.cu",
     ];
-    const HEADERS: &[&str] = &["compat.cuh", "shim.cuh", "params.h", "fp8.cuh"];
+    const HEADERS: &[&str] = &[
+        "compat.cuh",
+        "shim.cuh",
+        "params.h",
+        "fp8.cuh",
+        "pool_rows.cuh",
+    ];
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 
     /// nvcc from CUDA_HOME/bin or PATH; the `cc` crate must see it by its bare

@@ -17,6 +17,8 @@ use unikv::ffi::attention::*;
 use unikv::ffi::context::*;
 use unikv::ffi::index::*;
 use unikv::ffi::pool::*;
+use unikv::ffi::prepare::*;
+use unikv::ffi::rope::{unikv_rope_params, unikv_rope_table, unikv_rope_yarn};
 use unikv::ffi::status::unikv_status;
 use unikv::ffi::store::*;
 use unikv::ffi::types::unikv_tensor;
@@ -546,6 +548,9 @@ fn main() {
             .print(&c);
         }
     }
+    if only.is_empty() || only == "prepare" {
+        bench_prepare(ctx, &stream, &c, &mut rng);
+    }
     unsafe {
         unikv_pool_destroy(pool);
         unikv_pool_destroy(pool8);
@@ -649,4 +654,154 @@ fn decode_plan(
         "ws",
     );
     (plan, (bytes > 0).then(|| Dev::new(ctx, bytes)), bytes)
+}
+
+/// Fused Q/KV preparation (`unikv_prepare_qkv`) on an FP8 (e4m3fn) pool layer.
+/// Decode shapes (T <= 64) store each token's KV row into a distinct pool row
+/// and write no `kv_out`; the prefill chunk (T = 8192) writes `kv_out` and
+/// stores nothing (prefill stores its final window later). Inputs rotate over
+/// at least 3x L2. Bytes: Q read and written, KV rows read, `kv_out` or the
+/// 640-byte FP8 row written, table rows, positions, rows and the weight read.
+fn bench_prepare(
+    ctx: *mut unikv_context,
+    stream: &OwnedStream,
+    c: &Ceilings,
+    rng: &mut rand::rngs::ThreadRng,
+) {
+    const MAX_POS: usize = 65536;
+    /// The same bf16 view `elems` elements further on.
+    fn shifted(mut d: unikv_tensor, elems: usize) -> unikv_tensor {
+        d.data = unsafe { (d.data as *mut bf16).add(elems) }.cast();
+        d
+    }
+    let ratios = [0u32];
+    let params = unikv_pool_params {
+        struct_size: std::mem::size_of::<unikv_pool_params>(),
+        compress_ratios: ratios.as_ptr(),
+        layer_buffers: ptr::null(),
+        num_layers: 1,
+        max_requests: 1023,
+        window: 128,
+        spec_extra: 0,
+        c128_blocks: 0,
+        kv_dtype: 7,
+        rope_buffers: ptr::null(),
+    };
+    let mut pool = ptr::null_mut();
+    ok(
+        unsafe { unikv_pool_create(ctx, &params, &mut pool) },
+        "FP8 pool",
+    );
+    let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+    layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
+    ok(
+        unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
+        "layer",
+    );
+    let pool_rows: Vec<i32> = (0..layer.rows as i32).collect();
+    let rope = unikv_rope_params {
+        struct_size: std::mem::size_of::<unikv_rope_params>(),
+        base: 10_000.0,
+        yarn: unikv_rope_yarn {
+            factor: 0.0,
+            original_max_position: 0,
+            beta_fast: 0.0,
+            beta_slow: 0.0,
+        },
+    };
+    let mut table = vec![0f32; MAX_POS * 64];
+    ok(
+        unsafe { unikv_rope_table(&rope, MAX_POS as u32, table.as_mut_ptr(), table.len()) },
+        "rope table",
+    );
+    let table = Dev::upload(ctx, &table);
+    let weight = Dev::upload(ctx, &random_bf16(rng, 512));
+    // Inputs are tiled from one random chunk: drawing GBs of values is slow.
+    let chunk = random_bf16(rng, 32 << 20);
+    let random_dev = |elems: usize| -> Dev {
+        let d = Dev::new(ctx, elems * 2);
+        let mut done = 0;
+        while done < elems {
+            let n = (elems - done).min(chunk.len());
+            ok(
+                unsafe {
+                    unikv_memory_copy(
+                        ctx,
+                        (d.ptr as *mut bf16).add(done).cast(),
+                        chunk.as_ptr().cast(),
+                        n * 2,
+                        0,
+                        ptr::null_mut(),
+                    )
+                },
+                "fill",
+            );
+            done += n;
+        }
+        d
+    };
+    for &t in &[1usize, 8, 64, 8192] {
+        let prefill = t > 64;
+        for &h in &[8usize, 16, 64, 128] {
+            let set_elems = t * (h + 1) * 512;
+            let sets = (3 * L2_BYTES).div_ceil(set_elems * 2).clamp(2, 64);
+            // Per set: Q rows then KV rows.
+            let inputs = random_dev(sets * set_elems);
+            let q_out = Dev::new(ctx, t * h * 1024);
+            let kv_out = Dev::new(ctx, if prefill { t * 1024 } else { 16 });
+            let positions: Vec<Dev> = (0..sets)
+                .map(|_| {
+                    let p: Vec<i32> = (0..t)
+                        .map(|_| rng.random_range(0..MAX_POS as i32))
+                        .collect();
+                    Dev::upload(ctx, &p)
+                })
+                .collect();
+            let rows: Vec<Dev> = (0..sets)
+                .map(|_| {
+                    let r: Vec<i32> = pool_rows.choose_multiple(rng, t).copied().collect();
+                    Dev::upload(ctx, &r)
+                })
+                .collect();
+            let us = per_call_us(stream, sets, |i, s| {
+                let q_in = shifted(inputs.bf16s(&[t, h, 512]), i * set_elems);
+                let kv_in = shifted(inputs.bf16s(&[t, 512]), i * set_elems + t * h * 512);
+                let args = unikv_prepare_qkv_args {
+                    struct_size: std::mem::size_of::<unikv_prepare_qkv_args>(),
+                    q_in,
+                    q_out: q_out.bf16s(&[t, h, 512]),
+                    kv_in,
+                    kv_weight: weight.bf16s(&[512]),
+                    kv_out: if prefill {
+                        kv_out.bf16s(&[t, 512])
+                    } else {
+                        ABSENT
+                    },
+                    rope_table: table.t(3, 4, &[MAX_POS, 64]),
+                    positions: positions[i].i32s(&[t]),
+                    rows: if prefill { ABSENT } else { rows[i].i32s(&[t]) },
+                    layer: 0,
+                    num_tokens: t as u32,
+                    num_heads: h as u32,
+                    q_eps: 1e-6,
+                    kv_eps: 1e-6,
+                    reserved: 0,
+                };
+                ok(unsafe { unikv_prepare_qkv(pool, &args, s) }, "prepare_qkv");
+            });
+            let written = if prefill { 1024 } else { 640 + 4 };
+            let bytes = (2 * t * h * 1024 + t * (1024 + 256 + 4 + written) + 1024) as f64;
+            Row {
+                op: "prepare_qkv".into(),
+                t,
+                h,
+                keys: 0,
+                us,
+                bytes,
+                flops: 0.0,
+            }
+            .print(c);
+        }
+    }
+    unsafe { unikv_pool_destroy(pool) };
 }

@@ -190,6 +190,23 @@ PIN_AT(unikv_store_indexer_args, cache_dtype, 252);
 PIN_AT(unikv_store_indexer_args, num_tokens, 256);
 PIN_AT(unikv_store_indexer_args, reserved, 260);
 
+PIN_SIZE(unikv_prepare_qkv_args, 672);
+PIN_AT(unikv_prepare_qkv_args, struct_size, 0);
+PIN_AT(unikv_prepare_qkv_args, q_in, 8);
+PIN_AT(unikv_prepare_qkv_args, q_out, 88);
+PIN_AT(unikv_prepare_qkv_args, kv_in, 168);
+PIN_AT(unikv_prepare_qkv_args, kv_weight, 248);
+PIN_AT(unikv_prepare_qkv_args, kv_out, 328);
+PIN_AT(unikv_prepare_qkv_args, rope_table, 408);
+PIN_AT(unikv_prepare_qkv_args, positions, 488);
+PIN_AT(unikv_prepare_qkv_args, rows, 568);
+PIN_AT(unikv_prepare_qkv_args, layer, 648);
+PIN_AT(unikv_prepare_qkv_args, num_tokens, 652);
+PIN_AT(unikv_prepare_qkv_args, num_heads, 656);
+PIN_AT(unikv_prepare_qkv_args, q_eps, 660);
+PIN_AT(unikv_prepare_qkv_args, kv_eps, 664);
+PIN_AT(unikv_prepare_qkv_args, reserved, 668);
+
 PIN_SIZE(unikv_merge_args, 416);
 PIN_AT(unikv_merge_args, struct_size, 0);
 PIN_AT(unikv_merge_args, parts_out, 8);

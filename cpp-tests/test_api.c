@@ -797,6 +797,136 @@ static void test_store_flashmla(void) {
     unikv_context_destroy(ctx);
 }
 
+/* unikv_prepare_qkv from C: a valid call (the nope dims of Q and KV against a
+ * double reference, the pool rows equal to kv_out), then bad input that must
+ * leave q_out, kv_out and the pool untouched. */
+static void test_prepare_qkv(void) {
+    enum { PT = 2, PH = 2, MAX_POS = 16 };
+    static const uint32_t ratio = 0;
+    static const int64_t positions[PT] = {3, 12};
+    static const int32_t pool_rows[PT] = {8 + 3, 8 + 4}; /* slot 1 of an 8-row ring */
+    unikv_context *ctx = cpu_context();
+    unikv_pool_params pp = {.struct_size = sizeof pp, .compress_ratios = &ratio, .num_layers = 1,
+                            .max_requests = 1, .window = 8, .kv_dtype = UNIKV_DTYPE_BF16};
+    unikv_rope_params rp;
+    unikv_pool_layer_info li = {.struct_size = sizeof li};
+    unikv_pool *pool = NULL;
+    /* q_out [PT, PH, D] then kv_out [PT, D] in one buffer: one snapshot covers both. */
+    const size_t q_bytes = (size_t)PT * PH * D * 2, outputs_bytes = q_bytes + (size_t)PT * D * 2;
+    uint16_t *q, *kv, *w, *q_out, *kv_out;
+    unsigned char *outputs, *pool_before;
+    float *table;
+    int64_t *pos;
+    int32_t *rows;
+    unikv_prepare_qkv_args a;
+    size_t i;
+    int t, h, d;
+
+    CHECK_OK(unikv_pool_create(ctx, &pp, &pool));
+    CHECK_OK(unikv_pool_get_layer(pool, 0, &li));
+    q = alloc(ctx, q_bytes);
+    kv = alloc(ctx, (size_t)PT * D * 2);
+    w = alloc(ctx, D * 2);
+    table = alloc(ctx, MAX_POS * 64 * sizeof(float));
+    pos = alloc(ctx, sizeof positions);
+    rows = alloc(ctx, sizeof pool_rows);
+    outputs = alloc(ctx, outputs_bytes);
+    q_out = (uint16_t *)outputs;
+    kv_out = (uint16_t *)(outputs + q_bytes);
+    for (i = 0; i < (size_t)PT * PH * D; ++i) q[i] = to_bf16(uniform());
+    for (i = 0; i < (size_t)PT * D; ++i) kv[i] = to_bf16(uniform());
+    for (i = 0; i < D; ++i) w[i] = to_bf16(1.0f + 0.5f * uniform());
+    memset(&rp, 0, sizeof rp);
+    rp.struct_size = sizeof rp;
+    rp.base = 10000.0;
+    CHECK_OK(unikv_rope_table(&rp, MAX_POS, table, MAX_POS * 64));
+    memcpy(pos, positions, sizeof positions);
+    memcpy(rows, pool_rows, sizeof pool_rows);
+
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.q_in = tensor(q, UNIKV_DTYPE_BF16, 3, PT, PH, D);
+    a.q_out = tensor(q_out, UNIKV_DTYPE_BF16, 3, PT, PH, D);
+    a.kv_in = tensor(kv, UNIKV_DTYPE_BF16, 2, PT, D, 0);
+    a.kv_weight = tensor(w, UNIKV_DTYPE_BF16, 1, D, 0, 0);
+    a.kv_out = tensor(kv_out, UNIKV_DTYPE_BF16, 2, PT, D, 0);
+    a.rope_table = tensor(table, UNIKV_DTYPE_F32, 2, MAX_POS, 64, 0);
+    a.positions = tensor(pos, UNIKV_DTYPE_I64, 1, PT, 0, 0);
+    a.rows = tensor(rows, UNIKV_DTYPE_I32, 1, PT, 0, 0);
+    a.num_tokens = PT;
+    a.num_heads = PH;
+    a.q_eps = 1e-6f;
+    a.kv_eps = 1e-6f;
+
+    memset(outputs, 0xA5, outputs_bytes);
+    CHECK_OK(unikv_prepare_qkv(pool, &a, NULL));
+    /* RMSNorm of each row; the nope dims are one bf16 rounding (2^-8 relative) away. */
+    for (t = 0; t < PT; ++t) {
+        for (h = 0; h <= PH; ++h) { /* h == PH: the KV row */
+            const uint16_t *x = h < PH ? q + ((size_t)t * PH + h) * D : kv + (size_t)t * D;
+            const uint16_t *got = h < PH ? q_out + ((size_t)t * PH + h) * D : kv_out + (size_t)t * D;
+            double sum = 0, f;
+            for (d = 0; d < D; ++d) sum += from_bf16(x[d]) * from_bf16(x[d]);
+            f = 1.0 / sqrt(sum / D + 1e-6);
+            for (d = 0; d < 448; ++d) {
+                const double want = from_bf16(x[d]) * f * (h < PH ? 1.0 : from_bf16(w[d]));
+                CHECK(fabs(from_bf16(got[d]) - want) <= fabs(want) / 128);
+            }
+        }
+        CHECK(memcmp((uint16_t *)li.data + (size_t)pool_rows[t] * D, kv_out + (size_t)t * D,
+                     ROW_BYTES) == 0);
+    }
+
+    pool_before = snapshot(li.data, li.bytes);
+    memset(outputs, 0xA5, outputs_bytes);
+    a.positions.dtype = UNIKV_DTYPE_F32;
+    EXPECT_FAIL(UNIKV_BAD_DTYPE, "positions", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    a.positions.dtype = UNIKV_DTYPE_I64;
+    pos[1] = MAX_POS; /* one past the table */
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "positions", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    pos[1] = positions[1];
+    rows[1] = (int32_t)li.rows; /* one past the layer */
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "rows", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    rows[1] = pool_rows[0]; /* two tokens on one row */
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "rows", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    rows[1] = pool_rows[1];
+    a.kv_weight.data = NULL;
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "kv_weight", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    a.kv_weight.data = w;
+    a.q_out = tensor(q_out, UNIKV_DTYPE_BF16, 3, PT, PH + 1, D);
+    EXPECT_FAIL(UNIKV_BAD_SHAPE, "q_out", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    a.q_out = tensor(q_out, UNIKV_DTYPE_BF16, 3, PT, PH, D);
+    a.num_heads = 0;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "num_heads", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    a.num_heads = PH;
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "args", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, NULL, NULL));
+    EXPECT_FAIL(UNIKV_NULL_ARGUMENT, "pool", outputs, outputs_bytes,
+                unikv_prepare_qkv(NULL, &a, NULL));
+    a.struct_size = 0;
+    EXPECT_FAIL(UNIKV_BAD_STRUCT_SIZE, "args.struct_size", outputs, outputs_bytes,
+                unikv_prepare_qkv(pool, &a, NULL));
+    CHECK(memcmp(li.data, pool_before, li.bytes) == 0);
+    free(pool_before);
+
+    CHECK_OK(unikv_memory_free(ctx, q));
+    CHECK_OK(unikv_memory_free(ctx, kv));
+    CHECK_OK(unikv_memory_free(ctx, w));
+    CHECK_OK(unikv_memory_free(ctx, table));
+    CHECK_OK(unikv_memory_free(ctx, pos));
+    CHECK_OK(unikv_memory_free(ctx, rows));
+    CHECK_OK(unikv_memory_free(ctx, outputs));
+    unikv_pool_destroy(pool);
+    unikv_context_destroy(ctx);
+}
+
 int main(void) {
     /* Before any failure the thread's message is empty. */
     CHECK(strcmp(unikv_last_error_message(), "") == 0);
@@ -817,6 +947,7 @@ int main(void) {
     test_rope_table();
     test_inverse_rope();
     test_store_flashmla();
+    test_prepare_qkv();
     printf("test_api: all checks passed\n");
     return 0;
 }

@@ -532,6 +532,62 @@ typedef struct unikv_prefill_streams_args {
   uint32_t compress_ratio;
 } unikv_prefill_streams_args;
 
+// Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
+//
+// Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
+// and RoPE the GPT-J rotation of dims 448..511 (pair i = dims
+// `448 + 2i, 449 + 2i`: `re' = re*c - im*s`, `im' = re*s + im*c`). The norm
+// factor `f = 1 / sqrt(sum(x^2) / 512 + eps)` (per row) is computed in
+// double and rounded to f32 once; every other step is one f32 multiply or
+// add, never fused, in the order written; `bf16()` rounds to nearest even:
+//
+// * Q, each head h: `n = bf16(x * f)` for all 512 dims (the nope output and
+//   the RoPE input), then `q_out = n` on dims 0..447 and `bf16(RoPE(n))` on
+//   448..511 (the CUDA kernels' order, spec §3.7).
+// * KV: `k = (x * f) * kv_weight` in f32, RoPE of dims 448..511 from those
+//   f32 values, then `bf16()` once for all 512 dims: that row goes to
+//   `kv_out` and to the pool. An FP8 pool quantizes the bf16 row exactly as
+//   `unikv_store_swa` does (same codes and scale bytes).
+//
+// Backends agree within 1 bf16 ulp per element (the sum of squares may
+// round differently) and 1 FP8 code.
+typedef struct unikv_prepare_qkv_args {
+  // sizeof(unikv_prepare_qkv_args).
+  size_t struct_size;
+  // `[>= num_tokens, num_heads, 512]` bf16: Q per head (any token and head
+  // strides).
+  struct unikv_tensor q_in;
+  // `[>= num_tokens, num_heads, 512]` bf16 output; may be a slice of a
+  // head-padded buffer, or `q_in` itself (same address and strides).
+  struct unikv_tensor q_out;
+  // `[>= num_tokens, 512]` bf16 KV latent rows (any row stride, e.g. a
+  // slice of a fused projection's output).
+  struct unikv_tensor kv_in;
+  // `[512]` bf16 RMSNorm weight of the KV row (`kv_norm.weight`).
+  struct unikv_tensor kv_weight;
+  // Optional `[>= num_tokens, 512]` bf16 output: the normalized, rotated KV
+  // rows (prefill's extend source); may be `kv_in` itself.
+  struct unikv_tensor kv_out;
+  // `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
+  struct unikv_tensor rope_table;
+  // `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+  struct unikv_tensor positions;
+  // Optional `[>= num_tokens]` i32 or i64 pool rows of `layer` receiving
+  // each token's KV row; negative = no store (decode / verify pass ring rows,
+  // prefill passes -1 or leaves it absent and stores its final window later
+  // with `unikv_store_swa`).
+  struct unikv_tensor rows;
+  uint32_t layer;
+  uint32_t num_tokens;
+  // Q heads H (> 0); num_tokens * H < 2^31.
+  uint32_t num_heads;
+  // RMSNorm epsilons (config.rms_norm_eps, 1e-6), finite and > 0.
+  float q_eps;
+  float kv_eps;
+  // Must be 0.
+  uint32_t reserved;
+} unikv_prepare_qkv_args;
+
 // YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
 // none, and the other fields are then ignored.
 typedef struct unikv_rope_yarn {
@@ -854,6 +910,22 @@ UNIKV_NODISCARD
 unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
                                          const struct unikv_prefill_streams_args *args,
                                          void *stream);
+
+// Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
+// math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,
+// and each token's KV row into pool row `rows[t]` (bf16, or quantized for FP8
+// pools). Tensors are in the context's memory; `args` is host memory read
+// during the call. Runs on `stream` (ignored by the CPU backend) as one
+// kernel launch on GPUs. Device values: the CPU backend checks every position
+// (a row of `rope_table`) and row (below the layer's rows, no two tokens on
+// one row) before writing anything (OUT_OF_RANGE / INVALID_ARGUMENT); GPU
+// backends write nothing for a token whose position is outside the table and
+// skip the store of a row past the layer's rows. Thread-safe for disjoint
+// outputs and pool rows.
+UNIKV_NODISCARD
+unikv_status unikv_prepare_qkv(const struct unikv_pool *pool,
+                               const struct unikv_prepare_qkv_args *args,
+                               void *stream);
 
 // Fills `table` (host memory, at least `max_pos * 64` floats) with the RoPE
 // table of `params` for positions 0..max_pos: row p holds the 32 pairs

@@ -138,6 +138,9 @@ __device__ __forceinline__ float ukv_shfl_xor(float v, int mask, int width) {
 __device__ __forceinline__ int ukv_shfl_xor(int v, int mask, int width) {
   return __shfl_xor_sync(0xffffffffu, v, mask, width);
 }
+__device__ __forceinline__ double ukv_shfl_xor(double v, int mask, int width) {
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+}
 __device__ __forceinline__ int ukv_shfl_up(int v, int delta, int width) {
   return __shfl_up_sync(0xffffffffu, v, delta, width);
 }
@@ -154,6 +157,13 @@ __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long
 
 __device__ __forceinline__ float ukv_bf16_to_float(ukv_bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ ukv_bf16 ukv_float_to_bf16(float x) { return __float2bfloat16_rn(x); }
+// The bf16 nearest to x (ties to even), widened back.
+__device__ __forceinline__ float ukv_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// Correctly rounded fp32 operations the compiler may not contract into an FMA:
+// kernels that reproduce the host's operation order bit for bit use them.
+__device__ __forceinline__ float ukv_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float ukv_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float ukv_sub_rn(float a, float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
   ukv_bf16x2 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -171,13 +181,6 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
 }
 // Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {b:a}.
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
-
-// fp32 arithmetic that the compiler may not contract into fused multiply-adds:
-// kernels that must match the host bit for bit spell their products and sums
-// with these, in the host's order.
-__device__ __forceinline__ float ukv_mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float ukv_add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float ukv_sub_rn(float a, float b) { return __fsub_rn(a, b); }
 
 // Programmatic dependent launch: the primary lets dependents start early; the
 // dependent waits for the primary's completion and memory before reading it.

@@ -156,22 +156,27 @@ __device__ __forceinline__ uint32_t ukv_fp8x4_encode(const float (&v)[4], ukv_fp
   return codes;
 }
 
-// One 64-value tile held 4 consecutive values per lane by 16 lanes that form an
-// aligned 16-lane group of the warp (all 32 lanes call it): the tile's UE8M0
-// byte (NaN-ignoring amax over the 16 lanes, as src/fp8.rs quantize_block) and
-// this lane's 4 codes. `v` holds bf16-representable values.
-__device__ __forceinline__ uint32_t ukv_fp8_quantize_tile16(const float (&v)[4], ukv_fp8_format fmt,
-                                                           uint8_t* scale_byte) {
+// One 64-value tile held N consecutive values per lane (N = 4 or 8) by the
+// 64/N lanes of an aligned group of the warp (all 32 lanes call it): the tile's
+// UE8M0 byte (NaN-ignoring amax over the group, as src/fp8.rs quantize_block)
+// and this lane's N codes, 4 per word (v[0] in the low byte of codes[0]). `v`
+// holds bf16-representable values.
+template <int N>
+__device__ __forceinline__ void ukv_fp8_quantize_tile(const float (&v)[N], ukv_fp8_format fmt, uint8_t* scale_byte,
+                                                      uint32_t (&codes)[N / 4]) {
+  static_assert(N == 4 || N == 8, "a lane holds 4 or 8 values of a tile");
   float amax = 0.f;
   // fmaxf drops NaN operands, so a NaN never becomes the amax (Rust's f32::max).
-  for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  for (int mask = 8; mask > 0; mask >>= 1) amax = fmaxf(amax, ukv_shfl_xor(amax, mask, 32));
+  for (int i = 0; i < N; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int mask = 64 / N / 2; mask > 0; mask >>= 1) amax = fmaxf(amax, ukv_shfl_xor(amax, mask, 32));
   const uint8_t byte = ukv_ue8m0_scale_byte(amax, fmt);
   const float scale = ukv_ue8m0_to_float(byte);
-  float q[4];
-  for (int i = 0; i < 4; ++i) q[i] = v[i] / scale;
+  for (int w = 0; w < N / 4; ++w) {
+    float q[4];
+    for (int i = 0; i < 4; ++i) q[i] = v[4 * w + i] / scale;
+    codes[w] = ukv_fp8x4_encode(q, fmt);
+  }
   *scale_byte = byte;
-  return ukv_fp8x4_encode(q, fmt);
 }
 
 // Two codes (the low byte first) to their exact fp32 values: the hardware

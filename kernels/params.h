@@ -61,6 +61,32 @@ typedef struct ukv_cache_store_params {
   int32_t rows_f32;       /* 1: rows are f32 (indexer only) */
 } ukv_cache_store_params;
 
+/* Fused Q/KV RMSNorm + RoPE + pool store (spec store_fused 3). Index vectors
+ * are int32, or int64 where their *_i64 flag is set. */
+typedef struct ukv_prepare_qkv_params {
+  const void* q_in;         /* [num_tokens, num_heads, 512] bf16 */
+  void* q_out;              /* same shape */
+  const void* kv_in;        /* [num_tokens, 512] bf16 */
+  const void* kv_weight;    /* [512] bf16 */
+  void* kv_out;             /* [num_tokens, 512] bf16, or NULL */
+  const float* rope_table;  /* [max_pos, 64] */
+  const void* positions;    /* [num_tokens] */
+  const void* rows;         /* [num_tokens] pool rows (< 0: no store), or NULL */
+  ukv_pool_rows pool;
+  int64_t q_in_stride_token, q_in_stride_head;
+  int64_t q_out_stride_token, q_out_stride_head;
+  int64_t kv_in_stride, kv_out_stride;
+  int64_t table_stride;
+  int64_t max_pos;
+  int64_t pool_rows;
+  int32_t num_tokens;
+  int32_t num_heads;
+  float q_eps;
+  float kv_eps;
+  int32_t positions_i64;
+  int32_t rows_i64;
+} ukv_prepare_qkv_params;
+
 /* One output stream of an index builder. */
 typedef struct ukv_stream_out {
   int32_t* indptr;  /* [num_tokens + 1] */

@@ -58,6 +58,7 @@ size_t unikv_gpu_params_size(int which) {
     case 8: return sizeof(ukv_fp8_check_params);
     case 9: return sizeof(ukv_inverse_rope_params);
     case 10: return sizeof(ukv_cache_store_params);
+    case 11: return sizeof(ukv_prepare_qkv_params);
     default: return 0;
   }
 }

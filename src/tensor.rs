@@ -299,6 +299,14 @@ impl RawTensor {
         }
     }
 
+    /// `index_vector` for an optional argument: a NULL data pointer means absent.
+    pub fn optional_index_vector(&self, name: &str, extent: Extent) -> Result<Option<IndexVector>> {
+        if self.data.is_null() {
+            return Ok(None);
+        }
+        self.index_vector(name, extent).map(Some)
+    }
+
     /// Validates a 2-D bf16 or f32 argument (see `view` for the checks).
     pub fn float_rows(
         &self,

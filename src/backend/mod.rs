@@ -15,6 +15,8 @@ use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
+
+use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
@@ -101,6 +103,9 @@ pub trait Backend: Send + Sync + Debug {
     fn store_flashmla(&self, args: &FlashMlaStoreArgs, stream: Stream) -> Result<()>;
     /// Quantizes keys into an indexer key cache (spec store_fused §1.2).
     fn store_indexer(&self, args: &IndexerStoreArgs, stream: Stream) -> Result<()>;
+
+    /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool.
+    fn prepare_qkv(&self, args: &PrepareQkvArgs, stream: Stream) -> Result<()>;
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, stream: Stream) -> Result<()>;
     fn fill_csa_tail(&self, args: &CsaTailArgs, stream: Stream) -> Result<()>;
     fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;

@@ -7,6 +7,8 @@ pub mod cache_store;
 pub mod index;
 pub mod merge;
 pub mod rope;
+
+pub mod prepare;
 pub mod store;
 
 use crate::tensor::Extent;

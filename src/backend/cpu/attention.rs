@@ -51,7 +51,7 @@ pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
     let positions = match &a.inverse_rope {
         Some(e) => {
             // SAFETY: host view with extent checked by `ops::attention`.
-            let p = unsafe { host::positions(&e.positions, a.num_tokens) };
+            let p = unsafe { host::int_values(&e.positions, a.num_tokens) };
             check_positions(&p, e.table.shape[0])?;
             p
         }

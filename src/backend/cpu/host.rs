@@ -6,7 +6,7 @@ use half::bf16;
 use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::geometry::HEAD_DIM;
 use crate::pool::LayerRows;
-use crate::tensor::{IndexVector, Matrix, Vector};
+use crate::tensor::{IndexVector, Matrix, Tensor3, Vector};
 
 /// The first `len` elements of a vector view.
 ///
@@ -20,17 +20,6 @@ pub unsafe fn slice<'a, T>(v: &Vector<T>, len: usize) -> &'a [T] {
     std::slice::from_raw_parts(v.as_ptr(), len)
 }
 
-/// The first `len` positions, widened to i64.
-///
-/// # Safety
-/// The view is host memory valid for reads and `len <= shape[0]`.
-pub unsafe fn positions(p: &IndexVector, len: usize) -> Vec<i64> {
-    match p {
-        IndexVector::I32(v) => slice(v, len).iter().map(|&x| i64::from(x)).collect(),
-        IndexVector::I64(v) => slice(v, len).to_vec(),
-    }
-}
-
 /// One row of a matrix view.
 ///
 /// # Safety
@@ -38,6 +27,36 @@ pub unsafe fn positions(p: &IndexVector, len: usize) -> Vec<i64> {
 pub unsafe fn row<'a, T>(m: &Matrix<T>, r: usize) -> &'a [T] {
     debug_assert!(r < m.shape[0]);
     std::slice::from_raw_parts(m.as_ptr().add(m.offset([r, 0])), m.shape[1])
+}
+
+/// The first `len` values of an i32 or i64 vector view, widened to i64.
+///
+/// # Safety
+/// The view is host memory valid for reads and `len <= shape[0]`.
+pub unsafe fn int_values(v: &IndexVector, len: usize) -> Vec<i64> {
+    match v {
+        IndexVector::I32(v) => slice(v, len).iter().map(|&x| i64::from(x)).collect(),
+        IndexVector::I64(v) => slice(v, len).to_vec(),
+    }
+}
+
+/// Row `(t, h)` of a 3-D view.
+///
+/// # Safety
+/// The view is host memory valid for reads, `t < shape[0]`, `h < shape[1]`.
+pub unsafe fn row3<'a, T>(m: &Tensor3<T>, t: usize, h: usize) -> &'a [T] {
+    debug_assert!(t < m.shape[0] && h < m.shape[1]);
+    std::slice::from_raw_parts(m.as_ptr().add(m.offset([t, h, 0])), m.shape[2])
+}
+
+/// Copies `src` into row `(t, h)` of a 3-D view.
+///
+/// # Safety
+/// The view is host memory valid for writes, `t < shape[0]`, `h < shape[1]`,
+/// and `src` has `shape[2]` elements.
+pub unsafe fn put_row3<T: Copy>(m: &Tensor3<T>, t: usize, h: usize, src: &[T]) {
+    debug_assert!(t < m.shape[0] && h < m.shape[1] && src.len() == m.shape[2]);
+    std::ptr::copy(src.as_ptr(), m.as_ptr().add(m.offset([t, h, 0])), src.len());
 }
 
 /// Writes one element of a vector view.

@@ -2,14 +2,16 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-// attention, cache_store, index, rope and store are visible to the crate for
-// their value checks, which the GPU backend's validate mode runs on host copies.
+// attention, cache_store, index, prepare, rope and store are visible to the
+// crate for their value checks, which the GPU backend's validate mode runs on
+// host copies.
 pub(crate) mod attention;
 pub(crate) mod cache_store;
 mod host;
 pub(crate) mod index;
 mod memory;
 mod merge;
+pub(crate) mod prepare;
 pub(crate) mod rope;
 pub(crate) mod store;
 
@@ -19,6 +21,7 @@ use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
+use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::rope::InverseRopeArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
@@ -103,6 +106,10 @@ impl Backend for CpuBackend {
 
     fn store_indexer(&self, args: &IndexerStoreArgs, _stream: Stream) -> Result<()> {
         cache_store::store_indexer(args)
+    }
+
+    fn prepare_qkv(&self, args: &PrepareQkvArgs, _stream: Stream) -> Result<()> {
+        prepare::prepare_qkv(&self.threads, args)
     }
 
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, _stream: Stream) -> Result<()> {

@@ -32,7 +32,7 @@ pub(crate) fn check_positions(positions: &[i64], max_pos: usize) -> Result<()> {
 
 pub fn inverse_rope(threads: &rayon::ThreadPool, a: &InverseRopeArgs) -> Result<()> {
     // SAFETY: host view with extent checked by `ops::rope`.
-    let positions = unsafe { host::positions(&a.positions, a.num_tokens) };
+    let positions = unsafe { host::int_values(&a.positions, a.num_tokens) };
     check_positions(&positions, a.table.shape[0])?;
     threads.install(|| {
         positions.par_iter().enumerate().for_each(|(t, &p)| {

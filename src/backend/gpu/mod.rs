@@ -25,6 +25,8 @@ use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::pool::LayerRows;
 use crate::tensor::{IndexVector, View};
 
+use crate::ops::prepare::PrepareQkvArgs;
+
 #[derive(Debug)]
 pub struct GpuBackend {
     device: c_int,
@@ -163,33 +165,33 @@ impl GpuBackend {
         })
     }
 
+    /// `mirror` of an i32-or-i64 vector; the first value owns the host copy.
+    fn mirror_ints(
+        &self,
+        v: &IndexVector,
+        stream: Stream,
+    ) -> Result<(Box<dyn std::any::Any>, IndexVector)> {
+        Ok(match v {
+            IndexVector::I32(v) => {
+                let (host, v) = self.mirror(v, stream)?;
+                (Box::new(host), IndexVector::I32(v))
+            }
+            IndexVector::I64(v) => {
+                let (host, v) = self.mirror(v, stream)?;
+                (Box::new(host), IndexVector::I64(v))
+            }
+        })
+    }
+
     /// Validate mode: the CPU backend's checks of a cache store's locations,
     /// on a host copy.
     fn check_cache_locations(&self, target: &CacheTarget, stream: Stream) -> Result<()> {
         if !self.validate {
             return Ok(());
         }
-        match target.loc {
-            IndexVector::I32(v) => {
-                let (_l, loc) = self.mirror(&v, stream)?;
-                self.synchronize(stream)?;
-                let host = CacheTarget {
-                    loc: IndexVector::I32(loc),
-                    ..*target
-                };
-                cpu::cache_store::destinations(&host)?;
-            }
-            IndexVector::I64(v) => {
-                let (_l, loc) = self.mirror(&v, stream)?;
-                self.synchronize(stream)?;
-                let host = CacheTarget {
-                    loc: IndexVector::I64(loc),
-                    ..*target
-                };
-                cpu::cache_store::destinations(&host)?;
-            }
-        }
-        Ok(())
+        let (_l, loc) = self.mirror_ints(&target.loc, stream)?;
+        self.synchronize(stream)?;
+        cpu::cache_store::destinations(&CacheTarget { loc, ..*target }).map(drop)
     }
 
     fn stream_out(s: &StreamOut) -> shim::StreamOut {
@@ -478,6 +480,60 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_store_indexer(self.device, &p, stream.0) },
             "store_indexer",
+        )
+    }
+
+    fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            let (_p, positions) = self.mirror_ints(&a.positions, stream)?;
+            let (_r, rows) = match &a.rows {
+                Some(r) => {
+                    let (host, r) = self.mirror_ints(r, stream)?;
+                    (Some(host), Some(r))
+                }
+                None => (None, None),
+            };
+            self.synchronize(stream)?;
+            cpu::prepare::destinations(&PrepareQkvArgs {
+                positions,
+                rows,
+                ..*a
+            })?;
+        }
+        let p = shim::PrepareQkvParams {
+            q_in: a.q_in.as_ptr() as *const c_void,
+            q_out: a.q_out.as_ptr() as *mut c_void,
+            kv_in: a.kv_in.as_ptr() as *const c_void,
+            kv_weight: a.kv_weight.as_ptr() as *const c_void,
+            kv_out: a
+                .kv_out
+                .map_or(std::ptr::null_mut(), |m| m.as_ptr() as *mut c_void),
+            rope_table: a.rope_table.as_ptr(),
+            positions: a.positions.as_ptr() as *const c_void,
+            rows: a
+                .rows
+                .map_or(std::ptr::null(), |r| r.as_ptr() as *const c_void),
+            pool: pool_rows(&a.pool_layer).0,
+            q_in_stride_token: a.q_in.strides[0] as i64,
+            q_in_stride_head: a.q_in.strides[1] as i64,
+            q_out_stride_token: a.q_out.strides[0] as i64,
+            q_out_stride_head: a.q_out.strides[1] as i64,
+            kv_in_stride: a.kv_in.strides[0] as i64,
+            kv_out_stride: a.kv_out.map_or(0, |m| m.strides[0] as i64),
+            table_stride: a.rope_table.strides[0] as i64,
+            max_pos: a.rope_table.shape[0] as i64,
+            pool_rows: a.pool_layer.rows() as i64,
+            num_tokens: a.num_tokens as i32,
+            num_heads: a.num_heads as i32,
+            q_eps: a.q_eps,
+            kv_eps: a.kv_eps,
+            positions_i64: a.positions.is_i64() as i32,
+            rows_i64: a.rows.is_some_and(|r| r.is_i64()) as i32,
+        };
+        // SAFETY: views validated by `ops::prepare`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_prepare_qkv(self.device, &p, stream.0) },
+            "prepare_qkv",
         )
     }
 

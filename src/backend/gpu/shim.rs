@@ -69,6 +69,35 @@ pub struct CacheStoreParams {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct PrepareQkvParams {
+    pub q_in: *const c_void,
+    pub q_out: *mut c_void,
+    pub kv_in: *const c_void,
+    pub kv_weight: *const c_void,
+    pub kv_out: *mut c_void,
+    pub rope_table: *const f32,
+    pub positions: *const c_void,
+    pub rows: *const c_void,
+    pub pool: PoolRows,
+    pub q_in_stride_token: i64,
+    pub q_in_stride_head: i64,
+    pub q_out_stride_token: i64,
+    pub q_out_stride_head: i64,
+    pub kv_in_stride: i64,
+    pub kv_out_stride: i64,
+    pub table_stride: i64,
+    pub max_pos: i64,
+    pub pool_rows: i64,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub q_eps: f32,
+    pub kv_eps: f32,
+    pub positions_i64: i32,
+    pub rows_i64: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct StreamOut {
     pub indptr: *mut i32,
     pub indices: *mut i32,
@@ -279,6 +308,11 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
         std::mem::size_of::<CacheStoreParams>(),
         "CacheStoreParams",
     ),
+    (
+        11,
+        std::mem::size_of::<PrepareQkvParams>(),
+        "PrepareQkvParams",
+    ),
 ];
 
 extern "C" {
@@ -321,6 +355,11 @@ extern "C" {
     pub fn unikv_gpu_store_indexer(
         device: c_int,
         p: *const CacheStoreParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_prepare_qkv(
+        device: c_int,
+        p: *const PrepareQkvParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_build_decode_streams(

@@ -1,0 +1,106 @@
+//! Fused Q/KV preparation (spec store_fused §3): per token, weightless RMSNorm +
+//! RoPE of every Q head, RMSNorm with `kv_weight` + RoPE of the KV row, the KV
+//! row optionally written out and stored into a pool row (quantized for FP8
+//! pools). The math, and where it rounds to bf16, is `crate::rope`'s
+//! `prepare_q_row` / `prepare_kv_row`; the stored row is the bf16 KV row, so an
+//! FP8 pool gets exactly the codes `unikv_store_swa` would give that row.
+
+use half::bf16;
+
+use crate::backend::Stream;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::ops::tokens;
+use crate::pool::{LayerRows, Pool};
+use crate::rope::ROPE_DIM;
+use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
+
+/// Caller arguments of `prepare_qkv`.
+#[derive(Debug, Clone, Copy)]
+pub struct PrepareQkvRaw {
+    pub layer: u32,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub q_eps: f32,
+    pub kv_eps: f32,
+    pub reserved: u32,
+    pub q_in: RawTensor,
+    pub q_out: RawTensor,
+    pub kv_in: RawTensor,
+    pub kv_weight: RawTensor,
+    pub kv_out: RawTensor,
+    pub rope_table: RawTensor,
+    pub positions: RawTensor,
+    pub rows: RawTensor,
+}
+
+/// Validated `prepare_qkv`. Token t uses table row `positions[t]`; its KV row
+/// goes to pool row `rows[t]` of the layer unless that is negative or `rows`
+/// is absent. Device values (positions, rows) are not checked here.
+#[derive(Debug)]
+pub struct PrepareQkvArgs {
+    pub pool_layer: LayerRows,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub q_eps: f32,
+    pub kv_eps: f32,
+    pub q_in: Tensor3<bf16>,
+    pub q_out: Tensor3<bf16>,
+    pub kv_in: Matrix<bf16>,
+    pub kv_weight: Vector<bf16>,
+    pub kv_out: Option<Matrix<bf16>>,
+    /// `[max_pos, 64]` f32, 16-byte aligned rows.
+    pub rope_table: Matrix<f32>,
+    pub positions: IndexVector,
+    pub rows: Option<IndexVector>,
+}
+
+fn check_eps(name: &str, eps: f32) -> Result<()> {
+    // eps keeps an all-zero row finite: rsqrt(0 + eps).
+    ensure!(
+        eps.is_finite() && eps > 0.0,
+        InvalidArgument,
+        "{name}: {eps} is not a finite positive number"
+    );
+    Ok(())
+}
+
+pub fn prepare_qkv(pool: &Pool, raw: &PrepareQkvRaw, stream: Stream) -> Result<()> {
+    pool.context().check_usable()?;
+    let layer = pool.geometry().check_layer(raw.layer)?;
+    let (t, h) = (raw.num_tokens, raw.num_heads);
+    ensure!(raw.reserved == 0, InvalidArgument, "reserved: must be 0");
+    ensure!(h > 0, InvalidArgument, "num_heads: must be positive");
+    // Kernels index (token, head) items with 32-bit integers.
+    ensure!(
+        t.checked_mul(h).is_some_and(|n| n <= i32::MAX as usize),
+        InvalidArgument,
+        "num_heads: {t} tokens x {h} heads exceed 2^31 - 1 (token, head) pairs"
+    );
+    check_eps("q_eps", raw.q_eps)?;
+    check_eps("kv_eps", raw.kv_eps)?;
+    let q_row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
+    let kv_row = [tokens(t), Extent::Exact(HEAD_DIM)];
+    let args = PrepareQkvArgs {
+        pool_layer: pool.layer_rows(layer),
+        num_tokens: t,
+        num_heads: h,
+        q_eps: raw.q_eps,
+        kv_eps: raw.kv_eps,
+        q_in: raw.q_in.view("q_in", q_row, ROW_ALIGN)?,
+        q_out: raw.q_out.view("q_out", q_row, ROW_ALIGN)?,
+        kv_in: raw.kv_in.view("kv_in", kv_row, ROW_ALIGN)?,
+        kv_weight: raw
+            .kv_weight
+            .view("kv_weight", [Extent::Exact(HEAD_DIM)], ROW_ALIGN)?,
+        kv_out: raw.kv_out.optional("kv_out", kv_row, ROW_ALIGN)?,
+        rope_table: raw.rope_table.view(
+            "rope_table",
+            [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
+            ROW_ALIGN,
+        )?,
+        positions: raw.positions.index_vector("positions", tokens(t))?,
+        rows: raw.rows.optional_index_vector("rows", tokens(t))?,
+    };
+    pool.context().backend().prepare_qkv(&args, stream)
+}
