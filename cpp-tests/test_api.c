@@ -739,6 +739,9 @@ static void test_inverse_rope(void) {
     CHECK_OK(unikv_memory_free(ctx, table));
     CHECK_OK(unikv_memory_free(ctx, pos));
     CHECK_OK(unikv_memory_free(ctx, pos64));
+    unikv_context_destroy(ctx);
+}
+
 /* The FlashMLA cache store from C: a row of ones in the nope dims (scale
  * 1/448 rounds up to 2^-8, byte 119, codes of 256 = 0x78) and a RoPE ramp at
  * location 3 of two pages of 2 tokens (page 1, slot 1); then bad inputs fail
