@@ -203,51 +203,48 @@ __device__ __forceinline__ void dequantize_chunk(const uint4& chunk, uint32_t s,
 }
 
 // Dequantizes the FP8 rows of a landed tile in place. Warp w owns rows w,
-// w+8, ..., two at a time: their 2 x 28 code chunks (16 codes each) are dealt
-// to the lanes, chunk lane + 32j, with the chunk's scale byte (the first copy of
-// s_k at byte 448 + 2k), and lane l < 16 also takes rope chunk l % 8 of row l / 8. All
-// lanes read their raw chunks before any lane writes the bf16 chunks over them;
-// the rows of one round are independent, so their load latencies overlap. The
-// values are exact (an e4m3 value times a power of two fits bf16 unless it is
-// subnormal, i.e. for scale bytes below 10, which no store writes), so the tile
-// holds what src/cache_layouts/unified.rs dequantize_row gives.
+// w+8, ..., four at a time: lane l < 28 reads code chunk l (16 codes of tile
+// l / 4) of each of the four rows and that tile's scale byte (the first copy
+// of s_k at byte 448 + 2k), and lane l also reads rope chunk l % 8 of row l / 8;
+// after every lane has read (the bf16 chunks overwrite the raw ones), the warp
+// writes the four rows. Batching four rows lets their loads overlap (measured:
+// bench/NOTES.md, version 13). The values are exact (an e4m3 value times a
+// power of two fits bf16 unless it is subnormal, i.e. for scale bytes below
+// 10, which no store writes), so the tile holds what
+// src/cache_layouts/unified.rs dequantize_row gives.
 template <class Layout>
 __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
-  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16;
-  // Rows per round and code chunks per lane: 2 x 28 chunks over 32 lanes keeps
-  // the raw data of a round within ~16 registers (the kernels run close to
-  // their register budgets).
-  constexpr int kRoundRows = 2, kPerLane = (kRoundRows * kCodeChunks + UKV_WARP - 1) / UKV_WARP;
+  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16, kRoundRows = 4;
+  static_assert(kRoundRows * kRopeChunks == UKV_WARP, "one rope chunk per lane");
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
 #pragma unroll 1
   for (int round = 0; round < kBK / kWarps / kRoundRows; ++round) {
-    const int row0 = warp + kWarps * kRoundRows * round;  // rows row0 + 8 rr, rr < kRoundRows
-    uint4 codes[kPerLane];
-    uint32_t scale[kPerLane];
-    int at[kPerLane];
+    const int row0 = warp + kWarps * kRoundRows * round;  // rows row0 + 8k, k < kRoundRows
+    uint4 codes[kRoundRows];
+    uint32_t scale[kRoundRows];
+    bool fp8[kRoundRows];
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int c = lane + UKV_WARP * j, rr = c / kCodeChunks, ch = c % kCodeChunks;
-      const int r = row0 + kWarps * rr;
-      at[j] = c < kRoundRows * kCodeChunks && valid[r] == kRowFp8 ? r * kCodeChunks + ch : -1;
-      if (at[j] >= 0) {
-        codes[j] = *reinterpret_cast<const uint4*>(tile + Layout::at(r, ch));
-        scale[j] = *reinterpret_cast<const uint8_t*>(tile + Layout::at(r, kCodeChunks) + 2 * (ch / 4));
+    for (int k = 0; k < kRoundRows; ++k) {
+      const int r = row0 + kWarps * k;
+      fp8[k] = valid[r] == kRowFp8 && lane < kCodeChunks;
+      if (fp8[k]) {
+        codes[k] = *reinterpret_cast<const uint4*>(tile + Layout::at(r, lane));
+        scale[k] = *reinterpret_cast<const uint8_t*>(tile + Layout::at(r, kCodeChunks) + 2 * (lane / 4));
       }
     }
     const int rope_row = row0 + kWarps * (lane / kRopeChunks), rope_chunk = lane % kRopeChunks;
-    const bool rope_fp8 = lane < kRoundRows * kRopeChunks && valid[rope_row] == kRowFp8;
+    const bool rope_fp8 = valid[rope_row] == kRowFp8;
     uint4 rope = make_uint4(0, 0, 0, 0);
     if (rope_fp8) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(rope_row, kFp8RopeChunk + rope_chunk));
     ukv_syncwarp();  // every raw chunk of these rows is read before any is overwritten
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      if (at[j] < 0) continue;
-      const int r = at[j] / kCodeChunks, ch = at[j] % kCodeChunks;
+    for (int k = 0; k < kRoundRows; ++k) {
+      if (!fp8[k]) continue;
+      const int r = row0 + kWarps * k;
       uint32_t out[8];
-      dequantize_chunk(codes[j], scale[j], fmt, out);
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * ch)) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * ch + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+      dequantize_chunk(codes[k], scale[k], fmt, out);
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane)) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
     }
     if (rope_fp8) *reinterpret_cast<uint4*>(tile + Layout::at(rope_row, kChunks - kRopeChunks + rope_chunk)) = rope;
   }
@@ -1540,7 +1537,7 @@ extern "C" {
 
 // Chooses the launch configuration for capture-time shapes, configures the
 // kernels, and reports the workspace every launch through the plan needs.
-int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_attention_plan* plan) {
+int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_fp8, ukv_attention_plan* plan) {
   UKV_ENTRY(device, {
     int sms = 0, smem_optin = 0, cc_major = 0;
     ukv_error_t e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
@@ -1568,7 +1565,10 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, ukv_atte
       if (int r = wgmma_built(&built)) return r;
     }
     pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
-    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks > sms ? 1 : 3;
+    // FP8 pools add the in-tile dequantization to every tile: a second CTA per
+    // SM overlaps it with the first's gathers and MMAs from a quarter of the
+    // SMs' worth of (token, head block) pairs on (bench/NOTES.md, version 13).
+    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks * (kv_fp8 ? 4 : 1) > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
     AttentionKernel kernel = nullptr;
     size_t smem = 0;

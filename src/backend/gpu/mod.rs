@@ -380,6 +380,7 @@ impl Backend for GpuBackend {
                 self.device,
                 shape.max_tokens as c_int,
                 shape.num_heads as c_int,
+                shape.kv_dtype.fp8_format().is_some() as c_int,
                 &mut plan,
             )
         };

@@ -381,6 +381,7 @@ extern "C" {
         device: c_int,
         max_tokens: c_int,
         num_heads: c_int,
+        kv_fp8: c_int,
         plan: *mut AttentionPlan,
     ) -> c_int;
     pub fn unikv_gpu_merge(device: c_int, p: *const MergeParams, stream: *mut c_void) -> c_int;
