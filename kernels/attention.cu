@@ -171,51 +171,60 @@ __device__ __forceinline__ bool fp8_fast_path(const uint32_t (&codes)[4], ukv_fp
   return fmt == UKV_FP8_E4M3FN && s >= 10u && s <= 134u && (nan & 0x80808080u) == 0u;
 }
 
-// The software decoder for the chunks the integer path cannot take; out of
-// line, so its registers do not count against the kernels' budgets.
-__device__ __noinline__ void dequantize_chunk_slow(const uint4& chunk, uint32_t s, ukv_fp8_format fmt,
-                                                   uint32_t (&out)[8]) {
-  const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+// Stores 8 words (16 bf16 values) as two 16-byte chunks.
+__device__ __forceinline__ void store_chunks(char* dst0, char* dst1, const uint32_t (&out)[8]) {
+  *reinterpret_cast<uint4*>(dst0) = make_uint4(out[0], out[1], out[2], out[3]);
+  *reinterpret_cast<uint4*>(dst1) = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// The software decoder for the chunks the integer path cannot take: a compact
+// loop (one value at a time, few live registers) rather than an out-of-line
+// call, whose register saves would spill in the kernels at 128 registers.
+__device__ __forceinline__ void dequantize_chunk_slow(const uint32_t (&in)[4], uint32_t s, ukv_fp8_format fmt,
+                                                      char* dst0, char* dst1) {
   const float scale = ukv_ue8m0_to_float((uint8_t)s);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float lo, hi;
-    ukv_fp8x2_decode(in[i / 2] >> (16 * (i % 2)), fmt, lo, hi);
-    out[i] = ukv_pack_bf16x2(lo * scale, hi * scale);
+#pragma unroll 1
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t word = i < 4 ? in[0] : i < 8 ? in[1] : i < 12 ? in[2] : in[3];
+    const float v = ukv_fp8_decode((uint8_t)(word >> (8 * (i % 4))), fmt) * scale;
+    *reinterpret_cast<ukv_bf16*>((i < 8 ? dst0 : dst1) + 2 * (i % 8)) = ukv_float_to_bf16(v);
   }
 }
 
 // Sixteen codes (one 16-byte chunk of a nope row) with scale byte s to 16 bf16
-// values, `out` in dim order.
-__device__ __forceinline__ void dequantize_chunk(const uint4& chunk, uint32_t s, ukv_fp8_format fmt, uint32_t (&out)[8]) {
+// values, stored as two chunks in dim order.
+__device__ __forceinline__ void dequantize_chunk(const uint4& chunk, uint32_t s, ukv_fp8_format fmt, char* dst0,
+                                                 char* dst1) {
   const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-  if (fp8_fast_path(in, fmt, s)) {
-    const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      // Codes 2i, 2i+1 as the high bytes of two 16-bit halves.
-      const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
-      out[i] = ukv_bf16x2_mul((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), factor);
-    }
+  if (!fp8_fast_path(in, fmt, s)) {
+    dequantize_chunk_slow(in, s, fmt, dst0, dst1);
     return;
   }
-  dequantize_chunk_slow(chunk, s, fmt, out);
+  const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    // Codes 2i, 2i+1 as the high bytes of two 16-bit halves.
+    const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+    out[i] = ukv_bf16x2_mul((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), factor);
+  }
+  store_chunks(dst0, dst1, out);
 }
 
 // Dequantizes the FP8 rows of a landed tile in place. Warp w owns rows w,
-// w+8, ..., four at a time: lane l < 28 reads code chunk l (16 codes of tile
-// l / 4) of each of the four rows and that tile's scale byte (the first copy
+// w+8, ..., kRoundRows at a time: lane l < 28 reads code chunk l (16 codes of
+// tile l / 4) of each of those rows and that tile's scale byte (the first copy
 // of s_k at byte 448 + 2k), and lane l also reads rope chunk l % 8 of row l / 8;
 // after every lane has read (the bf16 chunks overwrite the raw ones), the warp
-// writes the four rows. Batching four rows lets their loads overlap (measured:
-// bench/NOTES.md, version 13). The values are exact (an e4m3 value times a
+// writes the rows. Batching rows lets their loads overlap (measured:
+// bench/NOTES.md, version 13); kernels at their register limit batch fewer. The values are exact (an e4m3 value times a
 // power of two fits bf16 unless it is subnormal, i.e. for scale bytes below
 // 10, which no store writes), so the tile holds what
 // src/cache_layouts/unified.rs dequantize_row gives.
-template <class Layout>
+template <class Layout, int kRoundRows>
 __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
-  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16, kRoundRows = 4;
-  static_assert(kRoundRows * kRopeChunks == UKV_WARP, "one rope chunk per lane");
+  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16;
+  static_assert(kRoundRows * kRopeChunks <= UKV_WARP, "at most one rope chunk per lane");
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
 #pragma unroll 1
   for (int round = 0; round < kBK / kWarps / kRoundRows; ++round) {
@@ -233,7 +242,7 @@ __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, uk
       }
     }
     const int rope_row = row0 + kWarps * (lane / kRopeChunks), rope_chunk = lane % kRopeChunks;
-    const bool rope_fp8 = valid[rope_row] == kRowFp8;
+    const bool rope_fp8 = lane < kRoundRows * kRopeChunks && valid[rope_row] == kRowFp8;
     uint4 rope = make_uint4(0, 0, 0, 0);
     if (rope_fp8) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(rope_row, kFp8RopeChunk + rope_chunk));
     ukv_syncwarp();  // every raw chunk of these rows is read before any is overwritten
@@ -241,10 +250,7 @@ __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, uk
     for (int k = 0; k < kRoundRows; ++k) {
       if (!fp8[k]) continue;
       const int r = row0 + kWarps * k;
-      uint32_t out[8];
-      dequantize_chunk(codes[k], scale[k], fmt, out);
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane)) = make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(tile + Layout::at(r, 2 * lane + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+      dequantize_chunk(codes[k], scale[k], fmt, tile + Layout::at(r, 2 * lane), tile + Layout::at(r, 2 * lane + 1));
     }
     if (rope_fp8) *reinterpret_cast<uint4*>(tile + Layout::at(rope_row, kChunks - kRopeChunks + rope_chunk)) = rope;
   }
@@ -380,9 +386,10 @@ struct TileLoads {
   // After advance() and the __syncthreads that follows it: dequantizes the
   // stage's FP8 rows in place and syncs again, so the tile holds bf16 rows
   // only. Nothing to do unless the pool is FP8 (uniform over the grid).
+  template <int kRoundRows = 4>
   __device__ __forceinline__ void dequantize(const ukv_attention_params& p, int stage) const {
     if (!p.src[0].kv.fp8) return;
-    dequantize_tile<Layout>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format);
+    dequantize_tile<Layout, kRoundRows>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format);
     ukv_fence_async_shared();  // generic writes before later async-proxy access (bulk copies, wgmma)
     __syncthreads();
   }
@@ -1185,7 +1192,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
     const int stage = loads.advance(p, keys, tile);
     ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
     __syncthreads();
-    loads.dequantize(p, stage);
+    loads.template dequantize<L::kCtasPerSm == 2 ? 2 : 4>(p, stage);  // two CTAs per SM: 128 registers
     const char* ks = loads.tile(stage);
 
     // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of

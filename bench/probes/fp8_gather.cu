@@ -85,6 +85,72 @@ __device__ __forceinline__ void dequant_row(char* row, int lane, uint32_t& sink)
   if (lane < 8 && kKind != 1) *reinterpret_cast<uint4*>(row + 896 + 16 * lane) = rope;
 }
 
+
+// The kernel's dequantization (kernels/attention.cu dequantize_tile, 4 rows
+// per warp round, integer fast path and out-of-line software fallback), with
+// `force_slow` to time the fallback.
+__device__ __forceinline__ float bits_float(uint32_t b) { return __uint_as_float(b); }
+__device__ __noinline__ void chunk_slow(const uint4& c, uint32_t s, uint32_t (&out)[8]) {
+  const uint32_t in[4] = {c.x, c.y, c.z, c.w};
+  const float scale = bits_float(s << 23);
+  for (int i = 0; i < 8; ++i) {
+    float v[2];
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t code = (in[i / 2] >> (16 * (i % 2) + 8 * h)) & 0xFF;
+      const int e = (code >> 3) & 0xF;
+      const uint32_t m = code & 7;
+      const float mag = (float)(e == 0 ? m : 8 + m) * bits_float((uint32_t)((e == 0 ? 1 : e) - 7 - 3 + 127) << 23);
+      v[h] = ((code & 0x7F) == 0x7F) ? __uint_as_float(0x7FC00000u) : (code & 0x80 ? -mag : mag);
+    }
+    __nv_bfloat162 r = __floats2bfloat162_rn(v[0] * scale, v[1] * scale);
+    out[i] = *reinterpret_cast<uint32_t*>(&r);
+  }
+}
+__device__ __forceinline__ void chunk_fast_or_slow(const uint4& c, uint32_t s, bool force_slow, uint32_t (&out)[8]) {
+  const uint32_t in[4] = {c.x, c.y, c.z, c.w};
+  uint32_t nan = 0;
+  for (int i = 0; i < 4; ++i) nan |= (in[i] & 0x7F7F7F7Fu) + 0x01010101u;
+  if (!force_slow && s >= 10u && s <= 134u && (nan & 0x80808080u) == 0u) {
+    const uint32_t f = ((s + 120u) << 7) * 0x00010001u;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t x = __byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+      const uint32_t b = (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+      __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&b), *reinterpret_cast<const __nv_bfloat162*>(&f));
+      out[i] = *reinterpret_cast<uint32_t*>(&r);
+    }
+    return;
+  }
+  chunk_slow(c, s, out);
+}
+__device__ __forceinline__ void kernel_dequant_tile(char* tile, bool force_slow) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll 1
+  for (int round = 0; round < 2; ++round) {
+    const int row0 = warp + 32 * round;
+    uint4 codes[4];
+    uint32_t scale[4];
+    for (int k = 0; k < 4; ++k) {
+      char* row = tile + (row0 + 8 * k) * kSlot;
+      if (lane < 28) {
+        codes[k] = *reinterpret_cast<const uint4*>(row + 16 * lane);
+        scale[k] = *reinterpret_cast<const uint8_t*>(row + 448 + 2 * (lane / 4));
+      }
+    }
+    char* rrow = tile + (row0 + 8 * (lane / 8)) * kSlot;
+    const uint4 rope = *reinterpret_cast<const uint4*>(rrow + 512 + 16 * (lane % 8));
+    __syncwarp();
+    for (int k = 0; k < 4; ++k) {
+      if (lane >= 28) continue;
+      char* row = tile + (row0 + 8 * k) * kSlot;
+      uint32_t out[8];
+      chunk_fast_or_slow(codes[k], scale[k], force_slow, out);
+      *reinterpret_cast<uint4*>(row + 32 * lane) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(row + 32 * lane + 16) = make_uint4(out[4], out[5], out[6], out[7]);
+    }
+    *reinterpret_cast<uint4*>(rrow + 896 + 16 * (lane % 8)) = rope;
+  }
+}
+
 // mode 0: bf16, one 1 KB bulk copy per row (lanes 0..7 of each warp)
 // mode 1: fp8, bulk 512 B nope + bulk 128 B rope per row
 // mode 2: fp8, one bulk copy of 640 B per row (as if nope and rope were adjacent)
@@ -94,6 +160,7 @@ __device__ __forceinline__ void dequant_row(char* row, int lane, uint32_t& sink)
 // mode 8, 9: mode 1 plus the dequantization without stores / stores without conversion
 // mode 10: mode 1 plus the dequantization of rows 4 at a time (loads of 4 rows first)
 // mode 11: no gather: dequantization of a resident tile only
+// mode 12, 13: mode 1 plus the kernel's dequantize_tile (fast path; forced fallback)
 template <int kMode>
 __global__ void __launch_bounds__(256) gather(const char* pool, const char* nope, const char* rope, const int* idx,
                                               int tiles, float* sink) {
@@ -175,7 +242,10 @@ __global__ void __launch_bounds__(256) gather(const char* pool, const char* nope
     mbar_wait(&bars[tile % kStages], (tile / kStages) & 1);
     __syncthreads();
     char* t = smem + (tile % kStages) * kTileBytes;
-    if (dequant && kMode == 10) {
+    if (kMode == 12 || kMode == 13) {
+      kernel_dequant_tile(t, kMode == 13);
+      __syncthreads();
+    } else if (dequant && kMode == 10) {
       for (int r0 = warp; r0 < kTileRows; r0 += 32) {
         uint4 c[4];
         for (int k = 0; k < 4; ++k) c[k] = *reinterpret_cast<const uint4*>(t + (r0 + 8 * k) * kSlot + 16 * lane);
@@ -230,7 +300,7 @@ int main() {
                          "fp8 bulk 512 + cp.async rope", "fp8 all cp.async (40 x 16 B)", "1 + dequant",
                          "3 + dequant",          "4 + dequant",
                          "1 + dequant, no stores", "1 + stores, no conversion", "1 + dequant 4 rows at a time",
-                         "dequant only (no gather)"};
+                         "dequant only (no gather)", "1 + kernel dequant (fast)", "1 + kernel dequant (fallback)"};
   auto run = [&](auto kernel, int mode) {
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaEvent_t a, b;
@@ -261,5 +331,7 @@ int main() {
   run(gather<9>, 9);
   run(gather<10>, 10);
   run(gather<11>, 11);
+  run(gather<12>, 12);
+  run(gather<13>, 13);
   return 0;
 }
