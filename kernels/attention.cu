@@ -1573,9 +1573,9 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     }
     pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
     // FP8 pools add the in-tile dequantization to every tile: a second CTA per
-    // SM overlaps it with the first's gathers and MMAs from a quarter of the
-    // SMs' worth of (token, head block) pairs on (bench/NOTES.md, version 13).
-    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks * (kv_fp8 ? 4 : 1) > sms ? 1 : 3;
+    // SM overlaps it with the first's gathers and MMAs from half the SMs' worth
+    // of (token, head block) pairs on (bench/NOTES.md, version 13).
+    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks * (kv_fp8 ? 2 : 1) > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
