@@ -1720,25 +1720,6 @@ fn workspace_size_is_zero_on_cpu() {
     }
 }
 
-/// A RoPE table of `max_pos` rows from the C ABI (base 40000 with YaRN, the
-/// compressed layers' table).
-fn rope_table(max_pos: u32) -> Vec<f32> {
-    use unikv::ffi::rope::*;
-    let params = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 40_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 16.0,
-            original_max_position: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        },
-    };
-    let mut table = vec![0f32; max_pos as usize * 64];
-    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
-    table
-}
-
 /// Decode's inverse-RoPE epilogue: the rope dims of every output equal the
 /// float64 reference output rotated by the conjugate of the token's table row
 /// (within the decode tolerance); dims 0..447 and lse are bitwise those of
@@ -1751,7 +1732,7 @@ fn decode_inverse_rope_epilogue() {
     let ctx = Ctx::cpu(0);
     let pool = KvPool::new(&ctx, &mut rng);
     let max_pos = 9000u32;
-    let table = rope_table(max_pos);
+    let table = rope_table(40_000.0, 16.0, max_pos);
     for heads in [1usize, 16, 64] {
         let tokens = 6;
         let lens = ragged_lengths(&mut rng, tokens);

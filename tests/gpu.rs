@@ -768,23 +768,11 @@ fn fp8_dequantization_is_exact_on_gpu() {
 /// cluster merge (long slices), and the workspace combine of the fallback paths.
 #[test]
 fn decode_inverse_rope_epilogue_matches_cpu() {
-    use unikv::ffi::rope::*;
     let Some(s) = setup() else { return };
     let mut rng = rand::rng();
     let (pc, pg, rows) = attention_pools(&s, &mut rng);
     let max_pos = 5000u32;
-    let params = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 10_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 0.0,
-            original_max_position: 0,
-            beta_fast: 0.0,
-            beta_slow: 0.0,
-        },
-    };
-    let mut table = vec![0f32; max_pos as usize * 64];
-    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
+    let table = rope_table(10_000.0, 0.0, max_pos);
     for (t, h, fallback) in [
         (1, 16, false),
         (3, 40, false),
@@ -1734,18 +1722,7 @@ fn inverse_rope_matches_cpu_exactly() {
     let Some(s) = setup() else { return };
     let mut rng = rand::rng();
     let max_pos = 1u32 << 16;
-    let params = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 40_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 40.0,
-            original_max_position: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        },
-    };
-    let mut table = vec![0f32; max_pos as usize * 64];
-    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
+    let table = rope_table(40_000.0, 40.0, max_pos);
     let options = unikv_context_options {
         struct_size: std::mem::size_of::<unikv_context_options>(),
         backend: 2,
@@ -2091,7 +2068,6 @@ fn cache_stores_past_4gib_match_cpu() {
 mod prepare_qkv {
     use super::*;
     use unikv::ffi::prepare::*;
-    use unikv::ffi::rope::{unikv_rope_params, unikv_rope_table, unikv_rope_yarn};
     use unikv::ffi::status::unikv_status;
     use unikv::ffi::types::unikv_dtype;
 
@@ -2116,19 +2092,7 @@ mod prepare_qkv {
 
     /// A compressed layer's table: base 40000 with YaRN.
     fn table() -> Vec<f32> {
-        let params = unikv_rope_params {
-            struct_size: std::mem::size_of::<unikv_rope_params>(),
-            base: 40_000.0,
-            yarn: unikv_rope_yarn {
-                factor: 16.0,
-                original_max_position: 4096,
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-            },
-        };
-        let mut table = vec![0f32; MAX_POS * 64];
-        ok(unsafe { unikv_rope_table(&params, MAX_POS as u32, table.as_mut_ptr(), table.len()) });
-        table
+        rope_table(40_000.0, 16.0, MAX_POS as u32)
     }
 
     /// Host inputs of one call; `wide` picks i64 (else i32) positions and rows.

@@ -25,10 +25,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
 use unikv::ffi::context::{unikv_memory_alloc, unikv_memory_free};
-use unikv::ffi::rope::{
-    unikv_inverse_rope, unikv_inverse_rope_args, unikv_rope_params, unikv_rope_table,
-    unikv_rope_yarn,
-};
+use unikv::ffi::rope::{unikv_inverse_rope, unikv_inverse_rope_args};
 use unikv::ffi::types::unikv_dtype::*;
 use unikv::ffi::types::unikv_tensor;
 use unikv::rope::rope_row;
@@ -156,19 +153,7 @@ fn random_table(rng: &mut StdRng, max_pos: u32) -> Vec<f32> {
     } else {
         (40_000.0, 40.0)
     };
-    let params = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base,
-        yarn: unikv_rope_yarn {
-            factor,
-            original_max_position: 4096,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        },
-    };
-    let mut table = vec![0f32; max_pos as usize * R];
-    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
-    table
+    rope_table(base, factor, max_pos)
 }
 
 /// Nonzero bf16 values of either sign with magnitudes spread over 2^-9 .. 2^5.

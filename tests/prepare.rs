@@ -33,7 +33,6 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use unikv::cache_layouts::unified;
 use unikv::ffi::prepare::*;
-use unikv::ffi::rope::{unikv_rope_params, unikv_rope_table, unikv_rope_yarn};
 use unikv::ffi::status::unikv_status;
 use unikv::ffi::types::{unikv_dtype, unikv_tensor};
 use unikv::fp8::Fp8Format;
@@ -127,22 +126,6 @@ impl Ints {
     }
 }
 
-fn rope_table() -> Vec<f32> {
-    let params = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 10_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 0.0,
-            original_max_position: 0,
-            beta_fast: 0.0,
-            beta_slow: 0.0,
-        },
-    };
-    let mut table = vec![0f32; MAX_POS * R];
-    ok(unsafe { unikv_rope_table(&params, MAX_POS as u32, table.as_mut_ptr(), table.len()) });
-    table
-}
-
 /// bf16 values of either sign around `2^scale` (within a factor 2^4), never 0.
 fn random_row(rng: &mut StdRng, len: usize, scale: i32) -> Vec<bf16> {
     (0..len)
@@ -224,7 +207,7 @@ impl Case {
             kv_in,
             kv_weight,
             kv_out: poisoned(T * KV_OUT_STRIDE),
-            table: rope_table(),
+            table: rope_table(10_000.0, 0.0, MAX_POS as u32),
             positions: Ints::new(&positions, wide.0),
             rows: Ints::new(&rows, wide.1),
             pool: Pool::of(ctx, &spec(), dtype),

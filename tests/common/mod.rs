@@ -238,3 +238,23 @@ pub fn seeded(test: &str) -> (rand::rngs::StdRng, u64) {
     eprintln!("{test}: seed {seed} (replay with UNIKV_TEST_SEED={seed})");
     (rand::rngs::StdRng::seed_from_u64(seed), seed)
 }
+
+/// A RoPE table of `max_pos` rows (fp32 `[max_pos, 64]`) from `unikv_rope_table`:
+/// `base` with YaRN of `yarn_factor` over 4096 positions (beta 32 / 1), or no
+/// YaRN for a factor of 0 (a dense layer's table).
+pub fn rope_table(base: f64, yarn_factor: f64, max_pos: u32) -> Vec<f32> {
+    use unikv::ffi::rope::{unikv_rope_params, unikv_rope_table, unikv_rope_yarn};
+    let params = unikv_rope_params {
+        struct_size: std::mem::size_of::<unikv_rope_params>(),
+        base,
+        yarn: unikv_rope_yarn {
+            factor: yarn_factor,
+            original_max_position: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        },
+    };
+    let mut table = vec![0f32; max_pos as usize * 64];
+    ok(unsafe { unikv_rope_table(&params, max_pos, table.as_mut_ptr(), table.len()) });
+    table
+}
