@@ -264,7 +264,9 @@ __device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, uk
 //  - cp.async (elsewhere, or the swizzled wgmma layout): lanes 0..15 of warp w
 //    resolve key 4l + w/2 and the two warps of a key copy its two halves in
 //    16-byte pieces; one commit group per tile.
-template <int kStages, class Layout>
+// kFp8: the kernel serves an FP8 pool (its instantiations for bf16 pools carry
+// no FP8 code, so their registers and schedules are as before).
+template <int kStages, class Layout, bool kFp8>
 struct TileLoads {
   static constexpr bool kBulk = kHasBulkCopy && Layout::kContiguousRows;
   char* stages;    // kStages tiles
@@ -304,8 +306,9 @@ struct TileLoads {
       if (key < 0) return;
       char* row = dst + Layout::at(key, 0);
       const ukv_kv_source& src = p.src[ok ? pk.source : 0];
-      valid[stage * kBK + key] = !ok ? kRowInvalid : src.kv.fp8 ? kRowFp8 : kRowBf16;
-      if (ok && src.kv.fp8) {
+      const bool fp8 = kFp8 && src.kv.fp8;
+      valid[stage * kBK + key] = !ok ? kRowInvalid : fp8 ? kRowFp8 : kRowBf16;
+      if (ok && fp8) {
         ukv_mbar_arrive_expect(&bars[stage], kFp8NopeBytes + kFp8RopeBytes);
         ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, kFp8NopeBytes,
                       &bars[stage]);
@@ -330,7 +333,7 @@ struct TileLoads {
     int kind = kRowInvalid;
     if (ok) {
       const ukv_kv_source& src = p.src[pk.source];
-      if (src.kv.fp8) {
+      if (kFp8 && src.kv.fp8) {
         kind = kRowFp8;
         lane_base = half == 0 ? static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes
                               : static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes -
@@ -388,7 +391,7 @@ struct TileLoads {
   // only. Nothing to do unless the pool is FP8 (uniform over the grid).
   template <int kRoundRows = 4>
   __device__ __forceinline__ void dequantize(const ukv_attention_params& p, int stage) const {
-    if (!p.src[0].kv.fp8) return;
+    if (!kFp8) return;
     dequantize_tile<Layout, kRoundRows>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format);
     ukv_fence_async_shared();  // generic writes before later async-proxy access (bulk copies, wgmma)
     __syncthreads();
@@ -548,7 +551,7 @@ struct Smem {
 // Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
 __host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
 
-template <int MT, int ST>
+template <int MT, int ST, bool kFp8>
 __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
     attention_kernel(ukv_attention_params p, SplitConfig cfg) {
   constexpr int kHb = 16 * MT;
@@ -590,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
   constexpr int kStages = Smem<MT, ST>::kStages;
-  TileLoads<kStages, PadTile> loads{smem + Smem<MT, ST>::kK, valid_s,
+  TileLoads<kStages, PadTile, kFp8> loads{smem + Smem<MT, ST>::kK, valid_s,
                                     reinterpret_cast<uint64_t*>(smem + Smem<MT, ST>::kBar), tile_begin, tile_end};
   loads.init();
   __syncthreads();
@@ -850,6 +853,7 @@ struct WgSmem {
   static constexpr size_t kBytes = kBar + kStages * 8;
 };
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   constexpr int kHb = WgSmem::kHb;
@@ -884,7 +888,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
-  TileLoads<WgSmem::kStages, AtomTile> loads{smem + WgSmem::kK, valid_s,
+  TileLoads<WgSmem::kStages, AtomTile, kFp8> loads{smem + WgSmem::kK, valid_s,
                                              reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin, tile_end};
   loads.init();
   __syncthreads();
@@ -1123,7 +1127,7 @@ __device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)
 }
 #endif
 
-template <int NH, int ST>
+template <int NH, int ST, bool kFp8>
 __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
@@ -1170,7 +1174,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
 
-  TileLoads<kStages, PadTile> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar), tile_begin,
+  TileLoads<kStages, PadTile, kFp8> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar), tile_begin,
                                     tile_end};
   loads.init();
   __syncthreads();
@@ -1511,31 +1515,37 @@ thread_local bool g_no_wgmma = false;
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
 // The kernel a plan names, and its dynamic shared memory.
-int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
+// The kernel instantiation of a plan, for bf16 or FP8 pools.
+template <bool kFp8>
+int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
   switch (plan.wgmma) {
-    case 64: *kernel = attention_wgmma_kernel; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
+    case 64: *kernel = attention_wgmma_kernel<kFp8>; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
     case 16:
       if (plan.stages == 1) {
-        *kernel = attention_swap_kernel<16, 1>;
+        *kernel = attention_swap_kernel<16, 1, kFp8>;
         *smem = SwapSmem<16, 1>::kBytes;
       } else {
-        *kernel = attention_swap_kernel<16, 3>;
+        *kernel = attention_swap_kernel<16, 3, kFp8>;
         *smem = SwapSmem<16, 3>::kBytes;
       }
       return UKV_SHIM_OK;
-    case 32: *kernel = attention_swap_kernel<32, 2>; *smem = SwapSmem<32, 2>::kBytes; return UKV_SHIM_OK;
+    case 32: *kernel = attention_swap_kernel<32, 2, kFp8>; *smem = SwapSmem<32, 2>::kBytes; return UKV_SHIM_OK;
     default: break;
   }
   switch (plan.block_m_tiles * 8 + plan.stages) {
-    case 1 * 8 + 1: *kernel = attention_kernel<1, 1>; *smem = Smem<1, 1>::kBytes; return UKV_SHIM_OK;
-    case 1 * 8 + 3: *kernel = attention_kernel<1, 3>; *smem = Smem<1, 3>::kBytes; return UKV_SHIM_OK;
-    case 2 * 8 + 2: *kernel = attention_kernel<2, 2>; *smem = Smem<2, 2>::kBytes; return UKV_SHIM_OK;
-    case 3 * 8 + 2: *kernel = attention_kernel<3, 2>; *smem = Smem<3, 2>::kBytes; return UKV_SHIM_OK;
-    case 4 * 8 + 2: *kernel = attention_kernel<4, 2>; *smem = Smem<4, 2>::kBytes; return UKV_SHIM_OK;
+    case 1 * 8 + 1: *kernel = attention_kernel<1, 1, kFp8>; *smem = Smem<1, 1>::kBytes; return UKV_SHIM_OK;
+    case 1 * 8 + 3: *kernel = attention_kernel<1, 3, kFp8>; *smem = Smem<1, 3>::kBytes; return UKV_SHIM_OK;
+    case 2 * 8 + 2: *kernel = attention_kernel<2, 2, kFp8>; *smem = Smem<2, 2>::kBytes; return UKV_SHIM_OK;
+    case 3 * 8 + 2: *kernel = attention_kernel<3, 2, kFp8>; *smem = Smem<3, 2>::kBytes; return UKV_SHIM_OK;
+    case 4 * 8 + 2: *kernel = attention_kernel<4, 2, kFp8>; *smem = Smem<4, 2>::kBytes; return UKV_SHIM_OK;
     default:
       ukv::set_error("attention plan names no kernel instantiation");
       return UKV_SHIM_INVALID;
   }
+}
+
+int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
+  return plan.kv_fp8 ? plan_kernel_for<true>(plan, kernel, smem) : plan_kernel_for<false>(plan, kernel, smem);
 }
 
 }  // namespace
@@ -1558,6 +1568,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
     pl.sm_count = sms;
     pl.dependent_launch = cc_major >= 9 ? 1 : 0;
+    pl.kv_fp8 = kv_fp8 ? 1 : 0;
     // Small head blocks of a large batch (CTAs for at least half the SMs): two
     // CTAs per SM with one stage each; measured better from T = 128 on, worse
     // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).

@@ -244,6 +244,8 @@ pub struct AttentionPlan {
     pub stages: i32,
     pub wgmma: i32,
     pub cluster: i32,
+    pub kv_fp8: i32,
+    pub reserved: i32,
 }
 
 #[repr(C)]
