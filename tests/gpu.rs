@@ -47,6 +47,21 @@ fn backend_of(ctx: &Ctx) -> u32 {
     info.backend
 }
 
+/// A CUDA context in validate mode (device values checked before each launch);
+/// call only after `gpu()` found a device.
+fn validating_gpu() -> Ctx {
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend: 2,
+        device: 0,
+        cpu_threads: 0,
+        validate: 1,
+    };
+    let mut raw = ptr::null_mut();
+    ok(unsafe { unikv_context_create(&options, &mut raw) });
+    Ctx(raw)
+}
+
 /// The CUDA context, or None (with a note) when this machine has no GPU.
 fn gpu() -> Option<Ctx> {
     match context(2) {
@@ -1518,16 +1533,7 @@ fn validate_mode_reports_bad_device_values() {
     if gpu().is_none() {
         return;
     }
-    let options = unikv_context_options {
-        struct_size: std::mem::size_of::<unikv_context_options>(),
-        backend: 2,
-        device: 0,
-        cpu_threads: 0,
-        validate: 1,
-    };
-    let mut raw = ptr::null_mut();
-    ok(unsafe { unikv_context_create(&options, &mut raw) });
-    let strict = Ctx(raw);
+    let strict = validating_gpu();
     let lenient = gpu().unwrap();
     let mut rng = rand::rng();
     let spec = PoolSpec {
@@ -1723,16 +1729,7 @@ fn inverse_rope_matches_cpu_exactly() {
     let mut rng = rand::rng();
     let max_pos = 1u32 << 16;
     let table = rope_table(40_000.0, 40.0, max_pos);
-    let options = unikv_context_options {
-        struct_size: std::mem::size_of::<unikv_context_options>(),
-        backend: 2,
-        device: 0,
-        cpu_threads: 0,
-        validate: 1,
-    };
-    let mut raw = ptr::null_mut();
-    ok(unsafe { unikv_context_create(&options, &mut raw) });
-    let strict = Ctx(raw);
+    let strict = validating_gpu();
     // (tokens, heads, elements per head in the buffer)
     let shapes: &[(usize, usize, usize)] = if small() {
         &[(3, 16, 576)]
@@ -1917,16 +1914,7 @@ fn cache_store_validate_mode_reports_bad_locations() {
     if gpu().is_none() {
         return;
     }
-    let options = unikv_context_options {
-        struct_size: std::mem::size_of::<unikv_context_options>(),
-        backend: 2,
-        device: 0,
-        cpu_threads: 0,
-        validate: 1,
-    };
-    let mut raw = ptr::null_mut();
-    ok(unsafe { unikv_context_create(&options, &mut raw) });
-    let strict = Ctx(raw);
+    let strict = validating_gpu();
     let (mut rng, _) = seeded("cache_store_validate_mode_reports_bad_locations");
     for layout in Layout::ALL {
         let mut case = Case::random(&mut rng, layout, 64, FORMATS[0], 50);
@@ -2421,16 +2409,7 @@ mod prepare_qkv {
     #[test]
     fn skips_invalid_device_values() {
         let Some(s) = setup() else { return };
-        let options = unikv_context_options {
-            struct_size: std::mem::size_of::<unikv_context_options>(),
-            backend: 2,
-            device: 0,
-            cpu_threads: 0,
-            validate: 1,
-        };
-        let mut raw = ptr::null_mut();
-        ok(unsafe { unikv_context_create(&options, &mut raw) });
-        let strict = Ctx(raw);
+        let strict = validating_gpu();
         let mut rng = rand::rng();
         for dtype in [
             unikv_dtype::UNIKV_DTYPE_BF16,
