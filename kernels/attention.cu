@@ -466,6 +466,20 @@ __device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h,
   return lf > 0.f ? a_kv / lf : 0.f;
 }
 
+// The end of a split merge (cluster or workspace): four output values of
+// (token t, head h) from dim d0, unnormalized with the merged (m, l), get the
+// sink and 1/l, the inverse-RoPE epilogue where asked, and are written as
+// bf16; `with_lse`: this thread also writes the head's LSE.
+__device__ __forceinline__ void write_merged4(const ukv_attention_params& p, int t, int h, int d0,
+                                              const float (&acc)[4], float m, float l, bool with_lse) {
+  float lse;
+  const float scale = fold_sink(p, h, m, l, &lse);
+  ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+  *reinterpret_cast<uint2*>(out + d0) =
+      pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
+  if (p.lse != nullptr && with_lse) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+}
+
 struct SplitConfig {
   int splits;   // S: the plan's split cap, also gridDim.z
   int cluster;  // 1: the S blocks of a (token, head block) form a cluster and merge in it
@@ -504,12 +518,7 @@ __device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int
       acc[2] += w * a.z;
       acc[3] += w * a.w;
     }
-    float lse;
-    const float scale = fold_sink(p, h, m, l, &lse);
-    ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
-    *reinterpret_cast<uint2*>(out + d0) =
-        pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
-    if (p.lse != nullptr && d0 == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+    write_merged4(p, t, h, d0, acc, m, l, d0 == 0);
   }
 }
 
@@ -1438,12 +1447,7 @@ __global__ void combine_kernel(ukv_attention_params p, SplitConfig cfg, int bloc
     acc[2] += w * a.z;
     acc[3] += w * a.w;
   }
-  float lse;
-  const float scale = fold_sink(p, h, m, l, &lse);
-  ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
-  *reinterpret_cast<uint2*>(out + d0) =
-      pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
-  if (p.lse != nullptr && threadIdx.x == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+  write_merged4(p, t, h, d0, acc, m, l, threadIdx.x == 0);
 }
 
 // Merges P partial results over disjoint key sets (see ops/merge.rs); one
