@@ -251,35 +251,14 @@ fn main() {
         },
         "fp8 pool",
     );
-    let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
-    layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
-    ok(
-        unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
-        "layer",
-    );
+    let layer = layer_info(pool);
     let rows = layer.rows as usize;
-    {
-        let chunk = random_bf16(&mut rng, 64 << 20);
-        let total = rows * 512;
-        let mut done = 0;
-        while done < total {
-            let n = (total - done).min(chunk.len());
-            ok(
-                unsafe {
-                    unikv_memory_copy(
-                        ctx,
-                        (layer.data as *mut bf16).add(done).cast(),
-                        chunk.as_ptr().cast(),
-                        n * 2,
-                        0,
-                        ptr::null_mut(),
-                    )
-                },
-                "fill pool",
-            );
-            done += n;
-        }
-    }
+    fill_repeating(
+        ctx,
+        layer.data,
+        bytes_of(&random_bf16(&mut rng, 64 << 20)),
+        rows * 1024,
+    );
     fill_fp8_pool(ctx, pool8, &mut rng);
     println!(
         "pools: {rows} rows x 1024 B = {:.2} GB (bf16), x 640 B = {:.2} GB (fp8 e4m3fn)\n",
@@ -558,16 +537,49 @@ fn main() {
     }
 }
 
-/// Fills an FP8 pool with quantized random rows: one block of rows quantized on
-/// the host, uploaded over and over.
-fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl Rng) {
-    const BLOCK: usize = 1 << 16;
+/// Layer 0 of a pool.
+fn layer_info(pool: *mut unikv_pool) -> unikv_pool_layer_info {
     let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
     layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
     ok(
         unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
-        "fp8 layer",
+        "layer",
     );
+    layer
+}
+
+/// Copies `pattern` over and over into `bytes` bytes of device memory at `dst`.
+fn fill_repeating(ctx: *mut unikv_context, dst: *mut c_void, pattern: &[u8], bytes: usize) {
+    let mut done = 0;
+    while done < bytes {
+        let n = (bytes - done).min(pattern.len());
+        ok(
+            unsafe {
+                unikv_memory_copy(
+                    ctx,
+                    (dst as *mut u8).add(done).cast(),
+                    pattern.as_ptr().cast(),
+                    n,
+                    0,
+                    ptr::null_mut(),
+                )
+            },
+            "fill pool",
+        );
+        done += n;
+    }
+}
+
+/// The bytes of a slice.
+fn bytes_of<T>(v: &[T]) -> &[u8] {
+    // SAFETY: any initialized value is readable as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// Fills an FP8 pool with quantized random rows: one block of rows quantized on
+/// the host, repeated over the pool.
+fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl Rng) {
+    const BLOCK: usize = 1 << 16;
     let (mut nope, mut rope) = (vec![0u8; BLOCK * 512], vec![bf16::ZERO; BLOCK * 64]);
     let rows = random_bf16(rng, BLOCK * 512);
     for r in 0..BLOCK {
@@ -578,30 +590,10 @@ fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl 
             (&mut rope[r * 64..(r + 1) * 64]).try_into().unwrap(),
         );
     }
+    let layer = layer_info(pool);
     let total = layer.rows as usize;
-    let mut done = 0;
-    while done < total {
-        let n = (total - done).min(BLOCK);
-        for (dst, src, bytes) in [
-            (layer.data as *mut u8, nope.as_ptr(), 512),
-            (layer.rope_data as *mut u8, rope.as_ptr().cast(), 128),
-        ] {
-            ok(
-                unsafe {
-                    unikv_memory_copy(
-                        ctx,
-                        dst.add(done * bytes).cast(),
-                        src.cast(),
-                        n * bytes,
-                        0,
-                        ptr::null_mut(),
-                    )
-                },
-                "fill fp8 pool",
-            );
-        }
-        done += n;
-    }
+    fill_repeating(ctx, layer.data, &nope, total * 512);
+    fill_repeating(ctx, layer.rope_data, bytes_of(&rope), total * 128);
 }
 
 fn random_bf16(rng: &mut impl Rng, n: usize) -> Vec<bf16> {

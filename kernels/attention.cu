@@ -534,6 +534,35 @@ __device__ __forceinline__ TokenSplit token_split(int total_keys, int cap) {
   return s;
 }
 
+// A block's share of its token: the token's keys, their cut into splits,
+// whether one split finishes the token alone (written directly, no merge),
+// and this split's tiles.
+struct SplitWork {
+  TokenKeys keys;
+  TokenSplit cut;
+  bool direct;
+  int tile_begin, tile_end;
+};
+
+// The start of every attention kernel: lets the next kernel be scheduled and
+// waits for the previous one's writes (PDL), then resolves the block's work.
+// False: the block has nothing to do. One split (or none: an empty slice) is
+// finished by split 0 alone; in cluster mode every block of a split token joins
+// the merge, even one past the token's splits (it adds nothing and shares the
+// output writes).
+__device__ __forceinline__ bool split_work(const ukv_attention_params& p, int t, int split, const SplitConfig& cfg,
+                                           SplitWork& w) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  w.keys = token_keys(p, t);
+  w.cut = token_split(w.keys.total, cfg.splits);
+  w.direct = w.cut.count <= 1;
+  if (w.direct ? split != 0 : (split >= w.cut.count && cfg.cluster == 0)) return false;
+  w.tile_begin = split * w.cut.per_split;
+  w.tile_end = min(w.cut.tiles, w.tile_begin + w.cut.per_split);
+  return true;
+}
+
 // Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
 template <int MT, int ST>
 struct Smem {
@@ -575,19 +604,12 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   float* s_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kS);
   int* valid_s = reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid);
 
-  // The next kernel (the combine, or the next call) may be scheduled now; it
-  // waits for this grid. This one waits for its predecessor's writes.
-  ukv_pdl_launch_dependents();
-  ukv_pdl_wait();
-  const TokenKeys keys = token_keys(p, t);
-  const TokenSplit cut = token_split(keys.total, cfg.splits);
-  // One split (or none: an empty slice) is finished by split 0 alone.
-  const bool direct = cut.count <= 1;
-  // In cluster mode every block of a split token joins the merge, even one
-  // past the token's splits (it adds nothing and shares the output writes).
-  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
-  const int tile_begin = split * cut.per_split;
-  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
+  SplitWork work;
+  if (!split_work(p, t, split, cfg, work)) return;
+  const TokenKeys& keys = work.keys;
+  const TokenSplit& cut = work.cut;
+  const bool direct = work.direct;
+  const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
   for (int r = threadIdx.x; r < kHb; r += kThreads) {
     m_s[r] = -INFINITY;
@@ -878,16 +900,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   float* xm = reinterpret_cast<float*>(smem + WgSmem::kXm);
   char* ps = smem + WgSmem::kP;
 
-  ukv_pdl_launch_dependents();
-  ukv_pdl_wait();
-  const TokenKeys keys = token_keys(p, t);
-  const TokenSplit cut = token_split(keys.total, cfg.splits);
-  const bool direct = cut.count <= 1;
-  // In cluster mode every block of a split token joins the merge, even one
-  // past the token's splits (it adds nothing and shares the output writes).
-  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
-  const int tile_begin = split * cut.per_split;
-  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
+  SplitWork work;
+  if (!split_work(p, t, split, cfg, work)) return;
+  const TokenKeys& keys = work.keys;
+  const TokenSplit& cut = work.cut;
+  const bool direct = work.direct;
+  const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
@@ -1162,14 +1180,12 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
 
-  ukv_pdl_launch_dependents();
-  ukv_pdl_wait();
-  const TokenKeys keys = token_keys(p, t);
-  const TokenSplit cut = token_split(keys.total, cfg.splits);
-  const bool direct = cut.count <= 1;
-  if (direct ? split != 0 : (split >= cut.count && cfg.cluster == 0)) return;
-  const int tile_begin = split * cut.per_split;
-  const int tile_end = min(cut.tiles, tile_begin + cut.per_split);
+  SplitWork work;
+  if (!split_work(p, t, split, cfg, work)) return;
+  const TokenKeys& keys = work.keys;
+  const TokenSplit& cut = work.cut;
+  const bool direct = work.direct;
+  const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
   float m_run[kOwn / 2], l_run[kOwn / 2];  // per own head column (both rows of the pair share it)
 #pragma unroll

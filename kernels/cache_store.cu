@@ -169,16 +169,10 @@ __global__ void __launch_bounds__(kThreads) store_indexer_kernel(ukv_cache_store
 
 using Kernel = void (*)(ukv_cache_store_params);
 
-// Launched early (programmatic dependent launch on sm_90+) so the launch
-// overlaps the previous kernel's tail; the kernels wait before touching memory.
 int launch(int device, Kernel kernel, int64_t items_per_block, const ukv_cache_store_params& p, void* stream,
            const char* name) {
-  int cc_major = 0;
-  ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
-  if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
   const unsigned blocks = (unsigned)ukv::cdiv(p.num_tokens, items_per_block);
-  e = ukv_launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, (ukv_stream_t)stream, cc_major >= 9, 1, p);
-  return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, name);
+  return ukv::launch_early(device, kernel, dim3(blocks), dim3(kThreads), stream, name, p);
 }
 
 }  // namespace

@@ -189,16 +189,11 @@ extern "C" {
 int unikv_gpu_prepare_qkv(int device, const ukv_prepare_qkv_params* p, void* stream) {
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
-    int cc_major = 0;
-    const ukv_error_t ae = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
-    if (ae != UKV_SUCCESS) return ukv::report(ae, "device attribute");
     // KV blocks first: they carry the most work per warp.
     const int kv_blocks = (int)ukv::cdiv(p->num_tokens, kWarps);
     const int q_blocks = (int)ukv::cdiv(p->num_tokens * ukv::cdiv(p->num_heads, kQHeads), kWarps);
-    // Launched early (PDL, sm_90+) so the launch overlaps the previous kernel's tail.
-    const ukv_error_t e = ukv_launch_dependent(prepare_qkv_kernel, dim3(kv_blocks + q_blocks), dim3(kThreads), 0,
-                                               (ukv_stream_t)stream, cc_major >= 9, 1, *p, kv_blocks);
-    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "prepare_qkv_kernel");
+    return ukv::launch_early(device, prepare_qkv_kernel, dim3(kv_blocks + q_blocks), dim3(kThreads), stream,
+                             "prepare_qkv_kernel", *p, kv_blocks);
   })
 }
 

@@ -55,17 +55,7 @@ extern "C" int unikv_gpu_inverse_rope(int device, const ukv_inverse_rope_params*
       ukv::set_error("x: num_tokens * num_heads is too large for one launch");
       return UKV_SHIM_INVALID;
     }
-    int cc_major = 0;
-    ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
-    if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
-    // Programmatic dependent launch where the device has it (sm_90+): the
-    // launch overlaps the previous kernel's tail.
-    e = ukv_launch_dependent(inverse_rope_kernel, dim3((unsigned)blocks), dim3(kThreads), 0, (ukv_stream_t)stream,
-                             cc_major >= 9, 1, *p);
-    if (e != UKV_SUCCESS) {
-      ukv_get_last_error();  // clear it: the failure is reported here
-      return ukv::report(e, "inverse_rope_kernel");
-    }
-    return UKV_SHIM_OK;
+    return ukv::launch_early(device, inverse_rope_kernel, dim3((unsigned)blocks), dim3(kThreads), stream,
+                             "inverse_rope_kernel", *p);
   })
 }

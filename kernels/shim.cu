@@ -1,4 +1,5 @@
 // Runtime side of the shim: errors, device selection, memory helpers, streams.
+#include <atomic>
 #include <cstring>
 
 #include "shim.cuh"
@@ -10,6 +11,21 @@ thread_local std::string g_message;
 }  // namespace
 
 void set_error(const std::string& message) { g_message = message; }
+
+int pdl_supported(int device, bool* supported) {
+  // 0: not read yet; 1: no; 2: yes. Devices past the table are read every time.
+  static std::atomic<int> known[64];
+  if (device >= 0 && device < 64 && known[device].load(std::memory_order_relaxed) != 0) {
+    *supported = known[device].load(std::memory_order_relaxed) == 2;
+    return UKV_SHIM_OK;
+  }
+  int cc_major = 0;
+  const ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
+  if (e != UKV_SUCCESS) return report(e, "device attribute");
+  *supported = cc_major >= 9;
+  if (device >= 0 && device < 64) known[device].store(*supported ? 2 : 1, std::memory_order_relaxed);
+  return UKV_SHIM_OK;
+}
 
 int report(ukv_error_t e, const char* what) {
   set_error(std::string(what) + ": " + ukv_get_error_string(e));

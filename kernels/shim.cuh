@@ -49,6 +49,25 @@ inline int check_launch(const char* kernel) {
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Whether `device` has programmatic dependent launch (sm_90+); the device
+// attribute is read once per device.
+int pdl_supported(int device, bool* supported);
+
+// Launches `kernel` with no dynamic shared memory, early (programmatic dependent
+// launch) where the device has it, so the launch overlaps the previous kernel's
+// tail; the kernel must call ukv_pdl_wait() before reading what that kernel
+// wrote. A failed launch is reported as `name`.
+template <typename... Params, typename... Args>
+int launch_early(int device, void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, const char* name,
+                 Args... args) {
+  bool pdl = false;
+  if (int r = pdl_supported(device, &pdl)) return r;
+  const ukv_error_t e = ukv_launch_dependent(kernel, grid, block, 0, (ukv_stream_t)stream, pdl, 1, args...);
+  if (e == UKV_SUCCESS) return UKV_SHIM_OK;
+  ukv_get_last_error();  // clear it: the failure is reported here
+  return report(e, name);
+}
+
 }  // namespace ukv
 
 // Every extern "C" entry: sets the device, runs the body, turns C++ exceptions

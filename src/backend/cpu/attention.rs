@@ -8,9 +8,9 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::backend::cpu::host::{self, extend_with_row, row, slice};
+use crate::backend::cpu::host::{extend_with_row, row, slice};
 use crate::backend::cpu::index::checked_indptr;
-use crate::backend::cpu::rope::check_positions;
+use crate::backend::cpu::rope::checked_positions;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::attention::{AttentionArgs, KvSource, SOURCE_NAMES};
@@ -51,9 +51,7 @@ pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
     let positions = match &a.inverse_rope {
         Some(e) => {
             // SAFETY: host view with extent checked by `ops::attention`.
-            let p = unsafe { host::int_values(&e.positions, a.num_tokens) };
-            check_positions(&p, e.table.shape[0])?;
-            p
+            unsafe { checked_positions(&e.positions, a.num_tokens, e.table.shape[0])? }
         }
         None => Vec::new(),
     };

@@ -8,6 +8,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::backend::cpu::host::{int_values, put_layer_row, put_row, put_row3, row, row3, slice};
+use crate::backend::cpu::rope::checked_positions;
 use crate::error::{ensure, err, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::prepare::PrepareQkvArgs;
@@ -29,17 +30,12 @@ pub(crate) fn destinations(a: &PrepareQkvArgs) -> Result<Vec<Destination>> {
     let max_pos = a.rope_table.shape[0];
     let layer_rows = a.pool_layer.rows();
     // SAFETY: host views with extents checked by `ops::prepare`.
-    let positions = unsafe { int_values(&a.positions, n) };
+    let positions = unsafe { checked_positions(&a.positions, n, max_pos)? };
     // SAFETY: as above.
     let rows = a.rows.map(|r| unsafe { int_values(&r, n) });
     let mut owner = HashMap::new();
     let mut out = Vec::with_capacity(n);
     for (t, &p) in positions.iter().enumerate() {
-        ensure!(
-            (0..max_pos as i64).contains(&p),
-            OutOfRange,
-            "positions[{t}]: {p} is not a row of the {max_pos}-row rope_table"
-        );
         let row = match rows.as_ref().map(|r| r[t]) {
             Some(r) if r >= 0 => {
                 ensure!(

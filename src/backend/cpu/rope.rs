@@ -15,11 +15,21 @@ use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::rope::InverseRopeArgs;
 use crate::rope::{inverse_rope_row, ROPE_DIM};
+use crate::tensor::IndexVector;
 
-/// Checks every position against the table's `max_pos` rows. The GPU backend's
-/// validate mode runs it on a host copy.
-pub(crate) fn check_positions(positions: &[i64], max_pos: usize) -> Result<()> {
-    for (t, &p) in positions.iter().enumerate() {
+/// The first `len` positions, widened to i64, each checked against the
+/// table's `max_pos` rows (inverse RoPE, decode's epilogue, prepare_qkv). The
+/// GPU backend's validate mode runs it on a host copy.
+///
+/// # Safety
+/// `positions` is a host view of at least `len` entries.
+pub(crate) unsafe fn checked_positions(
+    positions: &IndexVector,
+    len: usize,
+    max_pos: usize,
+) -> Result<Vec<i64>> {
+    let values = host::int_values(positions, len);
+    for (t, &p) in values.iter().enumerate() {
         ensure!(p >= 0, OutOfRange, "positions[{t}]: {p} is negative");
         ensure!(
             (p as u64) < max_pos as u64,
@@ -27,13 +37,12 @@ pub(crate) fn check_positions(positions: &[i64], max_pos: usize) -> Result<()> {
             "positions[{t}]: {p} is not below the {max_pos} rows of rope_table"
         );
     }
-    Ok(())
+    Ok(values)
 }
 
 pub fn inverse_rope(threads: &rayon::ThreadPool, a: &InverseRopeArgs) -> Result<()> {
     // SAFETY: host view with extent checked by `ops::rope`.
-    let positions = unsafe { host::int_values(&a.positions, a.num_tokens) };
-    check_positions(&positions, a.table.shape[0])?;
+    let positions = unsafe { checked_positions(&a.positions, a.num_tokens, a.table.shape[0])? };
     threads.install(|| {
         positions.par_iter().enumerate().for_each(|(t, &p)| {
             // SAFETY: `p` was checked against the table's rows above.

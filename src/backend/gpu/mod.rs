@@ -147,22 +147,19 @@ impl GpuBackend {
         }
     }
 
-    /// The first `len` positions (either width) copied to the host and widened
-    /// (validate mode; synchronizes `stream`).
-    fn host_positions(&self, p: &IndexVector, len: usize, stream: Stream) -> Result<Vec<i64>> {
-        Ok(match p {
-            IndexVector::I32(v) => {
-                let (host, _) = self.mirror(v, stream)?;
-                self.synchronize(stream)?;
-                host[..len].iter().map(|&x| i64::from(x)).collect()
-            }
-            IndexVector::I64(v) => {
-                let (mut host, _) = self.mirror(v, stream)?;
-                self.synchronize(stream)?;
-                host.truncate(len);
-                host
-            }
-        })
+    /// Validate mode: the CPU backend's check of `len` positions against a
+    /// table of `max_pos` rows, on a host copy.
+    fn check_positions(
+        &self,
+        p: &IndexVector,
+        len: usize,
+        max_pos: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let (_h, host) = self.mirror_ints(p, stream)?;
+        self.synchronize(stream)?;
+        // SAFETY: `host` is a host copy of the validated view.
+        unsafe { cpu::rope::checked_positions(&host, len, max_pos) }.map(drop)
     }
 
     /// `mirror` of an i32-or-i64 vector; the first value owns the host copy.
@@ -689,8 +686,7 @@ impl Backend for GpuBackend {
                 cpu::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
             }
             if let Some(e) = &a.inverse_rope {
-                let positions = self.host_positions(&e.positions, a.num_tokens, stream)?;
-                cpu::rope::check_positions(&positions, e.table.shape[0])?;
+                self.check_positions(&e.positions, a.num_tokens, e.table.shape[0], stream)?;
             }
         }
         let plan = a
@@ -774,8 +770,7 @@ impl Backend for GpuBackend {
 
     fn inverse_rope(&self, a: &InverseRopeArgs, stream: Stream) -> Result<()> {
         if self.validate {
-            let positions = self.host_positions(&a.positions, a.num_tokens, stream)?;
-            cpu::rope::check_positions(&positions, a.table.shape[0])?;
+            self.check_positions(&a.positions, a.num_tokens, a.table.shape[0], stream)?;
         }
         let p = shim::InverseRopeParams {
             x: a.x.as_ptr() as *mut c_void,
