@@ -189,7 +189,8 @@ pub fn random_rows(rng: &mut impl Rng, layout: Layout, n: usize, bf16: bool) -> 
 
 /// `n` locations into `slots` token slots of pages of `page_size`: distinct,
 /// covering the first and last slot of pages where they fit, with about a
-/// fifth negative (skipped; -1 and other negative values).
+/// fifth negative (skipped; -1 and other negative values) but never the first,
+/// so every case stores at least one token.
 pub fn random_locations(rng: &mut impl Rng, slots: u64, page_size: u64, n: usize) -> Vec<i64> {
     let mut picks: Vec<i64> = (0..slots / page_size)
         .flat_map(|page| [page * page_size, page * page_size + page_size - 1])
@@ -202,8 +203,8 @@ pub fn random_locations(rng: &mut impl Rng, slots: u64, page_size: u64, n: usize
     let negatives = [-1i64, -1, -1, -2, -(page_size as i64), i32::MIN as i64];
     let mut valid = picks.into_iter();
     (0..n)
-        .map(|_| {
-            if rng.random_bool(0.2) {
+        .map(|i| {
+            if i > 0 && rng.random_bool(0.2) {
                 negatives[rng.random_range(0..negatives.len())]
             } else {
                 valid.next().unwrap_or(-1)
