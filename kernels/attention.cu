@@ -23,7 +23,7 @@
 // Rows of an FP8 pool (spec unified_kv 1.5(c)) are gathered as they are
 // stored (512-byte nope row + 128-byte rope row) into the first 640 bytes of
 // their bf16 slot in the tile and dequantized there in place
-// (dequantize_tile), so every kernel's MMA code reads bf16 tiles either way.
+// (dequantize_rows), so every kernel's MMA code reads bf16 tiles either way.
 #include <math.h>
 
 #include <type_traits>
@@ -114,11 +114,13 @@ __device__ __forceinline__ bool key_valid(const ukv_attention_params& p, Pending
 // bf16 row, or an FP8 row still to be dequantized.
 enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2 };
 
-// FP8 rows gathered raw: nope bytes in chunks 0..31 of the row's slot, rope
-// bytes in chunks 32..39.
+// FP8 rows gathered raw: the 512 nope bytes (448 codes, the scale bytes and
+// padding) in chunks 0..31 of the row's slot, the 128 rope bytes (already
+// bf16) in chunks 56..63, where the row's bf16 rope dims belong; dequantizing
+// the codes writes chunks 0..55.
 constexpr int kFp8NopeBytes = 512;
 constexpr int kFp8RopeBytes = 128;
-constexpr int kFp8RopeChunk = kFp8NopeBytes / 16;
+constexpr int kFp8RopeChunk = kChunks - kFp8RopeBytes / 16;
 
 // Tile layouts in shared memory: where 16-byte chunk `c` of row `r` lives.
 // RowTile: 1024-byte rows, chunks XOR-swizzled by r & 7 so the 8 rows an
@@ -157,102 +159,111 @@ constexpr bool kHasBulkCopy = true;
 constexpr bool kHasBulkCopy = false;
 #endif
 
-// Whether 16 codes with scale byte s may take dequantize_tile's integer path:
-// an e4m3fn code c as the bf16 with bits (c & 0x80) << 8 | (c & 0x7F) << 4 has
-// the value fp8(c) * 2^-120 (subnormal codes become bf16 subnormals), and one
-// bf16 multiply by 2^(s - 7) gives fp8(c) * 2^(s - 127) exactly while that
-// factor is a bf16 (s <= 134) and no product is subnormal (s >= 10). NaN codes
-// (0x7F, 0xFF) would come out finite, so a lane holding one, fnuz rows and
-// other scales take the software decoder (same values, several times slower).
-__device__ __forceinline__ bool fp8_fast_path(const uint32_t (&codes)[4], ukv_fp8_format fmt, uint32_t s) {
-  uint32_t nan = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) nan |= (codes[i] & 0x7F7F7F7Fu) + 0x01010101u;  // bit 7 of a byte: its low 7 bits are all 1
-  return fmt == UKV_FP8_E4M3FN && s >= 10u && s <= 134u && (nan & 0x80808080u) == 0u;
+// Whether 8 codes with scale byte s may take the integer path of
+// dequantize_fast: an e4m3fn code c as the bf16 with bits
+// (c & 0x80) << 8 | (c & 0x7F) << 4 has the value fp8(c) * 2^-120 (subnormal
+// codes become bf16 subnormals), and one bf16 multiply by 2^(s - 7) gives
+// fp8(c) * 2^(s - 127) exactly while that factor is a bf16 (s <= 134) and no
+// product is subnormal (s >= 10). NaN codes (0x7F, 0xFF) would come out
+// finite, so rows holding one, fnuz rows and other scales take the software
+// decoder (same values, several times slower).
+__device__ __forceinline__ bool fp8_fast_path(uint2 codes, uint32_t s) {
+  // Bit 7 of a byte of `nan`: that code's low 7 bits are all 1.
+  const uint32_t nan = ((codes.x & 0x7F7F7F7Fu) + 0x01010101u) | ((codes.y & 0x7F7F7F7Fu) + 0x01010101u);
+  return s - 10u <= 124u && (nan & 0x80808080u) == 0u;
 }
 
-// Stores 8 words (16 bf16 values) as two 16-byte chunks.
-__device__ __forceinline__ void store_chunks(char* dst0, char* dst1, const uint32_t (&out)[8]) {
-  *reinterpret_cast<uint4*>(dst0) = make_uint4(out[0], out[1], out[2], out[3]);
-  *reinterpret_cast<uint4*>(dst1) = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
-// The software decoder for the chunks the integer path cannot take: a compact
-// loop (one value at a time, few live registers) rather than an out-of-line
-// call, whose register saves would spill in the kernels at 128 registers.
-__device__ __forceinline__ void dequantize_chunk_slow(const uint32_t (&in)[4], uint32_t s, ukv_fp8_format fmt,
-                                                      char* dst0, char* dst1) {
-  const float scale = ukv_ue8m0_to_float((uint8_t)s);
-#pragma unroll 1
-  for (int i = 0; i < 16; ++i) {
-    const uint32_t word = i < 4 ? in[0] : i < 8 ? in[1] : i < 12 ? in[2] : in[3];
-    const float v = ukv_fp8_decode((uint8_t)(word >> (8 * (i % 4))), fmt) * scale;
-    *reinterpret_cast<ukv_bf16*>((i < 8 ? dst0 : dst1) + 2 * (i % 8)) = ukv_float_to_bf16(v);
-  }
-}
-
-// Sixteen codes (one 16-byte chunk of a nope row) with scale byte s to 16 bf16
-// values, stored as two chunks in dim order.
-__device__ __forceinline__ void dequantize_chunk(const uint4& chunk, uint32_t s, ukv_fp8_format fmt, char* dst0,
-                                                 char* dst1) {
-  const uint32_t in[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-  if (!fp8_fast_path(in, fmt, s)) {
-    dequantize_chunk_slow(in, s, fmt, dst0, dst1);
-    return;
-  }
+// Eight e4m3fn codes (one 8-byte piece of a nope row) with a scale byte that
+// passed fp8_fast_path to their 16-byte chunk of bf16 values: per code pair
+// one byte permute, a shift, a logic op and one bf16x2 multiply, no branch.
+__device__ __forceinline__ uint4 dequantize_fast(uint2 codes, uint32_t s) {
   const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
-  uint32_t out[8];
+  uint32_t out[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 4; ++i) {
     // Codes 2i, 2i+1 as the high bytes of two 16-bit halves.
-    const uint32_t x = ukv_byte_perm(in[i / 2], 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+    const uint32_t x = ukv_byte_perm(i < 2 ? codes.x : codes.y, 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
     out[i] = ukv_bf16x2_mul((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), factor);
   }
-  store_chunks(dst0, dst1, out);
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// Dequantizes the FP8 rows of a landed tile in place. Warp w owns rows w,
-// w+8, ..., kRoundRows at a time: lane l < 28 reads code chunk l (16 codes of
-// tile l / 4) of each of those rows and that tile's scale byte (the first copy
-// of s_k at byte 448 + 2k), and lane l also reads rope chunk l % 8 of row l / 8;
-// after every lane has read (the bf16 chunks overwrite the raw ones), the warp
-// writes the rows. Batching rows lets their loads overlap (measured:
-// bench/NOTES.md, version 13); kernels at their register limit batch fewer. The values are exact (an e4m3 value times a
-// power of two fits bf16 unless it is subnormal, i.e. for scale bytes below
-// 10, which no store writes), so the tile holds what
-// src/cache_layouts/unified.rs dequantize_row gives.
-template <class Layout, int kRoundRows>
-__device__ __forceinline__ void dequantize_tile(char* tile, const int* valid, ukv_fp8_format fmt) {
-  constexpr int kCodeChunks = 28, kRopeChunks = kFp8RopeBytes / 16;
-  static_assert(kRoundRows * kRopeChunks <= UKV_WARP, "at most one rope chunk per lane");
-  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+// Any piece: the integer path where it applies, else the software decoder, a
+// compact loop (few live registers) rather than an out-of-line call, whose
+// register saves would spill in the kernels at 128 registers.
+__device__ __forceinline__ void dequantize_piece(uint2 codes, uint32_t s, ukv_fp8_format fmt, char* dst) {
+  if (fmt == UKV_FP8_E4M3FN && fp8_fast_path(codes, s)) {
+    *reinterpret_cast<uint4*>(dst) = dequantize_fast(codes, s);
+    return;
+  }
+  const float scale = ukv_ue8m0_to_float((uint8_t)s);
+  const uint64_t all = (uint64_t)codes.y << 32 | codes.x;
 #pragma unroll 1
-  for (int round = 0; round < kBK / kWarps / kRoundRows; ++round) {
-    const int row0 = warp + kWarps * kRoundRows * round;  // rows row0 + 8k, k < kRoundRows
-    uint4 codes[kRoundRows];
-    uint32_t scale[kRoundRows];
-    bool fp8[kRoundRows];
+  for (int i = 0; i < 8; ++i) {
+    const float v = ukv_fp8_decode((uint8_t)(all >> (8 * i)), fmt) * scale;
+    *reinterpret_cast<ukv_bf16*>(dst + 2 * i) = ukv_float_to_bf16(v);
+  }
+}
+
+// Dequantizes in place the FP8 rows among rows row0 + step * k (k < kRows) of
+// a landed tile, by one warp. A nope row is 56 pieces of 8 codes; lane l takes
+// pieces l and 32 + l (l < 24), their scale bytes (the first copy of s_j at
+// byte 448 + 2j), and writes bf16 chunks l and 32 + l: 8-byte reads and
+// 16-byte writes at consecutive addresses, free of bank conflicts. Every lane
+// reads its pieces of all kRows rows before any lane writes (the bf16 chunks
+// overwrite the raw bytes; a warp vote orders no memory, so a __syncwarp
+// separates the two: without it racecheck reports hazards). When every piece
+// of the round takes the integer
+// path (one warp vote) the round is branch-free, so the pieces' loads and
+// arithmetic overlap; otherwise each piece picks its path. The rope chunks
+// landed in place. The values are exact (an e4m3 value times a power of two
+// fits bf16 unless it is subnormal, i.e. for scale bytes below 10, which no
+// store writes), so the tile holds what src/cache_layouts/unified.rs
+// dequantize_row gives.
+template <class Layout, int kRows>
+__device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, ukv_fp8_format fmt, int row0, int step) {
+  constexpr int kPieces = 56, kScaleChunk = 28;
+  const int lane = threadIdx.x % UKV_WARP;
+  const bool second = lane < kPieces - UKV_WARP;  // lanes past it repeat piece 32 + 23 (read, never written)
+  const int hi_lane = second ? lane : kPieces - UKV_WARP - 1;
+  uint2 lo[kRows], hi[kRows];
+  uint32_t s_lo[kRows], s_hi[kRows];
+  bool fp8[kRows];
+  bool fast = fmt == UKV_FP8_E4M3FN;
 #pragma unroll
-    for (int k = 0; k < kRoundRows; ++k) {
-      const int r = row0 + kWarps * k;
-      fp8[k] = valid[r] == kRowFp8 && lane < kCodeChunks;
-      if (fp8[k]) {
-        codes[k] = *reinterpret_cast<const uint4*>(tile + Layout::at(r, lane));
-        scale[k] = *reinterpret_cast<const uint8_t*>(tile + Layout::at(r, kCodeChunks) + 2 * (lane / 4));
-      }
-    }
-    const int rope_row = row0 + kWarps * (lane / kRopeChunks), rope_chunk = lane % kRopeChunks;
-    const bool rope_fp8 = lane < kRoundRows * kRopeChunks && valid[rope_row] == kRowFp8;
-    uint4 rope = make_uint4(0, 0, 0, 0);
-    if (rope_fp8) rope = *reinterpret_cast<const uint4*>(tile + Layout::at(rope_row, kFp8RopeChunk + rope_chunk));
-    ukv_syncwarp();  // every raw chunk of these rows is read before any is overwritten
+  for (int k = 0; k < kRows; ++k) {
+    // Every row's bytes are read (in bounds whatever the row holds); only FP8
+    // rows are written.
+    const int r = row0 + step * k;
+    const char* scales = tile + Layout::at(r, kScaleChunk);
+    fp8[k] = valid[r] == kRowFp8;
+    lo[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, lane / 2) + 8 * (lane % 2));
+    hi[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, 16 + hi_lane / 2) + 8 * (hi_lane % 2));
+    s_lo[k] = *reinterpret_cast<const uint8_t*>(scales + 2 * (lane / 8));
+    s_hi[k] = *reinterpret_cast<const uint8_t*>(scales + 2 * (4 + hi_lane / 8));
+  }
+  // Every raw piece is read before any lane writes (the warp vote below is no
+  // memory barrier); then one flag, without a branch per piece.
+  ukv_syncwarp();
 #pragma unroll
-    for (int k = 0; k < kRoundRows; ++k) {
-      if (!fp8[k]) continue;
-      const int r = row0 + kWarps * k;
-      dequantize_chunk(codes[k], scale[k], fmt, tile + Layout::at(r, 2 * lane), tile + Layout::at(r, 2 * lane + 1));
+  for (int k = 0; k < kRows; ++k) fast &= !fp8[k] | (fp8_fast_path(lo[k], s_lo[k]) & fp8_fast_path(hi[k], s_hi[k]));
+  const bool all_fast = ukv_ballot(!fast) == 0;
+  if (all_fast) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int r = row0 + step * k;
+      const uint4 a = dequantize_fast(lo[k], s_lo[k]), b = dequantize_fast(hi[k], s_hi[k]);
+      if (fp8[k]) *reinterpret_cast<uint4*>(tile + Layout::at(r, lane)) = a;
+      if (fp8[k] && second) *reinterpret_cast<uint4*>(tile + Layout::at(r, UKV_WARP + lane)) = b;
     }
-    if (rope_fp8) *reinterpret_cast<uint4*>(tile + Layout::at(rope_row, kChunks - kRopeChunks + rope_chunk)) = rope;
+    return;
+  }
+#pragma unroll  // registers, not a local-memory array, hold the pieces
+  for (int k = 0; k < kRows; ++k) {
+    if (!fp8[k]) continue;
+    const int r = row0 + step * k;
+    dequantize_piece(lo[k], s_lo[k], fmt, tile + Layout::at(r, lane));
+    if (second) dequantize_piece(hi[k], s_hi[k], fmt, tile + Layout::at(r, UKV_WARP + lane));
   }
 }
 
@@ -297,37 +308,44 @@ struct TileLoads {
     return key >= 0 ? fetch_key(k, tile * kBK + key) : PendingKey{-1, -1};
   }
 
+  // Bulk gathers: one key's row (one arrival on the stage's mbarrier).
+  __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, int stage, int key) const {
+    char* dst = tile(stage);
+    char* row = dst + Layout::at(key, 0);
+    const bool ok = key_valid(p, pk);
+    const ukv_kv_source& src = p.src[ok ? pk.source : 0];
+    const bool fp8 = kFp8 && src.kv.fp8;
+    valid[stage * kBK + key] = !ok ? kRowInvalid : fp8 ? kRowFp8 : kRowBf16;
+    if (ok && fp8) {
+      ukv_mbar_arrive_expect(&bars[stage], kFp8NopeBytes + kFp8RopeBytes);
+      ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, kFp8NopeBytes,
+                    &bars[stage]);
+      ukv_bulk_copy(dst + Layout::at(key, kFp8RopeChunk),
+                    static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes, kFp8RopeBytes,
+                    &bars[stage]);
+    } else if (ok) {
+      ukv_mbar_arrive_expect(&bars[stage], kD * 2);
+      ukv_bulk_copy(row, static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride, kD * 2,
+                    &bars[stage]);
+    } else {
+      for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(row + c * 16) = make_uint4(0, 0, 0, 0);
+      ukv_fence_async_shared();  // before a later bulk copy into this row
+      ukv_mbar_arrive(&bars[stage]);
+    }
+  }
+
   __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage) const {
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
     char* dst = tile(stage);
     const int key = key_of_lane();
-    const bool ok = key_valid(p, pk);
     if (kBulk) {
-      if (key < 0) return;
-      char* row = dst + Layout::at(key, 0);
-      const ukv_kv_source& src = p.src[ok ? pk.source : 0];
-      const bool fp8 = kFp8 && src.kv.fp8;
-      valid[stage * kBK + key] = !ok ? kRowInvalid : fp8 ? kRowFp8 : kRowBf16;
-      if (ok && fp8) {
-        ukv_mbar_arrive_expect(&bars[stage], kFp8NopeBytes + kFp8RopeBytes);
-        ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, kFp8NopeBytes,
-                      &bars[stage]);
-        ukv_bulk_copy(row + kFp8NopeBytes, static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes,
-                      kFp8RopeBytes, &bars[stage]);
-      } else if (ok) {
-        ukv_mbar_arrive_expect(&bars[stage], kD * 2);
-        ukv_bulk_copy(row, static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride, kD * 2,
-                      &bars[stage]);
-      } else {
-        for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(row + c * 16) = make_uint4(0, 0, 0, 0);
-        ukv_fence_async_shared();  // before a later bulk copy into this row
-        ukv_mbar_arrive(&bars[stage]);
-      }
+      if (key >= 0) issue_row(p, pk, stage, key);
       return;
     }
+    const bool ok = key_valid(p, pk);
     // Which 32 chunks of the row this warp copies: half 0 the first 512 bytes
-    // (of a bf16 row, or an FP8 nope row), half 1 the rest (the FP8 rope row
-    // lands in chunks 32..39; lanes past them copy nothing).
+    // (of a bf16 row, or an FP8 nope row), half 1 the rest (of an FP8 row only
+    // the rope chunks 56..63).
     const int half = warp & 1;
     const char* lane_base = static_cast<const char*>(p.src[0].kv.data);
     int kind = kRowInvalid;
@@ -337,7 +355,7 @@ struct TileLoads {
         kind = kRowFp8;
         lane_base = half == 0 ? static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes
                               : static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes -
-                                    kFp8NopeBytes;
+                                    kFp8RopeChunk * 16;
       } else {
         kind = kRowBf16;
         lane_base = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) +
@@ -353,7 +371,7 @@ struct TileLoads {
                             ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
       const int k_kind = ukv_shfl(kind, i, UKV_WARP);
       const int chunk = half * 32 + lane;
-      const bool copy = k_kind == kRowBf16 || (k_kind == kRowFp8 && chunk < kFp8RopeChunk + kFp8RopeBytes / 16);
+      const bool copy = k_kind == kRowBf16 || (k_kind == kRowFp8 && (half == 0 || chunk >= kFp8RopeChunk));
       ukv_cp_async16(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + chunk * 16, copy);
     }
   }
@@ -389,10 +407,16 @@ struct TileLoads {
   // After advance() and the __syncthreads that follows it: dequantizes the
   // stage's FP8 rows in place and syncs again, so the tile holds bf16 rows
   // only. Nothing to do unless the pool is FP8 (uniform over the grid).
+  // Warp w takes rows w + 8k, kRoundRows at a time (kernels at their register
+  // limit batch fewer).
   template <int kRoundRows = 4>
   __device__ __forceinline__ void dequantize(const ukv_attention_params& p, int stage) const {
     if (!kFp8) return;
-    dequantize_tile<Layout, kRoundRows>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format);
+    const int warp = threadIdx.x / UKV_WARP;
+#pragma unroll 1
+    for (int round = 0; round < kBK / kWarps / kRoundRows; ++round)
+      dequantize_rows<Layout, kRoundRows>(tile(stage), valid + stage * kBK, (ukv_fp8_format)p.src[0].kv.fp8_format,
+                                          warp + kWarps * kRoundRows * round, kWarps);
     ukv_fence_async_shared();  // generic writes before later async-proxy access (bulk copies, wgmma)
     __syncthreads();
   }
@@ -408,6 +432,86 @@ struct TileLoads {
       ukv_cp_async_wait<kStages - 1>();
     }
   }
+};
+
+// The FP8 swap kernel's pipeline: a producer warpgroup (kProducerWarps warps
+// after the eight consumer warps) gathers each tile and dequantizes it in
+// place while the consumers run the MMAs and softmax of the tile before, so
+// the dequantization leaves the consumers' critical path (bench/NOTES.md,
+// version 15). Per stage three mbarriers, each completing one phase per tile:
+// `full` (TileLoads::bars: the bulk copies landed, one arrival per key),
+// `ready` (dequantized) and `empty` (the consumers are done with it). Every
+// producer (consumer) thread arrives on `ready` (`empty`): an arrival
+// releases only the arriving thread's own shared-memory accesses.
+constexpr int kProducerWarps = 4;
+template <int kStages>
+struct ProducerPipeline {
+  TileLoads<kStages, PadTile, true> loads;
+  uint64_t* ready;  // [kStages]
+  uint64_t* empty;  // [kStages]
+
+  // Before the roles split; a __syncthreads must follow.
+  __device__ __forceinline__ void init() const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ukv_mbar_init(&ready[s], kProducerWarps * UKV_WARP);
+        ukv_mbar_init(&empty[s], kThreads);
+      }
+    }
+    loads.init();  // thread 0 as well; fences the initializations
+  }
+
+  static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
+
+  // The producer warps' whole share of the block: the first kStages tiles are
+  // issued at once (lanes 0..15 of warp w issue keys 16w..16w+15, their
+  // indices loaded a tile ahead); tile i is dequantized as soon as it lands
+  // (warp w takes rows w + 4k, 8 rows per round: the producers have registers
+  // to spare), and then the stage of tile i - 1 is refilled once the
+  // consumers release it, so tile i's dequantization overlaps the consumers'
+  // work on tile i - 1.
+  __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
+    constexpr int kRoundRows = 8, kKeysPerWarp = kBK / kProducerWarps;
+    const int begin = loads.tile_begin, end = loads.tile_end;
+    const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
+    const int key = warp * kKeysPerWarp + lane;
+    const bool issuer = lane < kKeysPerWarp;
+    const auto fetch = [&](int tile) { return issuer ? fetch_key(keys, tile * kBK + key) : PendingKey{-1, -1}; };
+    const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
+    PendingKey first[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) first[i] = fetch(begin + i);
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)
+      if (issuer && begin + i < end) loads.issue_row(p, first[i], i, key);
+    PendingKey next = fetch(begin + kStages);
+    for (int tile = begin; tile < end; ++tile) {
+      const int i = tile - begin, stage = i % kStages;
+      ukv_mbar_wait(&loads.bars[stage], parity(i));
+#pragma unroll 1
+      for (int round = 0; round < kBK / kProducerWarps / kRoundRows; ++round)
+        dequantize_rows<PadTile, kRoundRows>(loads.tile(stage), loads.valid + stage * kBK, fmt,
+                                             warp + kProducerWarps * kRoundRows * round, kProducerWarps);
+      ukv_fence_async_shared();  // generic writes before the stage's next bulk copies
+      ukv_mbar_arrive(&ready[stage]);
+      if (i >= 1 && tile - 1 + kStages < end) {
+        const int prev = (i - 1) % kStages;
+        ukv_mbar_wait(&empty[prev], parity(i - 1));
+        if (issuer) loads.issue_row(p, next, prev, key);
+        next = fetch(tile + kStages);
+      }
+    }
+  }
+
+  // Consumers: waits until tile `tile` is dequantized; returns its stage.
+  __device__ __forceinline__ int acquire(int tile) const {
+    const int i = tile - loads.tile_begin;
+    ukv_mbar_wait(&ready[i % kStages], parity(i));
+    return i % kStages;
+  }
+
+  // Consumers: this thread is done reading `stage` (its MMAs have completed).
+  __device__ __forceinline__ void release(int stage) const { ukv_mbar_arrive(&empty[stage]); }
 };
 
 // Loads the block's kHb query rows (zeros past the last head).
@@ -1137,9 +1241,12 @@ struct SwapSmem {
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;  // f32 [4][NH] per-warp max / sum
   static constexpr size_t kHead = kWarp + (size_t)4 * NH * 4;       // f32 [4][NH]: m, l, alpha, scale
   static constexpr size_t kValid = kHead + (size_t)4 * NH * 4;      // int [stages][64]
-  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;
-  static constexpr size_t kBytes = kBar + kStages * 8;
+  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
+  static constexpr size_t kBytes = kBar + 3 * kStages * 8;
 };
+
+// Threads of a swap kernel block: the FP8 instantiations add the producer warps.
+__host__ __device__ constexpr int swap_threads(bool fp8) { return kThreads + (fp8 ? kProducerWarps * UKV_WARP : 0); }
 
 #if defined(UKV_HAS_WGMMA)
 template <int NH>
@@ -1155,7 +1262,7 @@ __device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)
 #endif
 
 template <int NH, int ST, bool kFp8>
-__global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
+__global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPerSm)
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   using L = SwapSmem<NH, ST>;
@@ -1199,11 +1306,32 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
 
-  TileLoads<kStages, PadTile, kFp8> loads{smem + L::kK, valid_s, reinterpret_cast<uint64_t*>(smem + L::kBar), tile_begin,
-                                    tile_end};
-  loads.init();
+  // bf16: all warps gather (TileLoads); FP8: the producer warps gather and
+  // dequantize (ProducerPipeline) and the consumers' barriers leave them out.
+  static_assert(!kFp8 || ST > 1, "the FP8 pipeline keeps a tile in flight while it dequantizes another");
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  TileLoads<kStages, PadTile, kFp8> loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
+  const ProducerPipeline<kStages> pipe{{smem + L::kK, valid_s, bars, tile_begin, tile_end},
+                                       bars + kStages,
+                                       bars + 2 * kStages};
+  const auto consumer_sync = [] {
+    if constexpr (kFp8) {
+      ukv_named_sync(1, kThreads);
+    } else {
+      __syncthreads();
+    }
+  };
+  if constexpr (kFp8) {
+    pipe.init();
+  } else {
+    loads.init();
+  }
   __syncthreads();
-  if (tile_begin < tile_end) {
+  // The producers run no consumer iteration, then join the epilogue's barriers
+  // (rather than exiting: sanitizers wait for exited threads at them).
+  const bool consumer = !kFp8 || tid < kThreads;
+  if (!consumer) pipe.produce(p, keys);
+  if (consumer && tile_begin < tile_end) {
     for (int c = tid; c < NH * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks;
       const bool valid = h0 + r < p.num_heads;
@@ -1214,14 +1342,24 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
       ukv_cp_async16(smem + L::kQ + at, reinterpret_cast<const char*>(qrow) + chunk * 16, valid);
     }
   }
-  loads.start(p, keys);
+  if constexpr (kFp8) {
+    ukv_cp_async_wait<0>();    // the query rows
+    ukv_fence_async_shared();  // before wgmma reads them
+    if (consumer) consumer_sync();
+  } else {
+    loads.start(p, keys);
+  }
   const float qk_scale = p.softmax_scale * kLog2e;
 
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = loads.advance(p, keys, tile);
-    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
-    __syncthreads();
-    loads.template dequantize<L::kCtasPerSm == 2 ? 2 : 4>(p, stage);  // two CTAs per SM: 128 registers
+  for (int tile = tile_begin; tile < (consumer ? tile_end : tile_begin); ++tile) {
+    int stage;
+    if constexpr (kFp8) {
+      stage = pipe.acquire(tile);
+    } else {
+      stage = loads.advance(p, keys, tile);
+      ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+      __syncthreads();
+    }
     const char* ks = loads.tile(stage);
 
     // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of
@@ -1261,7 +1399,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
       xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
       x[j] = wg == 0 ? s[j] : s[kOwn + j];
     }
-    __syncthreads();
+    consumer_sync();
     const int* valid = valid_s + stage * kBK;
     const bool v_lo = valid[16 * q + g] != 0, v_hi = valid[16 * q + g + 8] != 0;
     float mx[kOwn / 2];
@@ -1281,7 +1419,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
       for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) mx[c] = fmaxf(mx[c], ukv_shfl_xor(mx[c], o2, UKV_WARP));
       if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
     }
-    __syncthreads();
+    consumer_sync();
     float base[kOwn / 2], alpha[kOwn / 2];
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) {
@@ -1309,7 +1447,7 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
     ukv_fence_async_shared();
-    __syncthreads();
+    consumer_sync();
 
     // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
 #pragma unroll
@@ -1337,16 +1475,25 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
     }
-    __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
+    if constexpr (kFp8) {
+      // The producers may refill the stage. P^T and the exchange buffers are
+      // rewritten next tile only past barriers every warp reaches after its
+      // last read of them.
+      pipe.release(stage);
+    } else {
+      __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
+    }
   }
 
   // Per-head (m, l): the row sums over lanes and warps, in a fixed order.
+  if (consumer) {
 #pragma unroll
-  for (int c = 0; c < kOwn / 2; ++c) {
-    for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) l_run[c] += ukv_shfl_xor(l_run[c], o2, UKV_WARP);
-    const int h = own_head(c / 2 * 4 + (c & 1));
-    if (g == 0) warp_s[q * NH + h] = l_run[c];
-    if (q == 0 && g == 0) m_h[h] = m_run[c];
+    for (int c = 0; c < kOwn / 2; ++c) {
+      for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) l_run[c] += ukv_shfl_xor(l_run[c], o2, UKV_WARP);
+      const int h = own_head(c / 2 * 4 + (c & 1));
+      if (g == 0) warp_s[q * NH + h] = l_run[c];
+      if (q == 0 && g == 0) m_h[h] = m_run[c];
+    }
   }
   __syncthreads();
   if (tid < NH) {
@@ -1364,13 +1511,17 @@ __global__ void __launch_bounds__(kThreads, SwapSmem<NH, ST>::kCtasPerSm)
     static_assert(NH * kD * 4 <= kStages * PadTile::kTileBytes, "the partial fits in the key stages");
     ukv_cp_async_wait<0>();
     float* acc_s = reinterpret_cast<float*>(smem + L::kK);
+    if (consumer) {
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
+      for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-      for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
+        for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
+    }
     ukv_cluster_sync();
-    cluster_merge<NH>(p, t, h0, cut.count, split, cfg.splits, m_h, l_h, acc_s);
+    if (consumer) cluster_merge<NH>(p, t, h0, cut.count, split, cfg.splits, m_h, l_h, acc_s);
     ukv_cluster_sync();
+  } else if (!consumer) {
+    return;
   } else if (direct) {
     const float* cs = inverse_rope_row(p, t);
 #pragma unroll
@@ -1534,22 +1685,29 @@ thread_local bool g_no_wgmma = false;
 
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
-// The kernel a plan names, and its dynamic shared memory.
-// The kernel instantiation of a plan, for bf16 or FP8 pools.
+// The kernel instantiation a plan names for bf16 or FP8 pools, its dynamic
+// shared memory and its threads per block.
 template <bool kFp8>
-int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
+int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
+  *threads = kThreads;
   switch (plan.wgmma) {
     case 64: *kernel = attention_wgmma_kernel<kFp8>; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
     case 16:
-      if (plan.stages == 1) {
-        *kernel = attention_swap_kernel<16, 1, kFp8>;
+      *threads = swap_threads(kFp8);
+      // FP8 plans always take three stages (the producer pipeline).
+      if (!kFp8 && plan.stages == 1) {
+        *kernel = attention_swap_kernel<16, 1, false>;
         *smem = SwapSmem<16, 1>::kBytes;
       } else {
         *kernel = attention_swap_kernel<16, 3, kFp8>;
         *smem = SwapSmem<16, 3>::kBytes;
       }
       return UKV_SHIM_OK;
-    case 32: *kernel = attention_swap_kernel<32, 2, kFp8>; *smem = SwapSmem<32, 2>::kBytes; return UKV_SHIM_OK;
+    case 32:
+      *threads = swap_threads(kFp8);
+      *kernel = attention_swap_kernel<32, 2, kFp8>;
+      *smem = SwapSmem<32, 2>::kBytes;
+      return UKV_SHIM_OK;
     default: break;
   }
   switch (plan.block_m_tiles * 8 + plan.stages) {
@@ -1564,8 +1722,9 @@ int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, siz
   }
 }
 
-int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem) {
-  return plan.kv_fp8 ? plan_kernel_for<true>(plan, kernel, smem) : plan_kernel_for<false>(plan, kernel, smem);
+int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
+  return plan.kv_fp8 ? plan_kernel_for<true>(plan, kernel, smem, threads)
+                     : plan_kernel_for<false>(plan, kernel, smem, threads);
 }
 
 }  // namespace
@@ -1603,14 +1762,14 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       if (int r = wgmma_built(&built)) return r;
     }
     pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
-    // FP8 pools add the in-tile dequantization to every tile: a second CTA per
-    // SM overlaps it with the first's gathers and MMAs from half the SMs' worth
-    // of (token, head block) pairs on (bench/NOTES.md, version 13).
-    if (pl.wgmma == 16) pl.stages = max_tokens * pl.head_blocks * (kv_fp8 ? 2 : 1) > sms ? 1 : 3;
+    // FP8 pools: the heads-on-N kernels dequantize on producer warps and keep
+    // three stages at any batch (bench/NOTES.md, version 15).
+    if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
-    if (int r = plan_kernel(pl, &kernel, &smem)) return r;
+    int threads = 0;
+    if (int r = plan_kernel(pl, &kernel, &smem, &threads)) return r;
     if ((int)smem > smem_optin) {
       ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
                      std::to_string(smem_optin));
@@ -1634,7 +1793,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       for (int splits = want; splits >= 1; --splits) {
         int clusters = max_tokens * pl.head_blocks;
         if (splits > 1) {
-          const ukv_error_t ce = ukv_max_active_clusters(kernel, dim3(kThreads), smem, splits, &clusters);
+          const ukv_error_t ce = ukv_max_active_clusters(kernel, dim3(threads), smem, splits, &clusters);
           if (ce != UKV_SUCCESS) return ukv::report(ce, "attention cluster occupancy");
         }
         if (clusters >= max_tokens * pl.head_blocks) {
@@ -1663,13 +1822,14 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     const SplitConfig cfg{plan->max_splits, plan->cluster};
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
-    if (int r = plan_kernel(*plan, &kernel, &smem)) return r;
+    int threads = 0;
+    if (int r = plan_kernel(*plan, &kernel, &smem, &threads)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;
     // it waits for that kernel's memory before reading any input.
     const bool early = plan->dependent_launch != 0;
     const int cluster_z = cfg.cluster != 0 && cfg.splits > 1 ? cfg.splits : 1;
     const ukv_error_t launched = ukv_launch_dependent(kernel, dim3(p->num_tokens, plan->head_blocks, cfg.splits),
-                                                      dim3(kThreads), smem, s, early, cluster_z, *p, cfg);
+                                                      dim3(threads), smem, s, early, cluster_z, *p, cfg);
     if (launched != UKV_SUCCESS) return ukv::report(launched, "attention_kernel");
     if (cfg.splits == 1 || cfg.cluster != 0) return UKV_SHIM_OK;
     ukv_error_t e = ukv_launch_dependent(combine_kernel, dim3(p->num_tokens, p->num_heads), dim3(kD / 4), 0, s,

@@ -148,6 +148,11 @@ __device__ __forceinline__ int ukv_shfl(int v, int src, int width) {
   return __shfl_sync(0xffffffffu, v, src, width);
 }
 __device__ __forceinline__ void ukv_syncwarp() { __syncwarp(0xffffffffu); }
+// Barrier `id` (1..15; 0 is __syncthreads) of `threads` threads (a multiple of
+// the warp): lets one group of warps synchronize while others run on.
+__device__ __forceinline__ void ukv_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }
@@ -320,13 +325,17 @@ __device__ __forceinline__ void ukv_mbar_arrive_expect(uint64_t* bar, uint32_t b
                : "memory");
 #endif
 }
+// The waiting thread sleeps until the phase completes (or the 10 ms suspend
+// hint runs out, then it tries again) instead of spinning on the barrier,
+// which would take issue slots and shared-memory bandwidth from the warps it
+// waits for.
 __device__ __forceinline__ void ukv_mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(UKV_HAS_BULK_COPY)
   asm volatile(
       "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
       "@!done bra WAIT;\n}\n" ::"r"(ukv_smem_addr(bar)),
-      "r"(parity)
+      "r"(parity), "r"(10000000u)
       : "memory");
 #endif
 }
