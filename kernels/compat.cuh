@@ -6,7 +6,156 @@
 #include <cstring>
 
 #if defined(__HIPCC__)
-#error "HIP mapping arrives with the ROCm backend; kernels are written against this header only"
+#include <hip/hip_runtime.h>
+
+typedef hipStream_t ukv_stream_t;
+typedef hipError_t ukv_error_t;
+// bf16 as its 16 bits: ROCm 5.x ships hip_bfloat16.h and 6.x hip_bf16.h with
+// different types, and kernels only move bf16 bits and convert them through
+// the ukv_* helpers below, which round exactly as the CUDA intrinsics do.
+struct ukv_bf16 {
+  uint16_t bits;
+};
+struct ukv_bf16x2 {
+  ukv_bf16 lo, hi;
+};
+
+#define UKV_SUCCESS hipSuccess
+#define ukv_get_device hipGetDevice
+#define ukv_set_device hipSetDevice
+#define ukv_get_device_count hipGetDeviceCount
+#define ukv_malloc hipMalloc
+#define ukv_free hipFree
+#define ukv_memcpy_async hipMemcpyAsync
+#define ukv_memset_async hipMemsetAsync
+#define ukv_stream_synchronize hipStreamSynchronize
+#define ukv_get_last_error hipGetLastError
+#define ukv_peek_at_last_error hipPeekAtLastError
+#define ukv_get_error_string hipGetErrorString
+#define ukv_func_set_max_dynamic_smem(f, bytes) \
+  hipFuncSetAttribute((const void*)(f), hipFuncAttributeMaxDynamicSharedMemorySize, (bytes))
+// No L1/shared carveout or cluster settings on AMD GPUs.
+#define ukv_func_set_max_smem_carveout(f) (((void)(f)), hipSuccess)
+#define ukv_device_get_attribute hipDeviceGetAttribute
+#define ukv_func_allow_large_clusters(f) (((void)(f)), hipSuccess)
+#define UKV_ATTR_SM_COUNT hipDeviceAttributeMultiprocessorCount
+#define UKV_ATTR_MAX_SMEM_OPTIN hipDeviceAttributeSharedMemPerBlockOptin
+#define UKV_ATTR_CC_MAJOR hipDeviceAttributeComputeCapabilityMajor
+
+// A plain launch: HIP has neither programmatic dependent launch nor clusters,
+// so `enable` is ignored and `cluster_z` must be 1.
+template <typename... Params, typename... Args>
+inline ukv_error_t ukv_launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                        hipStream_t stream, bool enable, int cluster_z, Args... args) {
+  (void)enable;
+  if (cluster_z != 1) return hipErrorInvalidValue;
+  hipLaunchKernelGGL(kernel, grid, block, smem_bytes, stream, args...);
+  return hipGetLastError();
+}
+template <typename... Params>
+inline ukv_error_t ukv_max_active_clusters(void (*kernel)(Params...), dim3 block, size_t smem_bytes, int cluster_z,
+                                           int* clusters) {
+  (void)kernel;
+  (void)block;
+  (void)smem_bytes;
+  (void)cluster_z;
+  *clusters = 0;
+  return hipSuccess;
+}
+#define UKV_MEMCPY_HOST_TO_DEVICE hipMemcpyHostToDevice
+#define UKV_MEMCPY_DEVICE_TO_HOST hipMemcpyDeviceToHost
+#define UKV_MEMCPY_DEVICE_TO_DEVICE hipMemcpyDeviceToDevice
+#define UKV_ERROR_MEMORY_ALLOCATION hipErrorOutOfMemory
+#define UKV_ERROR_NO_DEVICE hipErrorNoDevice
+#define UKV_ERROR_INSUFFICIENT_DRIVER hipErrorInsufficientDriver
+#define UKV_STREAM_CAPTURE_GLOBAL hipStreamCaptureModeGlobal
+#define ukv_memset hipMemset
+#define ukv_memcpy_from_symbol(dst, symbol, bytes) hipMemcpyFromSymbol((dst), HIP_SYMBOL(symbol), (bytes))
+typedef hipGraph_t ukv_graph_t;
+typedef hipGraphExec_t ukv_graph_exec_t;
+typedef hipEvent_t ukv_event_t;
+#define ukv_stream_create hipStreamCreate
+#define ukv_stream_destroy hipStreamDestroy
+#define ukv_stream_begin_capture hipStreamBeginCapture
+#define ukv_stream_end_capture hipStreamEndCapture
+#define ukv_graph_instantiate(exec, graph) hipGraphInstantiate((exec), (graph), nullptr, nullptr, 0)
+#define ukv_graph_destroy hipGraphDestroy
+#define ukv_graph_launch hipGraphLaunch
+#define ukv_graph_exec_destroy hipGraphExecDestroy
+#define ukv_event_create hipEventCreate
+#define ukv_event_destroy hipEventDestroy
+#define ukv_event_record hipEventRecord
+#define ukv_event_synchronize hipEventSynchronize
+#define ukv_event_elapsed_time hipEventElapsedTime
+typedef hipMemcpyKind ukv_memcpy_kind;
+
+// Errors after which the device context is unusable (a kernel faulted).
+inline bool ukv_error_is_sticky(ukv_error_t e) {
+  switch (e) {
+    case hipErrorIllegalAddress:
+    case hipErrorLaunchFailure:
+    case hipErrorAssert:
+    case hipErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Logical warp: 32 lanes everywhere. The physical wave is 64 lanes on gfx9
+// (CDNA) and 32 on gfx10+; code that depends on it uses UKV_WAVE_SIZE.
+#define UKV_WARP 32
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define UKV_WAVE_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define UKV_WAVE_SIZE 64
+#endif
+
+// Shuffles always name their width (32: a logical warp is half a wave64, and
+// a shuffle of width 32 stays inside its half).
+__device__ __forceinline__ float ukv_shfl_xor(float v, int mask, int width) { return __shfl_xor(v, mask, width); }
+__device__ __forceinline__ int ukv_shfl_xor(int v, int mask, int width) { return __shfl_xor(v, mask, width); }
+__device__ __forceinline__ double ukv_shfl_xor(double v, int mask, int width) { return __shfl_xor(v, mask, width); }
+__device__ __forceinline__ int ukv_shfl_up(int v, int delta, int width) { return __shfl_up(v, delta, width); }
+__device__ __forceinline__ int ukv_shfl(int v, int src, int width) { return __shfl(v, src, width); }
+// A wave runs its lanes in lockstep; the fence orders their shared-memory
+// accesses (what __syncwarp guarantees on NVIDIA).
+__device__ __forceinline__ void ukv_syncwarp() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+// The bits of this logical warp's lanes (bit l: lane l of the warp), taken
+// out of the physical wave's 64-bit ballot (blocks are one-dimensional, so a
+// wave64 holds threads 64w..64w+63: logical warps 2w and 2w+1).
+__device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
+  const uint64_t wave = __ballot(pred);
+  return UKV_WAVE_SIZE == 64 ? (wave >> (threadIdx.x % 64u / 32u * 32u)) & 0xFFFFFFFFull : wave & 0xFFFFFFFFull;
+}
+__device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((unsigned long long)x); }
+
+__device__ __forceinline__ float ukv_bf16_to_float(ukv_bf16 x) { return __uint_as_float((uint32_t)x.bits << 16); }
+// Round to nearest even; NaN -> 0x7FFF with the sign, as __float2bfloat16_rn.
+__device__ __forceinline__ ukv_bf16 ukv_float_to_bf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ukv_bf16{(uint16_t)((u >> 16) | 0x7FFFu)};
+  return ukv_bf16{(uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16)};
+}
+__device__ __forceinline__ float ukv_bf16_round(float x) { return ukv_bf16_to_float(ukv_float_to_bf16(x)); }
+__device__ __forceinline__ float ukv_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float ukv_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float ukv_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ uint32_t ukv_pack_bf16x2(float lo, float hi) {
+  return (uint32_t)ukv_float_to_bf16(lo).bits | (uint32_t)ukv_float_to_bf16(hi).bits << 16;
+}
+// Two bf16 products, each the bf16 nearest the exact product: two bf16 values
+// multiply exactly in fp32 (8 + 8 significant bits), so one rounding remains.
+__device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
+  const float lo = __uint_as_float(a << 16) * __uint_as_float(b << 16);
+  const float hi = __uint_as_float(a & 0xFFFF0000u) * __uint_as_float(b & 0xFFFF0000u);
+  return ukv_pack_bf16x2(lo, hi);
+}
+__device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -124,7 +273,6 @@ inline bool ukv_error_is_sticky(ukv_error_t e) {
       return false;
   }
 }
-#endif
 
 // Logical warp: 32 lanes everywhere. Code that depends on the physical wave
 // (64 on CDNA) uses UKV_WAVE_SIZE.
@@ -186,6 +334,7 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
 }
 // Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {b:a}.
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+#endif
 
 // Programmatic dependent launch: the primary lets dependents start early; the
 // dependent waits for the primary's completion and memory before reading it.
@@ -255,6 +404,8 @@ __device__ __forceinline__ void ukv_cp_async_wait() {
 
 // Tensor-core fragments (m16n8k16, bf16 in, f32 accumulate). Layouts follow the
 // PTX ISA: A row-major 16x16 (4 regs), B column-major 16x8 (2 regs), C/D 16x8 f32.
+// NVIDIA-only, like everything after the mbarrier comment below.
+#if !defined(__HIPCC__)
 __device__ __forceinline__ void ukv_ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
   uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -274,6 +425,7 @@ __device__ __forceinline__ void ukv_mma_bf16_16816(float (&d)[4], const uint32_t
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
 // fp32 pair -> two e4m3fn codes (round to nearest even, finite saturation, any
 // NaN -> 0x7F) in one instruction on sm_89+; `lo` lands in the low byte. Kernel
@@ -305,6 +457,9 @@ __device__ __forceinline__ void ukv_cvt_e4m3x2_to_float2(uint16_t codes, float& 
 #define UKV_HAS_BULK_COPY 1
 #endif
 
+// From here on NVIDIA-only (mbarriers, bulk copies, proxy fences, wgmma): only
+// the sm_90 paths of attention.cu use them.
+#if !defined(__HIPCC__)
 // mbarrier: one phase per fill of a buffer; its arrivals (some announcing the
 // bytes a bulk copy will deliver) and those bytes complete a phase.
 __device__ __forceinline__ uint32_t ukv_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -447,3 +602,4 @@ __device__ __forceinline__ void ukv_wgmma_m64n32k16_ra(float (&d)[16], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #endif
 }
+#endif  // !__HIPCC__

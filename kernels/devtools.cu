@@ -68,7 +68,7 @@ int unikv_gpu_dev_capture_end(int device, void* stream, void** exec_out) {
     if (e != UKV_SUCCESS) return ukv::report(e, "end capture");
     ukv_graph_exec_t exec;
     e = ukv_graph_instantiate(&exec, graph);
-    ukv_graph_destroy(graph);
+    (void)ukv_graph_destroy(graph);
     if (e != UKV_SUCCESS) return ukv::report(e, "graph instantiate");
     *exec_out = (void*)exec;
     return UKV_SHIM_OK;

@@ -51,7 +51,7 @@ DeviceGuard::DeviceGuard(int device) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (changed_) ukv_set_device(previous_);
+  if (changed_) (void)ukv_set_device(previous_);
 }
 
 }  // namespace ukv
@@ -86,7 +86,7 @@ int unikv_gpu_device_count(int* count) {
   ukv_error_t e = ukv_get_device_count(count);
   if (e != UKV_SUCCESS) {
     *count = 0;
-    ukv_get_last_error();
+    (void)ukv_get_last_error();
     return ukv::report(e, "device count");
   }
   return UKV_SHIM_OK;
@@ -104,13 +104,13 @@ int unikv_gpu_malloc(int device, size_t bytes, void** out) {
     void* p = nullptr;
     ukv_error_t e = ukv_malloc(&p, bytes == 0 ? 1 : bytes);
     if (e != UKV_SUCCESS) {
-      ukv_get_last_error();
+      (void)ukv_get_last_error();
       return ukv::report(e, "device malloc");
     }
     // Pools and workspaces start zeroed, as on the CPU backend.
     e = ukv_memset(p, 0, bytes);
     if (e != UKV_SUCCESS) {
-      ukv_free(p);
+      (void)ukv_free(p);
       return ukv::report(e, "memset");
     }
     *out = p;

@@ -64,7 +64,7 @@ int launch_early(int device, void (*kernel)(Params...), dim3 grid, dim3 block, v
   if (int r = pdl_supported(device, &pdl)) return r;
   const ukv_error_t e = ukv_launch_dependent(kernel, grid, block, 0, (ukv_stream_t)stream, pdl, 1, args...);
   if (e == UKV_SUCCESS) return UKV_SHIM_OK;
-  ukv_get_last_error();  // clear it: the failure is reported here
+  (void)ukv_get_last_error();  // clear it: the failure is reported here
   return report(e, name);
 }
 
