@@ -30,6 +30,7 @@
 
 #include "fp8.cuh"
 #include "shim.cuh"
+#include "warp.cuh"
 
 namespace {
 
@@ -247,7 +248,7 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
   ukv_syncwarp();
 #pragma unroll
   for (int k = 0; k < kRows; ++k) fast &= !fp8[k] | (fp8_fast_path(lo[k], s_lo[k]) & fp8_fast_path(hi[k], s_hi[k]));
-  const bool all_fast = ukv_ballot(!fast) == 0;
+  const bool all_fast = ukv_warp_all(fast);
   if (all_fast) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
@@ -832,14 +833,14 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
         const float x0 = s_s[r * kBK + lane] * qk_scale;
         const float x1 = s_s[r * kBK + lane + 32] * qk_scale;
         float mx = fmaxf(v0 ? x0 : -INFINITY, v1 ? x1 : -INFINITY);
-        for (int o = UKV_WARP / 2; o > 0; o /= 2) mx = fmaxf(mx, ukv_shfl_xor(mx, o, UKV_WARP));
+        mx = ukv_xor_max<16, 1>(mx);
         const float m_old = m_s[r];
         const float m_new = fmaxf(m_old, mx);
         const float base = m_new == -INFINITY ? 0.f : m_new;
         const ukv_bf16 p0 = ukv_float_to_bf16(v0 ? exp2f(x0 - base) : 0.f);
         const ukv_bf16 p1 = ukv_float_to_bf16(v1 ? exp2f(x1 - base) : 0.f);
         float sum = ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
-        for (int o = UKV_WARP / 2; o > 0; o /= 2) sum += ukv_shfl_xor(sum, o, UKV_WARP);
+        sum = ukv_xor_sum<16, 1>(sum);
         char* prow = smem + Smem<MT, ST>::kP;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, lane >> 3))[lane & 7] = p0;
         reinterpret_cast<ukv_bf16*>(prow + p_chunk(r, (lane + 32) >> 3))[lane & 7] = p1;
@@ -1070,8 +1071,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], ukv_shfl_xor(mx[r], 1, UKV_WARP));
-      mx[r] = fmaxf(mx[r], ukv_shfl_xor(mx[r], 2, UKV_WARP));
+      mx[r] = ukv_xor_max<1, 2>(mx[r]);
       xm[r * kThreads + tid] = mx[r];
     }
     __syncthreads();
@@ -1133,8 +1133,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   // both warpgroups, so they agree bit for bit).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l_run[r] += ukv_shfl_xor(l_run[r], 1, UKV_WARP);
-    l_run[r] += ukv_shfl_xor(l_run[r], 2, UKV_WARP);
+    l_run[r] = ukv_xor_sum<1, 2>(l_run[r]);
     xm[r * kThreads + tid] = l_run[r];
   }
   __syncthreads();
@@ -1416,7 +1415,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
     // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) {
-      for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) mx[c] = fmaxf(mx[c], ukv_shfl_xor(mx[c], o2, UKV_WARP));
+      mx[c] = ukv_xor_max<4, 16>(mx[c]);
       if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
     }
     consumer_sync();
@@ -1489,7 +1488,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
   if (consumer) {
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) {
-      for (int o2 = 4; o2 < UKV_WARP; o2 *= 2) l_run[c] += ukv_shfl_xor(l_run[c], o2, UKV_WARP);
+      l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
       const int h = own_head(c / 2 * 4 + (c & 1));
       if (g == 0) warp_s[q * NH + h] = l_run[c];
       if (q == 0 && g == 0) m_h[h] = m_run[c];

@@ -72,8 +72,7 @@ __device__ __forceinline__ float group_amax(const float (&x)[kDimsPerLane]) {
   float m = 0.f;
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) m = fmaxf(m, fabsf(x[i]));
-#pragma unroll
-  for (int mask = 1; mask < Lanes; mask <<= 1) m = fmaxf(m, ukv_shfl_xor(m, mask, Lanes));
+  m = ukv_xor_max<1, Lanes / 2>(m);
   return m;
 }
 

@@ -5,7 +5,12 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__HIPCC__)
+#if defined(UKV_WAVE_EMULATION)
+// Host build of the logical-warp helpers (warp.cuh) for
+// cpp-tests/wave_emulation.cpp, which supplies the HIP builtins on emulated
+// lanes: only the HIP warp intrinsics, nothing of the runtime or of the rest.
+#include "compat_hip_warp.cuh"
+#elif defined(__HIPCC__)
 #include <hip/hip_runtime.h>
 
 typedef hipStream_t ukv_stream_t;
@@ -102,37 +107,7 @@ inline bool ukv_error_is_sticky(ukv_error_t e) {
   }
 }
 
-// Logical warp: 32 lanes everywhere. The physical wave is 64 lanes on gfx9
-// (CDNA) and 32 on gfx10+; code that depends on it uses UKV_WAVE_SIZE.
-#define UKV_WARP 32
-#if defined(__AMDGCN_WAVEFRONT_SIZE)
-#define UKV_WAVE_SIZE __AMDGCN_WAVEFRONT_SIZE
-#else
-#define UKV_WAVE_SIZE 64
-#endif
-
-// Shuffles always name their width (32: a logical warp is half a wave64, and
-// a shuffle of width 32 stays inside its half).
-__device__ __forceinline__ float ukv_shfl_xor(float v, int mask, int width) { return __shfl_xor(v, mask, width); }
-__device__ __forceinline__ int ukv_shfl_xor(int v, int mask, int width) { return __shfl_xor(v, mask, width); }
-__device__ __forceinline__ double ukv_shfl_xor(double v, int mask, int width) { return __shfl_xor(v, mask, width); }
-__device__ __forceinline__ int ukv_shfl_up(int v, int delta, int width) { return __shfl_up(v, delta, width); }
-__device__ __forceinline__ int ukv_shfl(int v, int src, int width) { return __shfl(v, src, width); }
-// A wave runs its lanes in lockstep; the fence orders their shared-memory
-// accesses (what __syncwarp guarantees on NVIDIA).
-__device__ __forceinline__ void ukv_syncwarp() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
-  __builtin_amdgcn_wave_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
-}
-// The bits of this logical warp's lanes (bit l: lane l of the warp), taken
-// out of the physical wave's 64-bit ballot (blocks are one-dimensional, so a
-// wave64 holds threads 64w..64w+63: logical warps 2w and 2w+1).
-__device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
-  const uint64_t wave = __ballot(pred);
-  return UKV_WAVE_SIZE == 64 ? (wave >> (threadIdx.x % 64u / 32u * 32u)) & 0xFFFFFFFFull : wave & 0xFFFFFFFFull;
-}
-__device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((unsigned long long)x); }
+#include "compat_hip_warp.cuh"
 
 __device__ __forceinline__ float ukv_bf16_to_float(ukv_bf16 x) { return __uint_as_float((uint32_t)x.bits << 16); }
 // Round to nearest even; NaN -> 0x7FFF with the sign, as __float2bfloat16_rn.
@@ -336,6 +311,7 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 #endif
 
+#if !defined(UKV_WAVE_EMULATION)
 // Programmatic dependent launch: the primary lets dependents start early; the
 // dependent waits for the primary's completion and memory before reading it.
 __device__ __forceinline__ void ukv_pdl_launch_dependents() {
@@ -603,3 +579,4 @@ __device__ __forceinline__ void ukv_wgmma_m64n32k16_ra(float (&d)[16], const uin
 #endif
 }
 #endif  // !__HIPCC__
+#endif  // !UKV_WAVE_EMULATION

@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "compat.cuh"
+#include "warp.cuh"
 
 // The format is always an explicit argument, never implied by the platform.
 enum ukv_fp8_format : uint32_t {
@@ -168,7 +169,7 @@ __device__ __forceinline__ void ukv_fp8_quantize_tile(const float (&v)[N], ukv_f
   float amax = 0.f;
   // fmaxf drops NaN operands, so a NaN never becomes the amax (Rust's f32::max).
   for (int i = 0; i < N; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  for (int mask = 64 / N / 2; mask > 0; mask >>= 1) amax = fmaxf(amax, ukv_shfl_xor(amax, mask, 32));
+  amax = ukv_xor_max<32 / N, 1>(amax);
   const uint8_t byte = ukv_ue8m0_scale_byte(amax, fmt);
   const float scale = ukv_ue8m0_to_float(byte);
   for (int w = 0; w < N / 4; ++w) {

@@ -5,6 +5,7 @@
 // slices (or, inside a CSA tail, a repeat of the token's newest window row), so
 // no -1 and no row outside the pool is ever written.
 #include "shim.cuh"
+#include "warp.cuh"
 
 namespace {
 
@@ -23,8 +24,8 @@ __device__ int leading_valid(const int32_t* row, int limit, int rows) {
       const int v = row[j];
       ok = v >= 0 && v < rows;
     }
-    const uint64_t bad = ukv_ballot(!ok);
-    if (bad != 0) return base + ukv_ffs64(bad) - 1;
+    const int first_bad = ukv_first_lane(!ok);
+    if (first_bad >= 0) return base + first_bad;
   }
   return limit;
 }
@@ -70,19 +71,11 @@ __global__ void scan_kernel(int32_t* a, int32_t* b, int32_t* c, int n) {
     const int i = base + threadIdx.x;
     int v = i < n ? ptr[i + 1] : 0;
     // Inclusive scan within the warp, then across warps.
-    for (int d = 1; d < UKV_WARP; d *= 2) {
-      const int up = ukv_shfl_up(v, d, UKV_WARP);
-      if (lane >= d) v += up;
-    }
+    v = ukv_warp_inclusive_sum(v);
     if (lane == UKV_WARP - 1) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
-      int w = lane < kScanThreads / UKV_WARP ? partial[lane] : 0;
-      for (int d = 1; d < UKV_WARP; d *= 2) {
-        const int up = ukv_shfl_up(w, d, UKV_WARP);
-        if (lane >= d) w += up;
-      }
-      partial[lane] = w;
+      partial[lane] = ukv_warp_inclusive_sum(lane < kScanThreads / UKV_WARP ? partial[lane] : 0);
     }
     __syncthreads();
     const int total = v + (warp > 0 ? partial[warp - 1] : 0) + carry;

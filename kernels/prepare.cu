@@ -85,7 +85,7 @@ __device__ __forceinline__ float norm_factor(const LaneRow& x, float eps) {
     sum += lo * lo;
     sum += hi * hi;
   }
-  for (int mask = UKV_WARP / 2; mask > 0; mask >>= 1) sum += ukv_shfl_xor(sum, mask, UKV_WARP);
+  sum = ukv_xor_sum<16, 1>(sum);
   return (float)rsqrt_refined(sum / kDims + (double)eps);
 }
 
