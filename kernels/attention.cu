@@ -32,10 +32,18 @@
 #include "shim.cuh"
 #include "warp.cuh"
 
+// The tensor-core, async-copy and cluster kernels use NVIDIA-only instructions;
+// a HIP build carries the portable kernel only (attention_portable.cuh).
+#if !defined(__HIPCC__)
+#define UKV_NVIDIA_KERNELS 1
+#endif
+
 namespace {
 
 constexpr int kThreads = 256;
+#if defined(UKV_NVIDIA_KERNELS)
 constexpr int kWarps = kThreads / UKV_WARP;
+#endif
 constexpr int kD = 512;
 constexpr int kBK = 64;                 // keys per tile
 constexpr int kChunks = kD * 2 / 16;    // 16-byte chunks per row
@@ -48,6 +56,7 @@ constexpr int kMaxClusterSplits = 16;
 static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
 
 
+#if defined(UKV_NVIDIA_KERNELS)
 // Byte offset of 16-byte chunk `c` of row `r` in a 1024-byte-row tile: XOR
 // swizzle so the 8 rows an ldmatrix reads hit distinct banks.
 __device__ __forceinline__ uint32_t row_chunk(int r, int c) {
@@ -57,6 +66,7 @@ __device__ __forceinline__ uint32_t row_chunk(int r, int c) {
 __device__ __forceinline__ uint32_t p_chunk(int r, int c) {
   return (uint32_t)r * 128u + (uint32_t)((c ^ (r & 7)) << 4);
 }
+#endif
 
 // Resolved key list of one token: source 0 then source 1.
 struct TokenKeys {
@@ -123,6 +133,7 @@ constexpr int kFp8NopeBytes = 512;
 constexpr int kFp8RopeBytes = 128;
 constexpr int kFp8RopeChunk = kChunks - kFp8RopeBytes / 16;
 
+#if defined(UKV_NVIDIA_KERNELS)
 // Tile layouts in shared memory: where 16-byte chunk `c` of row `r` lives.
 // RowTile: 1024-byte rows, chunks XOR-swizzled by r & 7 so the 8 rows an
 // ldmatrix reads hit distinct banks (queries of the mma.sync kernels).
@@ -159,6 +170,7 @@ constexpr bool kHasBulkCopy = true;
 #else
 constexpr bool kHasBulkCopy = false;
 #endif
+#endif  // UKV_NVIDIA_KERNELS
 
 // Whether 8 codes with scale byte s may take the integer path of
 // dequantize_fast: an e4m3fn code c as the bf16 with bits
@@ -206,6 +218,7 @@ __device__ __forceinline__ void dequantize_piece(uint2 codes, uint32_t s, ukv_fp
   }
 }
 
+#if defined(UKV_NVIDIA_KERNELS)
 // Dequantizes in place the FP8 rows among rows row0 + step * k (k < kRows) of
 // a landed tile, by one warp. A nope row is 56 pieces of 8 codes; lane l takes
 // pieces l and 32 + l (l < 24), their scale bytes (the first copy of s_j at
@@ -528,6 +541,8 @@ __device__ __forceinline__ void load_q(const ukv_attention_params& p, int t, int
   }
 }
 
+#endif  // UKV_NVIDIA_KERNELS
+
 // Decode's inverse-RoPE epilogue (spec unified_kv 5.4): the table row of
 // token t, or nullptr when there is no epilogue or the position lies outside
 // the table (that token's rope dims stay unrotated; the CPU backend rejects it).
@@ -590,6 +605,7 @@ struct SplitConfig {
   int cluster;  // 1: the S blocks of a (token, head block) form a cluster and merge in it
 };
 
+#if defined(UKV_NVIDIA_KERNELS)
 // A split's partial accumulator, f32 [Hb][512], in its block's shared memory
 // for the in-cluster merge; 8-float groups XOR-swizzled by row so the fragment
 // stores of 8 rows at once hit distinct banks.
@@ -626,6 +642,7 @@ __device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int
     write_merged4(p, t, h, d0, acc, m, l, d0 == 0);
   }
 }
+#endif  // UKV_NVIDIA_KERNELS
 
 // The split cut of one token: tiles per split and the number of splits.
 struct TokenSplit {
@@ -668,6 +685,10 @@ __device__ __forceinline__ bool split_work(const ukv_attention_params& p, int t,
   return true;
 }
 
+// Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
+__host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
+
+#if defined(UKV_NVIDIA_KERNELS)
 // Shared-memory layout of one CTA for MT m-tiles (Hb = 16 * MT heads).
 template <int MT, int ST>
 struct Smem {
@@ -691,8 +712,6 @@ struct Smem {
   static constexpr size_t kBytes = kBar + kStages * 8;
 };
 
-// Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
-__host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
 
 template <int MT, int ST, bool kFp8>
 __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
@@ -1557,6 +1576,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
 #endif
 }
 
+#endif  // UKV_NVIDIA_KERNELS
+
+#include "attention_portable.cuh"
+
 // 1 where this build carries the wgmma kernel for the running device (the
 // sm_90a image); read once at plan time.
 __device__ int g_wgmma_built =
@@ -1681,6 +1704,14 @@ int wgmma_built(bool* built) {
 // that sm_80 and ROCm take.
 thread_local bool g_no_cluster = false;
 thread_local bool g_no_wgmma = false;
+// Test hook (unikv_gpu_test_plan_portable): plans use the portable kernel.
+thread_local bool g_portable = false;
+
+#if defined(__HIPCC__)
+constexpr bool kPortableOnly = true;  // the other kernels need NVIDIA-only instructions
+#else
+constexpr bool kPortableOnly = false;
+#endif
 
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
@@ -1689,6 +1720,13 @@ using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 template <bool kFp8>
 int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
   *threads = kThreads;
+  if (plan.portable != 0) {
+    *kernel = attention_portable_kernel<kFp8>;
+    *smem = PortableSmem::kBytes;
+    *threads = kPortableThreads;
+    return UKV_SHIM_OK;
+  }
+#if defined(UKV_NVIDIA_KERNELS)
   switch (plan.wgmma) {
     case 64: *kernel = attention_wgmma_kernel<kFp8>; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
     case 16:
@@ -1715,10 +1753,11 @@ int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, siz
     case 2 * 8 + 2: *kernel = attention_kernel<2, 2, kFp8>; *smem = Smem<2, 2>::kBytes; return UKV_SHIM_OK;
     case 3 * 8 + 2: *kernel = attention_kernel<3, 2, kFp8>; *smem = Smem<3, 2>::kBytes; return UKV_SHIM_OK;
     case 4 * 8 + 2: *kernel = attention_kernel<4, 2, kFp8>; *smem = Smem<4, 2>::kBytes; return UKV_SHIM_OK;
-    default:
-      ukv::set_error("attention plan names no kernel instantiation");
-      return UKV_SHIM_INVALID;
+    default: break;
   }
+#endif
+  ukv::set_error("attention plan names no kernel instantiation");
+  return UKV_SHIM_INVALID;
 }
 
 int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
@@ -1747,6 +1786,11 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     pl.sm_count = sms;
     pl.dependent_launch = cc_major >= 9 ? 1 : 0;
     pl.kv_fp8 = kv_fp8 ? 1 : 0;
+    pl.portable = kPortableOnly || g_portable ? 1 : 0;
+    if (pl.portable != 0) {
+      pl.head_blocks = (int)ukv::cdiv(num_heads, kPortableHeads);
+      pl.block_m_tiles = kPortableHeads / 16;
+    }
     // Small head blocks of a large batch (CTAs for at least half the SMs): two
     // CTAs per SM with one stage each; measured better from T = 128 on, worse
     // at T <= 64 where CTAs have few tiles (bench/NOTES.md, version 6).
@@ -1757,7 +1801,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // at two CTAs per SM (bench/NOTES.md, version 12).
     bool built = false;
     const bool swap = num_heads <= 32;
-    if ((swap || pl.block_m_tiles == 4) && cc_major == 9 && !g_no_wgmma) {
+    if ((swap || pl.block_m_tiles == 4) && cc_major == 9 && !g_no_wgmma && pl.portable == 0) {
       if (int r = wgmma_built(&built)) return r;
     }
     pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
@@ -1775,14 +1819,15 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       return UKV_SHIM_INVALID;
     }
     if (int r = configure(kernel, smem)) return r;
-    const int resident = sms * (pl.stages == 1 ? 2 : 1);
+    // Blocks of the portable kernel (52 KB of shared memory) fit several per SM.
+    const int resident = sms * (pl.portable != 0 ? 2 : pl.stages == 1 ? 2 : 1);
     // sm_90+: a token's splits form one thread-block cluster and merge through
     // distributed shared memory (no workspace, no second kernel), at most 16 of
     // them; elsewhere, or when no such cluster can be scheduled, they go
     // through the workspace and the combine kernel.
     pl.cluster = 0;
     pl.max_splits = split_cap(max_tokens, pl.head_blocks, resident, kMaxSplits);
-    if (cc_major >= 9 && !g_no_cluster) {
+    if (cc_major >= 9 && !g_no_cluster && pl.portable == 0) {
       // The most splits per token such that every (token, head block) cluster
       // is resident at once: a cluster needs its blocks on one GPC, so fewer
       // fit than resident / S (16-block clusters fit about one per GPC).
@@ -1841,6 +1886,8 @@ void unikv_gpu_test_plan_fallbacks(int no_cluster, int no_wgmma) {
   g_no_cluster = no_cluster != 0;
   g_no_wgmma = no_wgmma != 0;
 }
+
+void unikv_gpu_test_plan_portable(int on) { g_portable = on != 0; }
 
 int unikv_gpu_merge(int device, const ukv_merge_params* p, void* stream) {
   UKV_ENTRY(device, {

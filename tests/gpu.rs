@@ -820,6 +820,68 @@ fn decode_inverse_rope_epilogue_matches_cpu() {
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
 }
 
+/// The portable kernel (no tensor cores or async copies: the HIP build's only
+/// attention kernel), forced on this thread's plans: decode over bf16 and both
+/// FP8 pools, prefill with its two sources, splits through the workspace and
+/// combine kernel, and the inverse-RoPE epilogue.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn portable_kernel_matches_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    unikv::ffi::test_hooks::gpu_plan_portable(true);
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ,
+    ] {
+        let (pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
+        for (t, h) in [(1, 16), (3, 40), (16, 8), (64, 128)] {
+            check_decode(
+                &s,
+                &pc,
+                &pg,
+                rows,
+                t,
+                h,
+                &format!("{dtype:?} decode (portable)"),
+            );
+        }
+        for (t, h) in [(3, 16), (40, 64)] {
+            let c = random_case(&mut rng, t, h, rows, true);
+            let cp = plan_kv(&s.cpu, false, t, h, dtype as u32);
+            let gp = plan_kv(&s.gpu, false, t, h, dtype as u32);
+            let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
+            let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
+            compare(
+                (c.t, c.h),
+                &got,
+                &want,
+                &format!("{dtype:?} prefill T={t} H={h} (portable)"),
+            );
+        }
+    }
+    let (pc, pg, rows) = attention_pools(&s, &mut rng);
+    let max_pos = 4096u32;
+    let table = rope_table(10_000.0, 0.0, max_pos);
+    for (t, h) in [(1, 16), (9, 64)] {
+        let mut c = random_case(&mut rng, t, h, rows, false);
+        let pos = (0..t)
+            .map(|_| rng.random_range(0..i64::from(max_pos)))
+            .collect();
+        c.rope = Some((table.clone(), pos));
+        let want = run_attention(&s.cpu, &pc, 1, &c, &plan(&s.cpu, true, t, h));
+        let got = run_attention(&s.gpu, &pg, 1, &c, &plan(&s.gpu, true, t, h));
+        compare(
+            (t, h),
+            &got,
+            &want,
+            &format!("inverse-RoPE epilogue T={t} H={h} (portable)"),
+        );
+    }
+    unikv::ffi::test_hooks::gpu_plan_portable(false);
+}
+
 /// The paths GPUs without clusters or wgmma take (workspace + combine kernel,
 /// mma.sync for 64-head blocks), forced on this thread's plans.
 #[cfg(feature = "test-hooks")]

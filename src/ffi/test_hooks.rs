@@ -27,6 +27,15 @@ pub fn gpu_plan_fallbacks(no_cluster: bool, no_wgmma: bool) {
     }
 }
 
+/// Makes GPU attention plans created afterwards on this thread use the
+/// portable kernel (the path of GPUs without tensor-core or async-copy
+/// support, and of the HIP build), so an NVIDIA run checks it too.
+#[cfg(feature = "cuda")]
+pub fn gpu_plan_portable(on: bool) {
+    // SAFETY: sets a thread-local flag in the kernel shim.
+    unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(on.into()) }
+}
+
 /// Runs the device FP8 codec (kernels/fp8.cuh) on device 0 over `n` values at
 /// `x`, writing the software codes, the hardware-or-software pair codes, the
 /// UE8M0 bytes of |x| and the 256 decoded codes, all device buffers; waits for

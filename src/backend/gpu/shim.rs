@@ -245,7 +245,7 @@ pub struct AttentionPlan {
     pub wgmma: i32,
     pub cluster: i32,
     pub kv_fp8: i32,
-    pub reserved: i32,
+    pub portable: i32,
 }
 
 #[repr(C)]
@@ -395,6 +395,9 @@ extern "C" {
     /// Plans created afterwards on the calling thread skip the cluster merge
     /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
     pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);
+    /// Plans created afterwards on the calling thread use the portable kernel
+    /// (test hook; see ffi::test_hooks).
+    pub fn unikv_gpu_test_plan_portable(on: c_int);
     /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
     pub fn unikv_gpu_fp8_check(
         device: c_int,

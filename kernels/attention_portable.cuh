@@ -1,0 +1,206 @@
+// The portable attention kernel: no tensor cores, no asynchronous copies, no
+// clusters, 52 KB of shared memory. It is the path of GPUs without the
+// NVIDIA-only instructions the other kernels use (AMD CDNA until an MFMA path
+// exists; the 64 KB of LDS of gfx90a/gfx942 also rule out the other kernels'
+// tiles), and on NVIDIA a test hook (unikv_gpu_test_plan_portable) runs it so
+// it is checked against the CPU backend on the H200. Included by attention.cu
+// inside its namespace: it shares the key resolution, split cut, sink fold,
+// inverse-RoPE epilogue and workspace layout (merged by combine_kernel).
+//
+// One block = (token, 16-head block, key split), 256 threads; the split's keys
+// in chunks of 32:
+//   gather: 8 threads per key copy (bf16) or dequantize (FP8, dequantize_piece)
+//     its row into K[32][512] bf16; an invalid key gives a zero row.
+//   QK:  thread (warp w, lane k) computes heads w and w + 8 against key k in
+//     fp32, walking the 256 dim pairs from pair k on (rotated, so the 32 lanes
+//     read 32 different banks of their 32 rows).
+//   softmax: warp w owns heads w and w + 8, lane = key (log2 domain, P rounded
+//     to bf16 and the denominator summed from the rounded values, as the MMA
+//     kernels do).
+//   PV:  thread t accumulates heads 4 (t / 64) .. + 3 over dims 8 (t % 64) .. + 7.
+
+constexpr int kPortableHeads = 16;
+constexpr int kPortableKeys = 32;
+constexpr int kPortableThreads = 256;
+
+struct PortableSmem {
+  static constexpr size_t kQ = 0;                                                   // bf16 [16][512]
+  static constexpr size_t kK = kQ + (size_t)kPortableHeads * kD * 2;                // bf16 [32][512]
+  static constexpr size_t kP = kK + (size_t)kPortableKeys * kD * 2;                 // f32 [16][32]
+  static constexpr size_t kM = kP + (size_t)kPortableHeads * kPortableKeys * 4;     // f32 [16] running max
+  static constexpr size_t kL = kM + kPortableHeads * 4;                             // f32 [16] running sum
+  static constexpr size_t kAlpha = kL + kPortableHeads * 4;                         // f32 [16] this chunk's rescale
+  static constexpr size_t kBytes = kAlpha + kPortableHeads * 4;
+};
+
+// Row `key` of the chunk: 8 threads (part = 0..7) write 8 of its 64 bf16
+// chunks each (chunk part + 8i): copied from a bf16 row, dequantized from an
+// FP8 row (codes piece c for chunk c < 56, the bf16 rope row for the rest), or
+// zeros for an invalid key.
+template <bool kFp8>
+__device__ __forceinline__ void portable_gather_row(const ukv_attention_params& p, PendingKey pk, char* row, int part) {
+  const bool ok = key_valid(p, pk);
+  const ukv_kv_source& src = p.src[ok ? pk.source : 0];
+  for (int i = 0; i < kChunks / 8; ++i) {
+    const int c = part + 8 * i;
+    uint4* dst = reinterpret_cast<uint4*>(row + c * 16);
+    if (!ok) {
+      *dst = make_uint4(0, 0, 0, 0);
+    } else if (kFp8 && src.kv.fp8) {
+      if (c >= kFp8RopeChunk) {
+        *dst = reinterpret_cast<const uint4*>(static_cast<const char*>(src.kv.rope) +
+                                              (int64_t)pk.raw * kFp8RopeBytes)[c - kFp8RopeChunk];
+      } else {
+        const char* nope = static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
+        const uint2 codes = reinterpret_cast<const uint2*>(nope)[c];
+        const uint32_t scale = reinterpret_cast<const uint8_t*>(nope)[448 + 2 * (c / 8)];
+        dequantize_piece(codes, scale, (ukv_fp8_format)src.kv.fp8_format, reinterpret_cast<char*>(dst));
+      }
+    } else {
+      *dst = reinterpret_cast<const uint4*>(static_cast<const ukv_bf16*>(src.kv.data) +
+                                            (int64_t)pk.raw * src.kv_stride)[c];
+    }
+  }
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kPortableThreads, 1)
+    attention_portable_kernel(ukv_attention_params p, SplitConfig cfg) {
+  using L = PortableSmem;
+  extern __shared__ __align__(1024) char smem[];
+  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int h0 = hb * kPortableHeads;
+  const int tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
+  const ukv_bf16* q_s = reinterpret_cast<const ukv_bf16*>(smem + L::kQ);
+  char* k_s = smem + L::kK;
+  float* p_s = reinterpret_cast<float*>(smem + L::kP);
+  float* m_s = reinterpret_cast<float*>(smem + L::kM);
+  float* l_s = reinterpret_cast<float*>(smem + L::kL);
+  float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
+
+  SplitWork work;
+  if (!split_work(p, t, split, cfg, work)) return;
+  const int key_begin = work.tile_begin * kBK;
+  const int key_end = min(work.keys.total, work.tile_end * kBK);
+
+  for (int c = tid; c < kPortableHeads * kChunks; c += kPortableThreads) {
+    const int r = c / kChunks, chunk = c % kChunks;
+    const bool valid = h0 + r < p.num_heads;
+    const ukv_bf16* q = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                        (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
+    reinterpret_cast<uint4*>(smem + L::kQ)[c] =
+        valid ? reinterpret_cast<const uint4*>(q)[chunk] : make_uint4(0, 0, 0, 0);
+  }
+  if (tid < kPortableHeads) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.f;
+  }
+  const int pv_h0 = 4 * (tid / 64), pv_d0 = 8 * (tid % 64);
+  float acc[4][8];
+#pragma unroll
+  for (int h = 0; h < 4; ++h)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.f;
+  const float qk_scale = p.softmax_scale * kLog2e;
+
+  for (int key0 = key_begin; key0 < key_end; key0 += kPortableKeys) {
+    __syncthreads();  // the previous chunk's K and P are no longer read
+    {
+      const int key = tid / 8;
+      const PendingKey pk = key0 + key < key_end ? fetch_key(work.keys, key0 + key) : PendingKey{-1, -1};
+      portable_gather_row<kFp8>(p, pk, k_s + key * kD * 2, tid % 8);
+    }
+    __syncthreads();
+
+    // QK for heads warp and warp + 8 against key `lane`.
+    const bool key_ok = key0 + lane < key_end && key_valid(p, fetch_key(work.keys, key0 + lane));
+    const uint32_t* krow = reinterpret_cast<const uint32_t*>(k_s + lane * kD * 2);
+    const uint32_t* qa = reinterpret_cast<const uint32_t*>(q_s + warp * kD);
+    const uint32_t* qb = reinterpret_cast<const uint32_t*>(q_s + (warp + 8) * kD);
+    float sa = 0.f, sb = 0.f;
+    for (int i = 0; i < kD / 2; ++i) {
+      const int pair = (i + lane) % (kD / 2);
+      const uint32_t k2 = krow[pair], a2 = qa[pair], b2 = qb[pair];
+      const float k_lo = __uint_as_float(k2 << 16), k_hi = __uint_as_float(k2 & 0xFFFF0000u);
+      sa += __uint_as_float(a2 << 16) * k_lo + __uint_as_float(a2 & 0xFFFF0000u) * k_hi;
+      sb += __uint_as_float(b2 << 16) * k_lo + __uint_as_float(b2 & 0xFFFF0000u) * k_hi;
+    }
+
+    // Online softmax of heads warp and warp + 8 over this chunk.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = warp + 8 * j;
+      const float x = key_ok ? (j == 0 ? sa : sb) * qk_scale : -INFINITY;
+      const float m_old = m_s[h];
+      const float m_new = fmaxf(m_old, ukv_xor_max<16, 1>(x));
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float pr = ukv_bf16_round(key_ok ? exp2f(x - base) : 0.f);
+      const float sum = ukv_xor_sum<16, 1>(pr);
+      p_s[h * kPortableKeys + lane] = pr;
+      ukv_syncwarp();  // every lane read m_s[h] before lane 0 updates it
+      if (lane == 0) {
+        const float alpha = exp2f(m_old - base);
+        alpha_s[h] = alpha;
+        l_s[h] = l_s[h] * alpha + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // PV: rescale, then add this chunk's P . V.
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float alpha = alpha_s[pv_h0 + h];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= alpha;
+    }
+    for (int k = 0; k < kPortableKeys; ++k) {
+      const uint4 v4 = *reinterpret_cast<const uint4*>(k_s + k * kD * 2 + pv_d0 * 2);
+      const uint32_t v2[4] = {v4.x, v4.y, v4.z, v4.w};
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(v2[i] << 16);
+        v[2 * i + 1] = __uint_as_float(v2[i] & 0xFFFF0000u);
+      }
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        const float pk = p_s[(pv_h0 + h) * kPortableKeys + k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] += pk * v[i];
+      }
+    }
+  }
+  __syncthreads();
+
+  // Direct: the sink, 1/l, the inverse-RoPE epilogue, bf16; one thread per
+  // head writes its LSE. Split: the raw (m, l, acc) record for combine_kernel.
+  if (work.direct) {
+    const float* cs = inverse_rope_row(p, t);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const int head = h0 + pv_h0 + h;
+      if (head >= p.num_heads) continue;
+      float lse;
+      const float scale = fold_sink(p, head, m_s[pv_h0 + h], l_s[pv_h0 + h], &lse);
+      ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)head * p.out_stride_head;
+#pragma unroll
+      for (int i = 0; i < 8; i += 4) {
+        *reinterpret_cast<uint2*>(out + pv_d0 + i) = pack_out4(cs, pv_d0 + i, acc[h][i] * scale, acc[h][i + 1] * scale,
+                                                               acc[h][i + 2] * scale, acc[h][i + 3] * scale);
+      }
+      if (p.lse != nullptr && pv_d0 == 0) p.lse[(int64_t)t * p.lse_stride_token + head] = lse;
+    }
+  } else {
+    float* rec = static_cast<float*>(p.workspace) +
+                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(kPortableHeads);
+    if (tid < kPortableHeads) {
+      rec[tid] = m_s[tid];
+      rec[kPortableHeads + tid] = l_s[tid];
+    }
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) rec[2 * kPortableHeads + (size_t)(pv_h0 + h) * kD + pv_d0 + i] = acc[h][i];
+  }
+}
