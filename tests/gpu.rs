@@ -802,22 +802,31 @@ fn decode_inverse_rope_epilogue_matches_cpu() {
         if fallback {
             continue;
         }
-        let mut c = random_case(&mut rng, t, h, rows, false);
-        let pos = (0..t)
-            .map(|_| rng.random_range(0..i64::from(max_pos)))
-            .collect();
-        c.rope = Some((table.clone(), pos));
-        let want = run_attention(&s.cpu, &pc, 1, &c, &plan(&s.cpu, true, t, h));
-        let got = run_attention(&s.gpu, &pg, 1, &c, &plan(&s.gpu, true, t, h));
-        compare(
-            (t, h),
-            &got,
-            &want,
-            &format!("inverse-RoPE epilogue T={t} H={h} fallback {fallback}"),
-        );
+        let what = format!("inverse-RoPE epilogue T={t} H={h} fallback {fallback}");
+        check_rope_epilogue(&s, (&pc, &pg, rows), t, h, (&table, max_pos), &what);
     }
     #[cfg(feature = "test-hooks")]
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
+}
+
+/// Decode with the inverse-RoPE epilogue at random positions, GPU against CPU.
+fn check_rope_epilogue(
+    s: &Setup,
+    (pc, pg, rows): (&Pool, &Pool, usize),
+    t: usize,
+    h: usize,
+    (table, max_pos): (&[f32], u32),
+    what: &str,
+) {
+    let mut rng = rand::rng();
+    let mut c = random_case(&mut rng, t, h, rows, false);
+    let pos = (0..t)
+        .map(|_| rng.random_range(0..i64::from(max_pos)))
+        .collect();
+    c.rope = Some((table.to_vec(), pos));
+    let want = run_attention(&s.cpu, pc, 1, &c, &plan(&s.cpu, true, t, h));
+    let got = run_attention(&s.gpu, pg, 1, &c, &plan(&s.gpu, true, t, h));
+    compare((t, h), &got, &want, what);
 }
 
 /// The portable kernel (no tensor cores or async copies: the HIP build's only
@@ -865,19 +874,8 @@ fn portable_kernel_matches_cpu() {
     let max_pos = 4096u32;
     let table = rope_table(10_000.0, 0.0, max_pos);
     for (t, h) in [(1, 16), (9, 64)] {
-        let mut c = random_case(&mut rng, t, h, rows, false);
-        let pos = (0..t)
-            .map(|_| rng.random_range(0..i64::from(max_pos)))
-            .collect();
-        c.rope = Some((table.clone(), pos));
-        let want = run_attention(&s.cpu, &pc, 1, &c, &plan(&s.cpu, true, t, h));
-        let got = run_attention(&s.gpu, &pg, 1, &c, &plan(&s.gpu, true, t, h));
-        compare(
-            (t, h),
-            &got,
-            &want,
-            &format!("inverse-RoPE epilogue T={t} H={h} (portable)"),
-        );
+        let what = format!("inverse-RoPE epilogue T={t} H={h} (portable)");
+        check_rope_epilogue(&s, (&pc, &pg, rows), t, h, (&table, max_pos), &what);
     }
     unikv::ffi::test_hooks::gpu_plan_portable(false);
 }
