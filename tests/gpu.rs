@@ -809,6 +809,33 @@ fn decode_inverse_rope_epilogue_matches_cpu() {
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
 }
 
+/// A random prefill chunk (pool rows and the chunk's own rows), GPU against CPU.
+fn check_prefill(
+    s: &Setup,
+    (pc, pg, rows): (&Pool, &Pool, usize),
+    dtype: unikv_dtype,
+    t: usize,
+    h: usize,
+    what: &str,
+) {
+    let c = random_case(&mut rand::rng(), t, h, rows, true);
+    let want = run_attention(
+        &s.cpu,
+        pc,
+        0,
+        &c,
+        &plan_kv(&s.cpu, false, t, h, dtype as u32),
+    );
+    let got = run_attention(
+        &s.gpu,
+        pg,
+        0,
+        &c,
+        &plan_kv(&s.gpu, false, t, h, dtype as u32),
+    );
+    compare((c.t, c.h), &got, &want, what);
+}
+
 /// Decode with the inverse-RoPE epilogue at random positions, GPU against CPU.
 fn check_rope_epilogue(
     s: &Setup,
@@ -857,17 +884,8 @@ fn portable_kernel_matches_cpu() {
             );
         }
         for (t, h) in [(3, 16), (40, 64)] {
-            let c = random_case(&mut rng, t, h, rows, true);
-            let cp = plan_kv(&s.cpu, false, t, h, dtype as u32);
-            let gp = plan_kv(&s.gpu, false, t, h, dtype as u32);
-            let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
-            let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
-            compare(
-                (c.t, c.h),
-                &got,
-                &want,
-                &format!("{dtype:?} prefill T={t} H={h} (portable)"),
-            );
+            let what = format!("{dtype:?} prefill T={t} H={h} (portable)");
+            check_prefill(&s, (&pc, &pg, rows), dtype, t, h, &what);
         }
     }
     let (pc, pg, rows) = attention_pools(&s, &mut rng);
@@ -911,17 +929,8 @@ fn prefill_matches_cpu() {
     ] {
         let (pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
         for &(t, h) in cases {
-            let c = random_case(&mut rng, t, h, rows, true);
-            let cp = plan_kv(&s.cpu, false, t, h, dtype as u32);
-            let gp = plan_kv(&s.gpu, false, t, h, dtype as u32);
-            let want = run_attention(&s.cpu, &pc, 0, &c, &cp);
-            let got = run_attention(&s.gpu, &pg, 0, &c, &gp);
-            compare(
-                (c.t, c.h),
-                &got,
-                &want,
-                &format!("{dtype:?} prefill T={t} H={h}"),
-            );
+            let what = format!("{dtype:?} prefill T={t} H={h}");
+            check_prefill(&s, (&pc, &pg, rows), dtype, t, h, &what);
         }
     }
 }
