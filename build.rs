@@ -1,6 +1,13 @@
-//! Gives the shared library its SONAME and, with the `cuda` feature, compiles
-//! `kernels/` with nvcc through the `cc` crate. The header is never written
-//! here: the `header` test regenerates it into a temporary folder and compares.
+//! Gives the shared library its SONAME and compiles `kernels/` for a GPU
+//! backend through the `cc` crate: with nvcc for the `cuda` feature, with
+//! hipcc for `rocm`. Either sets the `unikv_gpu` cfg that compiles the GPU
+//! backend in. The header is never written here: the `header` test
+//! regenerates it into a temporary folder and compares.
+
+#[cfg(all(feature = "cuda", feature = "rocm"))]
+compile_error!(
+    "the `cuda` and `rocm` features exclude each other: build one GPU backend at a time"
+);
 
 fn main() {
     let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_else(|_| "0".into());
@@ -9,16 +16,19 @@ fn main() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libunikv.so.{major}");
     }
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo::rustc-check-cfg=cfg(unikv_gpu)");
     #[cfg(feature = "cuda")]
     cuda::build();
+    #[cfg(feature = "rocm")]
+    rocm::build();
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    println!("cargo:rustc-cfg=unikv_gpu");
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use std::env;
-    use std::path::PathBuf;
-
-    const SOURCES: &[&str] = &[
+/// The kernel sources (one compiler run each) and the headers they include.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod kernels {
+    pub const SOURCES: &[&str] = &[
         "shim.cu",
         "store.cu",
         "cache_store.cu",
@@ -29,13 +39,47 @@ mod cuda {
         "devtools.cu",
         "fp8_check.cu",
     ];
-    const HEADERS: &[&str] = &[
+    pub const HEADERS: &[&str] = &[
         "compat.cuh",
+        "compat_hip_warp.cuh",
+        "warp.cuh",
+        "attention_portable.cuh",
         "shim.cuh",
         "params.h",
         "fp8.cuh",
         "pool_rows.cuh",
     ];
+
+    /// A `;`- or `,`-separated target list from `var` (or `default`); an
+    /// empty list is an error naming the variable.
+    pub fn target_list(var: &str, default: &str, example: &str) -> Vec<String> {
+        println!("cargo:rerun-if-env-changed={var}");
+        let archs = std::env::var(var).unwrap_or_else(|_| default.into());
+        let list: Vec<String> = archs
+            .split([';', ','])
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        if list.is_empty() {
+            panic!("{var} is empty: name at least one target, e.g. {example}");
+        }
+        list
+    }
+
+    pub fn rerun_on_sources() {
+        for file in SOURCES.iter().chain(HEADERS) {
+            println!("cargo:rerun-if-changed=kernels/{file}");
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use std::env;
+    use std::path::PathBuf;
+
     const DEFAULT_ARCHS: &str = "sm_90a;sm_80";
 
     /// nvcc from CUDA_HOME/bin or PATH; the `cc` crate must see it by its bare
@@ -60,16 +104,8 @@ mod cuda {
 
     /// `UNIKV_CUDA_ARCHS`, e.g. "sm_90a;sm_80": each becomes a -gencode pair.
     fn gencode_flags() -> Vec<String> {
-        let archs = env::var("UNIKV_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.into());
-        let list: Vec<&str> = archs
-            .split([';', ','])
-            .map(str::trim)
-            .filter(|a| !a.is_empty())
-            .collect();
-        if list.is_empty() {
-            panic!("UNIKV_CUDA_ARCHS is empty: name at least one target, e.g. sm_90a");
-        }
-        list.iter()
+        target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a")
+            .iter()
             .map(|arch| {
                 let Some(num) = arch.strip_prefix("sm_") else {
                     panic!("UNIKV_CUDA_ARCHS: {arch:?} is not of the form sm_NN[a]");
@@ -80,12 +116,9 @@ mod cuda {
     }
 
     pub fn build() {
-        println!("cargo:rerun-if-env-changed=UNIKV_CUDA_ARCHS");
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         let home = find_nvcc();
-        for header in HEADERS {
-            println!("cargo:rerun-if-changed=kernels/{header}");
-        }
+        rerun_on_sources();
         // One nvcc run per source, each a whole program: with several files in
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
@@ -93,7 +126,6 @@ mod cuda {
         let builds: Vec<_> = SOURCES
             .iter()
             .map(|src| {
-                println!("cargo:rerun-if-changed=kernels/{src}");
                 let mut build = cc::Build::new();
                 // No debug build of device code: cc would pass -G, which turns
                 // off optimization and serializes every wgmma (ptxas C7520).
@@ -127,5 +159,88 @@ mod cuda {
         for sys in ["dl", "rt", "pthread", "stdc++"] {
             println!("cargo:rustc-link-lib={sys}");
         }
+    }
+}
+
+#[cfg(feature = "rocm")]
+mod rocm {
+    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use std::env;
+    use std::path::PathBuf;
+
+    const DEFAULT_ARCHS: &str = "gfx942;gfx950";
+
+    /// hipcc from ROCM_PATH/bin, HIP_PATH/bin or PATH.
+    fn find_hipcc() -> PathBuf {
+        let mut dirs: Vec<PathBuf> = ["ROCM_PATH", "HIP_PATH"]
+            .iter()
+            .filter_map(|v| env::var_os(v).map(|h| PathBuf::from(h).join("bin")))
+            .collect();
+        dirs.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+        dirs.push(PathBuf::from("/opt/rocm/bin"));
+        dirs.iter().map(|d| d.join("hipcc")).find(|p| p.is_file()).unwrap_or_else(|| {
+            panic!(
+                "the `rocm` feature needs hipcc: install ROCm (or Debian's hipcc, libamdhip64-dev and \
+                 rocm-device-libs) and put hipcc on PATH or set ROCM_PATH"
+            )
+        })
+    }
+
+    pub fn build() {
+        for var in ["ROCM_PATH", "HIP_PATH"] {
+            println!("cargo:rerun-if-env-changed={var}");
+        }
+        let hipcc = find_hipcc();
+        rerun_on_sources();
+        let archs = target_list("UNIKV_HIP_ARCHS", DEFAULT_ARCHS, "gfx942");
+        if let Some(bad) = archs.iter().find(|a| !a.starts_with("gfx")) {
+            panic!("UNIKV_HIP_ARCHS: {bad:?} is not an AMD GPU target such as gfx942");
+        }
+        // AMD targets whatever CUDA toolkit is on PATH; the explicit target
+        // list (and HCC_AMDGPU_TARGET for the compiler checks the cc crate
+        // runs without our flags) keeps hipcc from probing this machine's GPUs.
+        env::set_var("HIP_PLATFORM", "amd");
+        env::set_var("HCC_AMDGPU_TARGET", &archs[0]);
+        let builds: Vec<_> = SOURCES
+            .iter()
+            .map(|src| {
+                let mut build = cc::Build::new();
+                build
+                    .cpp(true)
+                    .compiler(&hipcc)
+                    .debug(false)
+                    .opt_level(3)
+                    .flag("-x")
+                    .flag("hip")
+                    .flag("-std=c++17")
+                    .flag("-fPIC")
+                    .flag("-Wall")
+                    .flag("-Wextra")
+                    .flag("-Werror")
+                    .include("kernels")
+                    .file(format!("kernels/{src}"));
+                for arch in &archs {
+                    build.flag(format!("--offload-arch={arch}"));
+                }
+                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
+                std::thread::spawn(move || build.compile(&name))
+            })
+            .collect();
+        for build in builds {
+            build.join().expect("hipcc build thread");
+        }
+        for var in ["ROCM_PATH", "HIP_PATH"] {
+            if let Some(home) = env::var_os(var) {
+                println!(
+                    "cargo:rustc-link-search=native={}",
+                    PathBuf::from(home).join("lib").display()
+                );
+            }
+        }
+        if PathBuf::from("/opt/rocm/lib").is_dir() {
+            println!("cargo:rustc-link-search=native=/opt/rocm/lib");
+        }
+        println!("cargo:rustc-link-lib=dylib=amdhip64");
+        println!("cargo:rustc-link-lib=stdc++");
     }
 }

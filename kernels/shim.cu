@@ -92,13 +92,6 @@ int unikv_gpu_device_count(int* count) {
   return UKV_SHIM_OK;
 }
 
-int unikv_gpu_sm_count(int device, int* count) {
-  UKV_ENTRY(device, {
-    ukv_error_t e = ukv_device_get_attribute(count, UKV_ATTR_SM_COUNT, device);
-    return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "device attribute");
-  })
-}
-
 int unikv_gpu_malloc(int device, size_t bytes, void** out) {
   UKV_ENTRY(device, {
     void* p = nullptr;

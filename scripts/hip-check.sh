@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# HIP compile check, no AMD GPU needed: every kernel file ported to HIP compiles
-# with hipcc for the targets in UNIKV_HIP_ARCHS (default gfx90a;gfx940, the
-# CDNA targets Debian's hipcc 5.2 accepts) with warnings as errors. Installs
-# Debian's hipcc, libamdhip64-dev and rocm-device-libs when hipcc is absent
-# (root). The target list is always explicit, so hipcc never probes this
-# machine for a GPU.
+# HIP build check, no AMD GPU needed: every kernel file compiles with hipcc for
+# the targets in UNIKV_HIP_ARCHS (default gfx90a;gfx940, the CDNA targets
+# Debian's hipcc 5.2 accepts) with warnings as errors; the objects define
+# exactly the unikv_gpu_* entry points the Rust shim declares (so no operation
+# is missing on the HIP side); and the crate builds and links with the `rocm`
+# feature (clippy-clean). Installs Debian's hipcc, libamdhip64-dev and
+# rocm-device-libs when hipcc is absent (root). The target list is always
+# explicit, so hipcc never probes this machine for a GPU.
 #
 # attention.cu builds its portable kernel only (attention_portable.cuh): the
 # other kernels use NVIDIA-only instructions, and no MFMA path exists yet.
@@ -49,4 +51,17 @@ for name in "${ported[@]}"; do
     hipcc -x hip "${offload[@]}" -std=c++17 -O3 -Wall -Wextra -Werror -c "kernels/$name.cu" -o "$out/$name.o" ||
         die "kernels/$name.cu does not compile for $archs"
 done
-echo "hip-check: all ${#ported[@]} kernel files compile for $archs"
+
+# The entry points: defined by the HIP objects = declared by src/backend/gpu/shim.rs.
+defined=$(nm -g --defined-only "$out"/*.o | awk '$3 ~ /^unikv_gpu_/ {print $3}' | sort -u)
+declared=$(grep -oh 'fn unikv_gpu_[a-z0-9_]*' src/backend/gpu/*.rs | sed 's/fn //' | sort -u)
+if [ "$defined" != "$declared" ]; then
+    diff <(echo "$declared") <(echo "$defined") >&2 || true
+    die "the HIP objects' unikv_gpu_* entry points differ from src/backend/gpu/shim.rs (< declared, > defined)"
+fi
+
+# The crate with the AMD backend: clippy, then a build that links libamdhip64.
+export UNIKV_HIP_ARCHS="$archs"
+cargo clippy --features rocm,test-hooks --all-targets --target-dir build/cargo-rocm -- -D warnings
+cargo build --features rocm,test-hooks --target-dir build/cargo-rocm
+echo "hip-check: all ${#ported[@]} kernel files compile for $archs and export the shim's $(echo "$declared" | wc -l) entry points; the rocm build links"

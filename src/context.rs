@@ -54,11 +54,22 @@ impl Context {
                 }
                 Err(e) => return Err(e),
             },
-            BackendChoice::Cuda => gpu_backend(options.device, options.validate)?,
+            BackendChoice::Cuda if cfg!(feature = "cuda") => {
+                gpu_backend(options.device, options.validate)?
+            }
+            BackendChoice::Rocm if cfg!(feature = "rocm") => {
+                gpu_backend(options.device, options.validate)?
+            }
+            BackendChoice::Cuda => {
+                return Err(err!(
+                    BackendUnavailable,
+                    "backend: CUDA was not compiled into this build of unikv (cargo feature `cuda`)"
+                ))
+            }
             BackendChoice::Rocm => {
                 return Err(err!(
                     BackendUnavailable,
-                    "backend: ROCm was not compiled into this build of unikv"
+                    "backend: ROCm was not compiled into this build of unikv (cargo feature `rocm`)"
                 ))
             }
         };
@@ -101,17 +112,17 @@ impl Context {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 fn gpu_backend(device: i32, validate: bool) -> Result<Box<dyn Backend>> {
     Ok(Box::new(crate::backend::gpu::GpuBackend::open(
         device, validate,
     )?))
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(unikv_gpu))]
 fn gpu_backend(_device: i32, _validate: bool) -> Result<Box<dyn Backend>> {
     Err(err!(
         BackendUnavailable,
-        "backend: CUDA was not compiled into this build of unikv (cargo feature `cuda`)"
+        "backend: no GPU backend was compiled into this build of unikv (cargo feature `cuda` or `rocm`)"
     ))
 }

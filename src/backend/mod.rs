@@ -3,7 +3,7 @@
 //! always compiled; GPU backends implement the same trait over the kernel shim.
 
 pub mod cpu;
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub mod gpu;
 
 use std::ffi::c_void;

@@ -19,7 +19,7 @@ pub(crate) fn maybe_panic() {
 /// Makes GPU attention plans created afterwards on this thread take the paths
 /// that GPUs without thread-block clusters or wgmma take (the workspace and
 /// combine kernel; the mma.sync kernel), so one H200 run covers them too.
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub fn gpu_plan_fallbacks(no_cluster: bool, no_wgmma: bool) {
     // SAFETY: sets two thread-local flags in the kernel shim.
     unsafe {
@@ -30,7 +30,7 @@ pub fn gpu_plan_fallbacks(no_cluster: bool, no_wgmma: bool) {
 /// Makes GPU attention plans created afterwards on this thread use the
 /// portable kernel (the path of GPUs without tensor-core or async-copy
 /// support, and of the HIP build), so an NVIDIA run checks it too.
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub fn gpu_plan_portable(on: bool) {
     // SAFETY: sets a thread-local flag in the kernel shim.
     unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(on.into()) }
@@ -44,7 +44,7 @@ pub fn gpu_plan_portable(on: bool) {
 /// # Safety
 /// Every pointer must be a device allocation of device 0 large enough for `n`
 /// values (256 for `decoded`).
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub unsafe fn gpu_fp8_check(
     x: *const f32,
     n: usize,

@@ -101,7 +101,7 @@ fn decode_plan(a: &DecodeStreamsArgs) -> Result<Vec<DecodeToken>> {
     Ok(plan)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub(crate) fn check_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
     decode_plan(a).map(|_| ())
 }
@@ -212,7 +212,7 @@ fn csa_tails(a: &CsaTailArgs) -> Result<Vec<(usize, usize, usize)>> {
     Ok(tails)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub(crate) fn check_csa_tail(a: &CsaTailArgs) -> Result<()> {
     csa_tails(a).map(|_| ())
 }
@@ -313,7 +313,7 @@ fn prefill_plan(a: &PrefillStreamsArgs) -> Result<Vec<PrefillToken>> {
     Ok(plan)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(unikv_gpu)]
 pub(crate) fn check_prefill_streams(a: &PrefillStreamsArgs) -> Result<()> {
     prefill_plan(a).map(|_| ())
 }

@@ -295,7 +295,11 @@ impl Drop for GpuBackend {
 
 impl Backend for GpuBackend {
     fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+        if cfg!(feature = "rocm") {
+            BackendKind::Rocm
+        } else {
+            BackendKind::Cuda
+        }
     }
 
     fn healthy(&self) -> bool {

@@ -394,11 +394,14 @@ extern "C" {
     ) -> c_int;
     /// Plans created afterwards on the calling thread skip the cluster merge
     /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
+    #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);
     /// Plans created afterwards on the calling thread use the portable kernel
     /// (test hook; see ffi::test_hooks).
+    #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_test_plan_portable(on: c_int);
     /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
+    #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_fp8_check(
         device: c_int,
         p: *const Fp8CheckParams,
