@@ -64,7 +64,7 @@ __device__ __forceinline__ void portable_gather_row(const ukv_attention_params& 
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kPortableThreads, 1)
+__global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
     attention_portable_kernel(ukv_attention_params p, SplitConfig cfg) {
   using L = PortableSmem;
   extern __shared__ __align__(1024) char smem[];

@@ -94,6 +94,11 @@ typedef hipEvent_t ukv_event_t;
 #define ukv_event_elapsed_time hipEventElapsedTime
 typedef hipMemcpyKind ukv_memcpy_kind;
 
+// __launch_bounds__'s second argument is the minimum waves per execution unit
+// on HIP, not blocks per multiprocessor: the register caps the CUDA values
+// encode are NVIDIA tuning, so HIP builds keep only the block size.
+#define UKV_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads)
+
 // Errors after which the device context is unusable (a kernel faulted).
 inline bool ukv_error_is_sticky(ukv_error_t e) {
   switch (e) {
@@ -230,6 +235,9 @@ typedef cudaEvent_t ukv_event_t;
 #define ukv_event_synchronize cudaEventSynchronize
 #define ukv_event_elapsed_time cudaEventElapsedTime
 typedef cudaMemcpyKind ukv_memcpy_kind;
+
+// Block size and the minimum resident blocks per SM (the register cap).
+#define UKV_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
 
 // Errors after which the device context is unusable (a kernel faulted).
 inline bool ukv_error_is_sticky(ukv_error_t e) {

@@ -25,8 +25,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * UKV_WARP;
 // 10 blocks per SM (at most 48 registers, no spills): 40 warps with 2 KB of
-// Q rows each in flight keep HBM busy.
-constexpr int kMinBlocks = 10;
+// Q rows each in flight keep HBM busy. NVIDIA tuning: HIP builds ignore it.
+[[maybe_unused]] constexpr int kMinBlocks = 10;
 constexpr int kDims = 512;
 constexpr int kQHeads = 2;    // Q heads per warp
 constexpr int kRopeLane = 24;  // lanes 24..31: dims 448 + 8 (lane - 24) in the second vector
@@ -168,7 +168,7 @@ __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int 
   ukv_store_pool_row<8>(p.pool, row, kDims / 2 + 8 * lane, hi);
 }
 
-__global__ void __launch_bounds__(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks) {
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks) {
   // The next kernel may launch now; it waits for this grid before reading.
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();  // inputs written by the previous kernel are visible
