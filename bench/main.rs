@@ -14,6 +14,7 @@ use rand::Rng;
 use unikv::backend::gpu::devtools::{copy_kernel, Event, Graph, OwnedStream};
 use unikv::cache_layouts::unified;
 use unikv::ffi::attention::*;
+use unikv::ffi::cache_store::*;
 use unikv::ffi::context::*;
 use unikv::ffi::index::*;
 use unikv::ffi::pool::*;
@@ -530,10 +531,88 @@ fn main() {
     if only.is_empty() || only == "prepare" {
         bench_prepare(ctx, &stream, &c, &mut rng);
     }
+    if only.is_empty() || only == "cache_store" {
+        bench_cache_stores(ctx, &stream, &c, &mut rng);
+    }
     unsafe {
         unikv_pool_destroy(pool);
         unikv_pool_destroy(pool8);
         unikv_context_destroy(ctx);
+    }
+}
+
+/// The FP8 quantize-and-store into caller-owned caches of FlashMLA-based stacks
+/// (page size 64), T rows at distinct random locations of a cache with twice
+/// as many slots; input sets rotate so they are cold in L2. Bytes: the bf16 (or
+/// indexer) row and its location read, the slot written (FlashMLA: 576 + 8
+/// bytes; indexer: 128 codes + a 4-byte scale).
+fn bench_cache_stores(
+    ctx: *mut unikv_context,
+    stream: &OwnedStream,
+    c: &Ceilings,
+    rng: &mut rand::rngs::ThreadRng,
+) {
+    const PAGE: usize = 64;
+    const FLASHMLA_PAGE_BYTES: usize = 37_440; // ceil(584 * 64 / 576) * 576
+    const INDEXER_PAGE_BYTES: usize = 132 * PAGE;
+    for &t in &[1usize, 8, 64, 8192] {
+        let pages = (2 * t).div_ceil(PAGE);
+        let slots: Vec<i32> = (0..(pages * PAGE) as i32).collect();
+        for (op, dims, page_bytes, written) in [
+            ("store_flashmla", 512usize, FLASHMLA_PAGE_BYTES, 584usize),
+            ("store_indexer", 128, INDEXER_PAGE_BYTES, 132),
+        ] {
+            let sets = (3 * L2_BYTES).div_ceil(t * dims * 2).clamp(2, 64);
+            let rows = Dev::upload(ctx, &random_bf16(rng, sets * t * dims));
+            let locs: Vec<Dev> = (0..sets)
+                .map(|_| {
+                    let l: Vec<i32> = slots.choose_multiple(rng, t).copied().collect();
+                    Dev::upload(ctx, &l)
+                })
+                .collect();
+            let cache = Dev::new(ctx, pages * page_bytes);
+            let cache_t = cache.t(6, 1, &[pages, page_bytes]);
+            let us = per_call_us(stream, sets, |i, s| {
+                let mut input = rows.bf16s(&[t, dims]);
+                input.data = unsafe { (rows.ptr as *mut bf16).add(i * t * dims) }.cast();
+                let status = if op == "store_flashmla" {
+                    let args = unikv_store_flashmla_args {
+                        struct_size: std::mem::size_of::<unikv_store_flashmla_args>(),
+                        cache: cache_t,
+                        kv: input,
+                        loc: locs[i].i32s(&[t]),
+                        page_size: PAGE as u32,
+                        cache_dtype: 7,
+                        num_tokens: t as u32,
+                        reserved: 0,
+                    };
+                    unsafe { unikv_store_flashmla(ctx, &args, s) }
+                } else {
+                    let args = unikv_store_indexer_args {
+                        struct_size: std::mem::size_of::<unikv_store_indexer_args>(),
+                        cache: cache_t,
+                        key: input,
+                        loc: locs[i].i32s(&[t]),
+                        page_size: PAGE as u32,
+                        cache_dtype: 7,
+                        num_tokens: t as u32,
+                        reserved: 0,
+                    };
+                    unsafe { unikv_store_indexer(ctx, &args, s) }
+                };
+                ok(status, op);
+            });
+            Row {
+                op: op.into(),
+                t,
+                h: 0,
+                keys: 0,
+                us,
+                bytes: (t * (dims * 2 + 4 + written)) as f64,
+                flops: 0.0,
+            }
+            .print(c);
+        }
     }
 }
 
