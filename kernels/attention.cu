@@ -21,9 +21,11 @@
 // Keys come from up to two sources (pool rows, then the prefill chunk's own
 // rows); an index outside its source (-1 included) is skipped, never read.
 // Rows of an FP8 pool (spec unified_kv 1.5(c)) are gathered as they are
-// stored (512-byte nope row + 128-byte rope row) into the first 640 bytes of
-// their bf16 slot in the tile and dequantized there in place
-// (dequantize_rows), so every kernel's MMA code reads bf16 tiles either way.
+// stored into their bf16 slot in the tile (the 512-byte nope row at its start,
+// the 128-byte rope row at its end) and dequantized there in place
+// (dequantize_rows; in the 16/32-head kernels by producer warps), so every
+// kernel's MMA code reads bf16 tiles either way. attention_portable.cuh holds
+// the kernel for GPUs without tensor cores or async copies (HIP builds).
 #include <math.h>
 
 #include <type_traits>
