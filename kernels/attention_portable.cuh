@@ -30,7 +30,8 @@ struct PortableSmem {
   static constexpr size_t kM = kP + (size_t)kPortableHeads * kPortableKeys * 4;     // f32 [16] running max
   static constexpr size_t kL = kM + kPortableHeads * 4;                             // f32 [16] running sum
   static constexpr size_t kAlpha = kL + kPortableHeads * 4;                         // f32 [16] this chunk's rescale
-  static constexpr size_t kBytes = kAlpha + kPortableHeads * 4;
+  static constexpr size_t kValid = kAlpha + kPortableHeads * 4;                    // int [32]: key valid
+  static constexpr size_t kBytes = kValid + kPortableKeys * 4;
 };
 
 // Row `key` of the chunk: 8 threads (part = 0..7) write 8 of its 64 bf16
@@ -77,6 +78,7 @@ __global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
   float* m_s = reinterpret_cast<float*>(smem + L::kM);
   float* l_s = reinterpret_cast<float*>(smem + L::kL);
   float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
+  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
 
   SplitWork work;
   if (!split_work(p, t, split, cfg, work)) return;
@@ -109,11 +111,12 @@ __global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
       const int key = tid / 8;
       const PendingKey pk = key0 + key < key_end ? fetch_key(work.keys, key0 + key) : PendingKey{-1, -1};
       portable_gather_row<kFp8>(p, pk, k_s + key * kD * 2, tid % 8);
+      if (tid % 8 == 0) valid_s[key] = key_valid(p, pk);
     }
     __syncthreads();
 
     // QK for heads warp and warp + 8 against key `lane`.
-    const bool key_ok = key0 + lane < key_end && key_valid(p, fetch_key(work.keys, key0 + lane));
+    const bool key_ok = valid_s[lane] != 0;
     const uint32_t* krow = reinterpret_cast<const uint32_t*>(k_s + lane * kD * 2);
     const uint32_t* qa = reinterpret_cast<const uint32_t*>(q_s + warp * kD);
     const uint32_t* qb = reinterpret_cast<const uint32_t*>(q_s + (warp + 8) * kD);
