@@ -25,17 +25,19 @@
 // the 128-byte rope row at its end) and dequantized there in place
 // (dequantize_rows; in the 16/32-head kernels by producer warps), so every
 // kernel's MMA code reads bf16 tiles either way. attention_portable.cuh holds
-// the kernel for GPUs without tensor cores or async copies (HIP builds).
+// the kernel for GPUs without NVIDIA's tensor-core or async-copy instructions
+// (HIP builds: on MFMA where the device has it).
 #include <math.h>
 
 #include <type_traits>
 
 #include "fp8.cuh"
+#include "matrix_core.cuh"
 #include "shim.cuh"
 #include "warp.cuh"
 
 // The tensor-core, async-copy and cluster kernels use NVIDIA-only instructions;
-// a HIP build carries the portable kernel only (attention_portable.cuh).
+// a HIP build carries the portable kernels only (attention_portable.cuh).
 #if !defined(__HIPCC__)
 #define UKV_NVIDIA_KERNELS 1
 #endif
@@ -1706,14 +1708,23 @@ int wgmma_built(bool* built) {
 // that sm_80 and ROCm take.
 thread_local bool g_no_cluster = false;
 thread_local bool g_no_wgmma = false;
-// Test hook (unikv_gpu_test_plan_portable): plans use the portable kernel.
-thread_local bool g_portable = false;
+// Test hook (unikv_gpu_test_plan_portable): plans use the portable kernel's
+// scalar (1) or matrix (2) variant.
+thread_local int g_portable = 0;
 
+// The portable variant a plan for `device` takes (0: none). A HIP build has
+// no other kernel: the matrix variant where the device has MFMA, else scalar.
+int portable_variant(int device, int* variant) {
 #if defined(__HIPCC__)
-constexpr bool kPortableOnly = true;  // the other kernels need NVIDIA-only instructions
+  bool mfma = false;
+  if (ukv_error_t e = ukv_device_has_mfma(device, &mfma)) return ukv::report(e, "device properties");
+  *variant = g_portable != 0 ? g_portable : mfma ? 2 : 1;
 #else
-constexpr bool kPortableOnly = false;
+  (void)device;
+  *variant = g_portable;
 #endif
+  return UKV_SHIM_OK;
+}
 
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
@@ -1723,8 +1734,8 @@ template <bool kFp8>
 int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
   *threads = kThreads;
   if (plan.portable != 0) {
-    *kernel = attention_portable_kernel<kFp8>;
-    *smem = PortableSmem::kBytes;
+    *kernel = plan.portable == 2 ? attention_portable_kernel<kFp8, true> : attention_portable_kernel<kFp8, false>;
+    *smem = plan.portable == 2 ? PortableSmem<true>::kBytes : PortableSmem<false>::kBytes;
     *threads = kPortableThreads;
     return UKV_SHIM_OK;
   }
@@ -1788,7 +1799,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     pl.sm_count = sms;
     pl.dependent_launch = cc_major >= 9 ? 1 : 0;
     pl.kv_fp8 = kv_fp8 ? 1 : 0;
-    pl.portable = kPortableOnly || g_portable ? 1 : 0;
+    if (int r = portable_variant(device, &pl.portable)) return r;
     if (pl.portable != 0) {
       pl.head_blocks = (int)ukv::cdiv(num_heads, kPortableHeads);
       pl.block_m_tiles = kPortableHeads / 16;
@@ -1821,7 +1832,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       return UKV_SHIM_INVALID;
     }
     if (int r = configure(kernel, smem)) return r;
-    // Blocks of the portable kernel (52 KB of shared memory) fit several per SM.
+    // Blocks of the portable kernel (52 or 59 KB of shared memory) fit two per SM.
     const int resident = sms * (pl.portable != 0 ? 2 : pl.stages == 1 ? 2 : 1);
     // sm_90+: a token's splits form one thread-block cluster and merge through
     // distributed shared memory (no workspace, no second kernel), at most 16 of
@@ -1889,7 +1900,7 @@ void unikv_gpu_test_plan_fallbacks(int no_cluster, int no_wgmma) {
   g_no_wgmma = no_wgmma != 0;
 }
 
-void unikv_gpu_test_plan_portable(int on) { g_portable = on != 0; }
+void unikv_gpu_test_plan_portable(int variant) { g_portable = variant; }
 
 int unikv_gpu_merge(int device, const ukv_merge_params* p, void* stream) {
   UKV_ENTRY(device, {

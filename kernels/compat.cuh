@@ -67,6 +67,17 @@ inline ukv_error_t ukv_max_active_clusters(void (*kernel)(Params...), dim3 block
   *clusters = 0;
   return hipSuccess;
 }
+// Whether the device runs v_mfma_f32_16x16x16bf16_1k (matrix_core.cuh's
+// UKV_MFMA targets), from its ISA name ("gfx942:sramecc+:xnack-").
+inline ukv_error_t ukv_device_has_mfma(int device, bool* has) {
+  hipDeviceProp_t prop;
+  const hipError_t e = hipGetDeviceProperties(&prop, device);
+  if (e != hipSuccess) return e;
+  *has = false;
+  for (const char* isa : {"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
+    *has = *has || std::strncmp(prop.gcnArchName, isa, std::strlen(isa)) == 0;
+  return hipSuccess;
+}
 #define UKV_MEMCPY_HOST_TO_DEVICE hipMemcpyHostToDevice
 #define UKV_MEMCPY_DEVICE_TO_HOST hipMemcpyDeviceToHost
 #define UKV_MEMCPY_DEVICE_TO_DEVICE hipMemcpyDeviceToDevice

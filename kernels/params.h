@@ -239,7 +239,7 @@ typedef struct ukv_attention_plan {
   int32_t wgmma;            /* sm_90a warpgroup-MMA kernel: 64 (heads on M), 16 or 32 (heads on N); 0 none */
   int32_t cluster;          /* 1: a token's splits merge inside a thread-block cluster (sm_90+) */
   int32_t kv_fp8;           /* 1: the kernels for FP8 pools (in-tile dequantization) */
-  int32_t portable;         /* 1: the portable kernel (HIP, or forced by a test hook) */
+  int32_t portable;         /* portable kernel: 1 scalar, 2 matrix (HIP builds; NVIDIA: test hook) */
 } ukv_attention_plan;
 
 /* FP8 codec test (fp8_check.cu): n values through the encoders, 256 codes decoded. */

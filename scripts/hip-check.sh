@@ -8,8 +8,11 @@
 # rocm-device-libs when hipcc is absent (root). The target list is always
 # explicit, so hipcc never probes this machine for a GPU.
 #
-# attention.cu builds its portable kernel only (attention_portable.cuh): the
-# other kernels use NVIDIA-only instructions, and no MFMA path exists yet.
+# attention.cu builds its portable kernels only (attention_portable.cuh): the
+# other kernels use NVIDIA-only instructions. For each MFMA target in the list
+# the check disassembles attention.cu and requires v_mfma instructions in both
+# matrix-variant kernels (bf16 and FP8 pools), so the matrix path cannot fall
+# back to its software model unnoticed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -51,6 +54,21 @@ for src in "${sources[@]}"; do
         die "$src does not compile for $archs"
 done
 
+# The matrix variant on MFMA targets: attention_portable_kernel<kFp8, true>.
+mfma_kernels=0
+for arch in "${list[@]}"; do
+    case "$arch" in gfx90a | gfx94? | gfx950) ;; *) continue ;; esac
+    asm="$out/attention-$arch.s"
+    hipcc -x hip --offload-arch="$arch" --cuda-device-only -S -std=c++17 -O3 -Wall -Wextra -Werror \
+        -Wno-unused-command-line-argument kernels/attention.cu -o "$asm" || die "attention.cu does not compile for $arch"
+    counts=$(awk '/^_Z[^ ]*attention_portable_kernelILb[01]ELb1EE[^ ]*:/ {name = $1; n = 0}
+                  name && /v_mfma/ {n++}
+                  name && /^\.Lfunc_end/ {print n; name = ""}' "$asm")
+    [ "$(echo "$counts" | grep -c '^[1-9]')" = 2 ] ||
+        die "$arch: the matrix attention kernels carry no v_mfma instructions (per kernel: $(echo $counts))"
+    mfma_kernels=$((mfma_kernels + 2))
+done
+
 # The entry points: defined by the HIP objects = declared by src/backend/gpu/shim.rs.
 defined=$(nm -g --defined-only "$out"/*.o | awk '$3 ~ /^unikv_gpu_/ {print $3}' | sort -u)
 declared=$(grep -oh 'fn unikv_gpu_[a-z0-9_]*' src/backend/gpu/*.rs | sed 's/fn //' | sort -u)
@@ -63,4 +81,4 @@ fi
 export UNIKV_HIP_ARCHS="$archs"
 cargo clippy --features rocm,test-hooks --all-targets --target-dir build/cargo-rocm -- -D warnings
 cargo build --features rocm,test-hooks --target-dir build/cargo-rocm
-echo "hip-check: all ${#sources[@]} kernel files compile for $archs and export the shim's $(echo "$declared" | wc -l) entry points; the rocm build links"
+echo "hip-check: all ${#sources[@]} kernel files compile for $archs and export the shim's $(echo "$declared" | wc -l) entry points; $mfma_kernels matrix kernels use v_mfma; the rocm build links"

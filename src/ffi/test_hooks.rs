@@ -27,13 +27,26 @@ pub fn gpu_plan_fallbacks(no_cluster: bool, no_wgmma: bool) {
     }
 }
 
-/// Makes GPU attention plans created afterwards on this thread use the
-/// portable kernel (the path of GPUs without tensor-core or async-copy
-/// support, and of the HIP build), so an NVIDIA run checks it too.
+/// The attention kernel a test forces on GPU plans (gpu_plan_portable).
 #[cfg(unikv_gpu)]
-pub fn gpu_plan_portable(on: bool) {
-    // SAFETY: sets a thread-local flag in the kernel shim.
-    unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(on.into()) }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortableKernel {
+    /// The plan's own choice.
+    Off = 0,
+    /// The portable kernel without matrix instructions.
+    Scalar = 1,
+    /// The portable kernel on 16x16x16 matrix products (MFMA on CDNA; on
+    /// NVIDIA the software model of that instruction).
+    Matrix = 2,
+}
+
+/// Makes GPU attention plans created afterwards on this thread use a variant
+/// of the portable kernel (the HIP build's kernels), so an NVIDIA run checks
+/// both against the CPU backend.
+#[cfg(unikv_gpu)]
+pub fn gpu_plan_portable(kernel: PortableKernel) {
+    // SAFETY: sets a thread-local value in the kernel shim.
+    unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(kernel as std::ffi::c_int) }
 }
 
 /// Runs the device FP8 codec (kernels/fp8.cuh) on device 0 over `n` values at

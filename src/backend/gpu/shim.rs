@@ -396,10 +396,11 @@ extern "C" {
     /// and/or the wgmma kernel (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_test_plan_fallbacks(no_cluster: c_int, no_wgmma: c_int);
-    /// Plans created afterwards on the calling thread use the portable kernel
+    /// Plans created afterwards on the calling thread use the portable
+    /// kernel's scalar (1) or matrix (2) variant, or their own choice (0)
     /// (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
-    pub fn unikv_gpu_test_plan_portable(on: c_int);
+    pub fn unikv_gpu_test_plan_portable(variant: c_int);
     /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_fp8_check(
