@@ -235,6 +235,19 @@ PIN_AT(unikv_inverse_rope_args, positions, 88);
 PIN_AT(unikv_inverse_rope_args, rope_table, 168);
 PIN_AT(unikv_inverse_rope_args, num_tokens, 248);
 PIN_AT(unikv_inverse_rope_args, num_heads, 252);
+
+PIN_SIZE(unikv_hash_topk_args, 504);
+PIN_AT(unikv_hash_topk_args, struct_size, 0);
+PIN_AT(unikv_hash_topk_args, router_logits, 8);
+PIN_AT(unikv_hash_topk_args, input_ids, 88);
+PIN_AT(unikv_hash_topk_args, tid2eid, 168);
+PIN_AT(unikv_hash_topk_args, topk_weights, 248);
+PIN_AT(unikv_hash_topk_args, topk_ids, 328);
+PIN_AT(unikv_hash_topk_args, num_real_tokens, 408);
+PIN_AT(unikv_hash_topk_args, num_real_tokens_host, 488);
+PIN_AT(unikv_hash_topk_args, num_tokens, 492);
+PIN_AT(unikv_hash_topk_args, num_shared, 496);
+PIN_AT(unikv_hash_topk_args, routed_scaling_factor, 500);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

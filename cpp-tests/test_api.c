@@ -930,6 +930,78 @@ static void test_prepare_qkv(void) {
     unikv_context_destroy(ctx);
 }
 
+/* ---- hash_topk -------------------------------------------------------------------- */
+
+/* unikv_hash_topk from C: 3 rows of which 2 are real, K = 2 table experts of
+ * E = 4 plus one shared slot; weights against a float64 reference (1e-6
+ * relative), the padded row (-1, 0); bad inputs fail and leave the outputs as
+ * they were. */
+static void test_hash_topk(void) {
+    enum { N = 3, E = 4, K = 2, S = 1, VOCAB = 5 };
+    static const int32_t table_init[VOCAB * K] = {0, 1, 3, 2, 1, 1, 2, 0, 3, 3};
+    static const int64_t ids_init[N] = {4, 1, 0};
+    unikv_context *ctx = cpu_context();
+    float *logits = alloc(ctx, N * E * sizeof(float));
+    int32_t *table = alloc(ctx, sizeof table_init);
+    int64_t *ids = alloc(ctx, sizeof ids_init);
+    float *weights = alloc(ctx, N * (K + S) * sizeof(float));
+    int32_t *topk = alloc(ctx, N * (K + S) * sizeof(int32_t));
+    unikv_hash_topk_args a;
+    int n, j;
+
+    for (n = 0; n < N * E; ++n) logits[n] = uniform() * 8.0f;
+    memcpy(table, table_init, sizeof table_init);
+    memcpy(ids, ids_init, sizeof ids_init);
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.router_logits = tensor(logits, UNIKV_DTYPE_F32, 2, N, E, 0);
+    a.input_ids = tensor(ids, UNIKV_DTYPE_I64, 1, N, 0, 0);
+    a.tid2eid = tensor(table, UNIKV_DTYPE_I32, 2, VOCAB, K, 0);
+    a.topk_weights = tensor(weights, UNIKV_DTYPE_F32, 2, N, K + S, 0);
+    a.topk_ids = tensor(topk, UNIKV_DTYPE_I32, 2, N, K + S, 0);
+    a.num_real_tokens_host = 2;
+    a.num_tokens = N;
+    a.num_shared = S;
+    a.routed_scaling_factor = 1.5f;
+    CHECK_OK(unikv_hash_topk(ctx, &a, NULL));
+    for (n = 0; n < 2; ++n) {
+        const int32_t *e = table_init + ids_init[n] * K;
+        double w[K], sum = 0.0;
+        for (j = 0; j < K; ++j) {
+            const double x = logits[n * E + e[j]];
+            w[j] = sqrt(log1p(exp(x)));
+            sum += w[j];
+        }
+        for (j = 0; j < K; ++j) {
+            CHECK(topk[n * (K + S) + j] == e[j]);
+            CHECK(fabs(weights[n * (K + S) + j] - w[j] / sum) <= 1e-6 * (w[j] / sum));
+        }
+        CHECK(topk[n * (K + S) + K] == E);
+        CHECK(fabs(weights[n * (K + S) + K] - 1.0 / 1.5) <= 1e-6);
+    }
+    for (j = 0; j < K + S; ++j) CHECK(topk[2 * (K + S) + j] == -1 && weights[2 * (K + S) + j] == 0.0f);
+
+    /* Failing calls leave the weights exactly as they were. */
+    a.num_shared = 31;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "num_shared", weights, N * (K + S) * sizeof(float),
+                unikv_hash_topk(ctx, &a, NULL));
+    a.num_shared = S;
+    ids[1] = VOCAB;
+    EXPECT_FAIL(UNIKV_OUT_OF_RANGE, "input_ids[1]", weights, N * (K + S) * sizeof(float),
+                unikv_hash_topk(ctx, &a, NULL));
+    ids[1] = ids_init[1];
+    a.topk_ids.dtype = UNIKV_DTYPE_I64;
+    EXPECT_FAIL(UNIKV_BAD_DTYPE, "topk_ids", weights, N * (K + S) * sizeof(float),
+                unikv_hash_topk(ctx, &a, NULL));
+
+    CHECK_OK(unikv_memory_free(ctx, logits));
+    CHECK_OK(unikv_memory_free(ctx, table));
+    CHECK_OK(unikv_memory_free(ctx, ids));
+    CHECK_OK(unikv_memory_free(ctx, weights));
+    CHECK_OK(unikv_memory_free(ctx, topk));
+    unikv_context_destroy(ctx);
+}
+
 int main(void) {
     /* Before any failure the thread's message is empty. */
     CHECK(strcmp(unikv_last_error_message(), "") == 0);
@@ -951,6 +1023,7 @@ int main(void) {
     test_inverse_rope();
     test_store_flashmla();
     test_prepare_qkv();
+    test_hash_topk();
     printf("test_api: all checks passed\n");
     return 0;
 }

@@ -628,6 +628,44 @@ typedef struct unikv_inverse_rope_args {
   uint32_t num_heads;
 } unikv_inverse_rope_args;
 
+// Arguments of `unikv_hash_topk`. K = `tid2eid.shape[1]` routed experts per
+// row, E = `router_logits.shape[1]` experts, S = `num_shared`; K + S <= 32.
+//
+// Math per real row n, with `e_j = tid2eid[input_ids[n]][j]` (table order):
+// `w_j = sqrt(softplus(router_logits[n][e_j]))`, `softplus(x) = max(x, 0) +
+// log1p(exp(-|x|))`; slot j < K is `(e_j, w_j / sum_j w_j)` (no epsilon), slot
+// K + s is the fused shared expert `(E + s, 1 / routed_scaling_factor)`.
+// Computed in double, each weight rounded to f32 once (backends agree within
+// 1 f32 ulp). Rows n >= the number of real tokens are padding: ids -1,
+// weights 0.
+typedef struct unikv_hash_topk_args {
+  // sizeof(unikv_hash_topk_args).
+  size_t struct_size;
+  // `[>= num_tokens, E]` f32 router logits (any row stride).
+  struct unikv_tensor router_logits;
+  // `[>= num_tokens]` i32 or i64 token id of each row.
+  struct unikv_tensor input_ids;
+  // `[vocab, K]` i32 expert table (checkpoint `tid2eid`, any row stride).
+  struct unikv_tensor tid2eid;
+  // `[>= num_tokens, K + S]` f32 output weights (any row stride).
+  struct unikv_tensor topk_weights;
+  // `[>= num_tokens, K + S]` i32 output expert ids (any row stride).
+  struct unikv_tensor topk_ids;
+  // Optional `[>= 1]` i32 or i64 in the context's memory: element 0 is the
+  // number of real rows (a device value under CUDA graphs). Absent (NULL
+  // data): `num_real_tokens_host` counts them.
+  struct unikv_tensor num_real_tokens;
+  // Real rows when `num_real_tokens` is absent; at most `num_tokens`.
+  uint32_t num_real_tokens_host;
+  // Rows to write (< 2^31).
+  uint32_t num_tokens;
+  // S: fused shared-expert slots after the K routed ones (0 or 1 in
+  // DeepSeek-V4).
+  uint32_t num_shared;
+  // `routed_scaling_factor` (1.5 in DeepSeek-V4), finite and > 0.
+  float routed_scaling_factor;
+} unikv_hash_topk_args;
+
 // Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
 // 1-D contiguous i32.
 typedef struct unikv_store_swa_args {
@@ -957,6 +995,19 @@ UNIKV_NODISCARD
 unikv_status unikv_inverse_rope(const struct unikv_context *ctx,
                                 const struct unikv_inverse_rope_args *args,
                                 void *stream);
+
+// Writes `topk_ids` and `topk_weights` for rows 0..num_tokens (math in
+// `unikv_hash_topk_args`). Tensors are in the context's memory; `args` is
+// host memory read during the call. Runs on `stream` (ignored by the CPU
+// backend). Device values: the CPU backend (and GPU backends in `validate`
+// mode) checks the real-token count (OUT_OF_RANGE outside 0..num_tokens),
+// every real row's token id against the table and its K experts against E
+// (OUT_OF_RANGE), nothing written. Otherwise GPU backends write such a row as
+// padding (ids -1, weights 0) and clamp nothing else. Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_hash_topk(const struct unikv_context *ctx,
+                             const struct unikv_hash_topk_args *args,
+                             void *stream);
 
 // Writes each non-padding row of `kv` into its request's SWA ring at row
 // `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;

@@ -253,3 +253,20 @@ typedef struct ukv_fp8_check_params {
   uint32_t format;   /* 0 e4m3fn, 1 e4m3fnuz */
   int32_t reserved;
 } ukv_fp8_check_params;
+
+/* hash_topk (routing.cu): per row, K table experts weighted from the router
+ * logits, then S shared slots; rows past the real-token count are padding. */
+typedef struct ukv_hash_topk_params {
+  const float* logits;      /* [num_tokens, num_experts] f32, row stride logits_stride */
+  const void* input_ids;    /* [num_tokens] int32 or int64 (input_ids_i64) */
+  const int32_t* tid2eid;   /* [vocab, routed] int32, row stride table_stride */
+  float* weights;           /* [num_tokens, routed + shared] f32 */
+  int32_t* ids;             /* [num_tokens, routed + shared] int32 */
+  const void* num_real;     /* device count of real rows (int32 or int64), or NULL: num_real_host */
+  int64_t logits_stride, table_stride, weights_stride, ids_stride;
+  int64_t vocab;
+  int32_t num_tokens, num_experts, routed, shared;
+  int32_t num_real_host;
+  int32_t input_ids_i64, num_real_i64;
+  float routed_scaling_factor;
+} ukv_hash_topk_params;

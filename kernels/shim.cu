@@ -75,6 +75,7 @@ size_t unikv_gpu_params_size(int which) {
     case 9: return sizeof(ukv_inverse_rope_params);
     case 10: return sizeof(ukv_cache_store_params);
     case 11: return sizeof(ukv_prepare_qkv_params);
+    case 12: return sizeof(ukv_hash_topk_params);
     default: return 0;
   }
 }

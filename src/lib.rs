@@ -20,5 +20,7 @@ pub mod plan;
 pub mod pool;
 /// RoPE tables and the reference Q/KV norm + RoPE row math (spec store_fused §3).
 pub mod rope;
+/// Hash-routed MoE gating math (spec store_fused §5).
+pub mod routing;
 pub mod slots;
 pub mod tensor;

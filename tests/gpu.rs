@@ -5,6 +5,8 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+#[path = "gpu/routing.rs"]
+mod routing;
 
 use std::os::raw::c_void;
 use std::ptr;

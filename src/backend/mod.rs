@@ -17,6 +17,7 @@ use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
 
 use crate::ops::prepare::PrepareQkvArgs;
+use crate::ops::routing::HashTopkArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
@@ -115,4 +116,6 @@ pub trait Backend: Send + Sync + Debug {
     fn merge(&self, args: &MergeArgs, stream: Stream) -> Result<()>;
     /// Rotates the rope dims of an attention output back, in place.
     fn inverse_rope(&self, args: &InverseRopeArgs, stream: Stream) -> Result<()>;
+    /// Hash-routed MoE gating (spec store_fused §5).
+    fn hash_topk(&self, args: &HashTopkArgs, stream: Stream) -> Result<()>;
 }

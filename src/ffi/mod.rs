@@ -22,6 +22,7 @@ pub mod cache_store;
 pub mod index;
 pub mod prepare;
 pub mod rope;
+pub mod routing;
 pub mod store;
 // Internals.
 pub mod boundary;

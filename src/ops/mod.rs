@@ -7,6 +7,7 @@ pub mod cache_store;
 pub mod index;
 pub mod merge;
 pub mod rope;
+pub mod routing;
 
 pub mod prepare;
 pub mod store;

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cache_store;
+pub mod routing;
 
 use std::ffi::CStr;
 use std::os::raw::c_void;

@@ -2,7 +2,7 @@
 //! pool, f32 accumulation. It checks every index value before writing anything,
 //! and is the oracle GPU backends are tested against.
 
-// attention, cache_store, index, prepare, rope and store are visible to the
+// attention, cache_store, index, prepare, rope, routing and store are visible to the
 // crate for their value checks, which the GPU backend's validate mode runs on
 // host copies.
 pub(crate) mod attention;
@@ -13,6 +13,7 @@ mod memory;
 mod merge;
 pub(crate) mod prepare;
 pub(crate) mod rope;
+pub(crate) mod routing;
 pub(crate) mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
@@ -23,6 +24,7 @@ use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::rope::InverseRopeArgs;
+use crate::ops::routing::HashTopkArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 #[derive(Debug)]
@@ -135,5 +137,9 @@ impl Backend for CpuBackend {
 
     fn inverse_rope(&self, args: &InverseRopeArgs, _stream: Stream) -> Result<()> {
         rope::inverse_rope(&self.threads, args)
+    }
+
+    fn hash_topk(&self, args: &HashTopkArgs, _stream: Stream) -> Result<()> {
+        routing::hash_topk(args)
     }
 }

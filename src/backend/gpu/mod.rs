@@ -26,6 +26,7 @@ use crate::pool::LayerRows;
 use crate::tensor::{IndexVector, View};
 
 use crate::ops::prepare::PrepareQkvArgs;
+use crate::ops::routing::{HashTopkArgs, RealTokens};
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -793,6 +794,61 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_inverse_rope(self.device, &p, stream.0) },
             "inverse_rope",
+        )
+    }
+
+    fn hash_topk(&self, a: &HashTopkArgs, stream: Stream) -> Result<()> {
+        let num_real = match &a.real_tokens {
+            RealTokens::Host(_) => None,
+            RealTokens::Device(v) => Some(v),
+        };
+        if self.validate {
+            let (_i, input_ids) = self.mirror_ints(&a.input_ids, stream)?;
+            let (_t, tid2eid) = self.mirror(&a.tid2eid, stream)?;
+            let (_r, real_tokens) = match num_real {
+                Some(v) => {
+                    let (host, v) = self.mirror_ints(v, stream)?;
+                    (Some(host), RealTokens::Device(v))
+                }
+                None => (None, a.real_tokens),
+            };
+            self.synchronize(stream)?;
+            let host = HashTopkArgs {
+                input_ids,
+                tid2eid,
+                real_tokens,
+                ..*a
+            };
+            cpu::routing::row_experts(&host, cpu::routing::real_rows(&host)?)?;
+        }
+        let p = shim::HashTopkParams {
+            logits: a.router_logits.as_ptr(),
+            input_ids: a.input_ids.as_ptr() as *const c_void,
+            tid2eid: a.tid2eid.as_ptr(),
+            weights: a.topk_weights.as_ptr(),
+            ids: a.topk_ids.as_ptr(),
+            num_real: num_real.map_or(std::ptr::null(), |v| v.as_ptr() as *const c_void),
+            logits_stride: a.router_logits.strides[0] as i64,
+            table_stride: a.tid2eid.strides[0] as i64,
+            weights_stride: a.topk_weights.strides[0] as i64,
+            ids_stride: a.topk_ids.strides[0] as i64,
+            vocab: a.tid2eid.shape[0] as i64,
+            num_tokens: a.num_tokens as i32,
+            num_experts: a.num_experts() as i32,
+            routed: a.routed() as i32,
+            shared: a.num_shared as i32,
+            num_real_host: match a.real_tokens {
+                RealTokens::Host(n) => n as i32,
+                RealTokens::Device(_) => 0,
+            },
+            input_ids_i64: i32::from(a.input_ids.is_i64()),
+            num_real_i64: i32::from(num_real.is_some_and(|v| v.is_i64())),
+            routed_scaling_factor: a.routed_scaling_factor,
+        };
+        // SAFETY: views validated by `ops::routing`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_hash_topk(self.device, &p, stream.0) },
+            "hash_topk",
         )
     }
 }

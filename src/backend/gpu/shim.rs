@@ -277,6 +277,30 @@ pub struct InverseRopeParams {
     pub reserved: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HashTopkParams {
+    pub logits: *const f32,
+    pub input_ids: *const c_void,
+    pub tid2eid: *const i32,
+    pub weights: *mut f32,
+    pub ids: *mut i32,
+    pub num_real: *const c_void,
+    pub logits_stride: i64,
+    pub table_stride: i64,
+    pub weights_stride: i64,
+    pub ids_stride: i64,
+    pub vocab: i64,
+    pub num_tokens: i32,
+    pub num_experts: i32,
+    pub routed: i32,
+    pub shared: i32,
+    pub num_real_host: i32,
+    pub input_ids_i64: i32,
+    pub num_real_i64: i32,
+    pub routed_scaling_factor: f32,
+}
+
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
 pub const MIRRORS: &[(c_int, usize, &str)] = &[
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
@@ -315,6 +339,7 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
         std::mem::size_of::<PrepareQkvParams>(),
         "PrepareQkvParams",
     ),
+    (12, std::mem::size_of::<HashTopkParams>(), "HashTopkParams"),
 ];
 
 extern "C" {
@@ -362,6 +387,11 @@ extern "C" {
     pub fn unikv_gpu_prepare_qkv(
         device: c_int,
         p: *const PrepareQkvParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_hash_topk(
+        device: c_int,
+        p: *const HashTopkParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_build_decode_streams(
