@@ -39,6 +39,7 @@ mod kernels {
         "devtools.cu",
         "fp8_check.cu",
         "routing.cu",
+        "indexer.cu",
     ];
     /// A `;`- or `,`-separated target list from `var` (or `default`); an
     /// empty list is an error naming the variable.

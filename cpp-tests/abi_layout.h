@@ -248,6 +248,33 @@ PIN_AT(unikv_hash_topk_args, num_real_tokens_host, 488);
 PIN_AT(unikv_hash_topk_args, num_tokens, 492);
 PIN_AT(unikv_hash_topk_args, num_shared, 496);
 PIN_AT(unikv_hash_topk_args, routed_scaling_factor, 500);
+
+PIN_SIZE(unikv_indexer_prepare_q_args, 504);
+PIN_AT(unikv_indexer_prepare_q_args, struct_size, 0);
+PIN_AT(unikv_indexer_prepare_q_args, q, 8);
+PIN_AT(unikv_indexer_prepare_q_args, weights, 88);
+PIN_AT(unikv_indexer_prepare_q_args, rope_table, 168);
+PIN_AT(unikv_indexer_prepare_q_args, positions, 248);
+PIN_AT(unikv_indexer_prepare_q_args, q_fp8, 328);
+PIN_AT(unikv_indexer_prepare_q_args, weights_out, 408);
+PIN_AT(unikv_indexer_prepare_q_args, q_dtype, 488);
+PIN_AT(unikv_indexer_prepare_q_args, num_tokens, 492);
+PIN_AT(unikv_indexer_prepare_q_args, num_heads, 496);
+PIN_AT(unikv_indexer_prepare_q_args, weight_scale, 500);
+
+PIN_SIZE(unikv_indexer_prepare_k_args, 512);
+PIN_AT(unikv_indexer_prepare_k_args, struct_size, 0);
+PIN_AT(unikv_indexer_prepare_k_args, cache, 8);
+PIN_AT(unikv_indexer_prepare_k_args, key, 88);
+PIN_AT(unikv_indexer_prepare_k_args, norm_weight, 168);
+PIN_AT(unikv_indexer_prepare_k_args, rope_table, 248);
+PIN_AT(unikv_indexer_prepare_k_args, positions, 328);
+PIN_AT(unikv_indexer_prepare_k_args, loc, 408);
+PIN_AT(unikv_indexer_prepare_k_args, page_size, 488);
+PIN_AT(unikv_indexer_prepare_k_args, cache_dtype, 492);
+PIN_AT(unikv_indexer_prepare_k_args, num_tokens, 496);
+PIN_AT(unikv_indexer_prepare_k_args, eps, 500);
+PIN_AT(unikv_indexer_prepare_k_args, reserved, 504);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

@@ -532,6 +532,82 @@ typedef struct unikv_prefill_streams_args {
   uint32_t compress_ratio;
 } unikv_prefill_streams_args;
 
+// Arguments of `unikv_indexer_prepare_q`.
+//
+// Math per token t and head h, on the head's 128 values widened to f32 and
+// never rounded in between: GPT-J RoPE of dims 64..127 with `(c_i, s_i)` =
+// `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`, `im' = re*s +
+// im*c`); the 128-point Walsh-Hadamard transform in natural order, as seven
+// butterfly stages of strides 1..64 (lower `a + b`, upper `a - b`), times
+// f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max` (448 fn, 240 fnuz),
+// codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
+// `weights_out[t][h] = (weights[t][h] * weight_scale) * scale`. Each step is
+// one f32 operation, never fused: backends agree bit for bit.
+typedef struct unikv_indexer_prepare_q_args {
+  // sizeof(unikv_indexer_prepare_q_args).
+  size_t struct_size;
+  // `[>= num_tokens, num_heads, 128]` bf16 indexer queries (`wq_b`
+  // output; any token and head strides, rows 16-byte aligned).
+  struct unikv_tensor q;
+  // `[>= num_tokens, num_heads]` bf16 head weights (`weights_proj`
+  // output; any token stride, e.g. a slice of a fused projection).
+  struct unikv_tensor weights;
+  // `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+  struct unikv_tensor rope_table;
+  // `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+  struct unikv_tensor positions;
+  // `[>= num_tokens, num_heads, 128]` UNIKV_DTYPE_U8 output codes (rows
+  // 16-byte aligned).
+  struct unikv_tensor q_fp8;
+  // `[>= num_tokens, num_heads]` f32 output: the folded weights.
+  struct unikv_tensor weights_out;
+  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' format.
+  uint32_t q_dtype;
+  uint32_t num_tokens;
+  // Indexer heads (64 in DeepSeek-V4); num_tokens * num_heads < 2^31.
+  uint32_t num_heads;
+  // `1 / sqrt(128 * num_heads)` in DeepSeek-V4; finite.
+  float weight_scale;
+} unikv_indexer_prepare_q_args;
+
+// Arguments of `unikv_indexer_prepare_k`. The cache layout is
+// `unikv_store_indexer`'s.
+//
+// Math per key t, in f32 with no rounding in between: RMSNorm
+// `x * f * norm_weight` with `f = 1 / sqrt(sum(x^2) / 128 + eps)` (the sum
+// in double, f rounded to f32 once); RoPE of dims 64..127 at
+// `positions[t]` (the first position of the key's 4-token group); the
+// Hadamard transform and FP8 quantization of `unikv_indexer_prepare_q_args`;
+// codes and scale stored at location `loc[t]`. Backends agree within 1 FP8
+// code and 1 f32 ulp of the scale (the norm's sum may round differently).
+typedef struct unikv_indexer_prepare_k_args {
+  // sizeof(unikv_indexer_prepare_k_args).
+  size_t struct_size;
+  // The indexer key cache `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8
+  // (see `unikv_store_indexer_args.cache`).
+  struct unikv_tensor cache;
+  // `[>= num_tokens, 128]` bf16 or f32 compressed keys (compressor
+  // output), rows 16-byte aligned.
+  struct unikv_tensor key;
+  // `[128]` bf16 RMSNorm weight of the indexer compressor.
+  struct unikv_tensor norm_weight;
+  // `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+  struct unikv_tensor rope_table;
+  // `[>= num_tokens]` i32 or i64 positions: table rows.
+  struct unikv_tensor positions;
+  // `[>= num_tokens]` i32 or i64 cache locations; negative = skip.
+  struct unikv_tensor loc;
+  // Keys per page: 64.
+  uint32_t page_size;
+  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ.
+  uint32_t cache_dtype;
+  uint32_t num_tokens;
+  // RMSNorm epsilon (1e-6), finite and > 0.
+  float eps;
+  // Must be 0.
+  uint32_t reserved;
+} unikv_indexer_prepare_k_args;
+
 // Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
 //
 // Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
@@ -948,6 +1024,30 @@ UNIKV_NODISCARD
 unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
                                          const struct unikv_prefill_streams_args *args,
                                          void *stream);
+
+// Prepares a forward's indexer queries (math in
+// `unikv_indexer_prepare_q_args`): writes `q_fp8` and `weights_out`.
+// Tensors are in the context's memory; `args` is host memory read during
+// the call. Runs on `stream` (ignored by the CPU backend). Device values: the
+// CPU backend (and GPU backends in `validate` mode) checks every position
+// (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
+// skip a token whose position is outside the table. Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_indexer_prepare_q(const struct unikv_context *ctx,
+                                     const struct unikv_indexer_prepare_q_args *args,
+                                     void *stream);
+
+// Prepares compressed indexer keys and stores them into the indexer key
+// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream and
+// thread-safety rules as `unikv_store_indexer`. Device values: the CPU
+// backend (and GPU backends in `validate` mode) checks every position
+// (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
+// written; otherwise GPU backends skip a key whose position is outside the
+// table or whose location is past the cache.
+UNIKV_NODISCARD
+unikv_status unikv_indexer_prepare_k(const struct unikv_context *ctx,
+                                     const struct unikv_indexer_prepare_k_args *args,
+                                     void *stream);
 
 // Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
 // math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,

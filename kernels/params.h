@@ -270,3 +270,44 @@ typedef struct ukv_hash_topk_params {
   int32_t input_ids_i64, num_real_i64;
   float routed_scaling_factor;
 } ukv_hash_topk_params;
+
+/* Indexer query preparation (indexer.cu, spec store_fused 4.1): per (token,
+ * head), RoPE + Hadamard + FP8 with an fp32 scale, and the folded weight. */
+typedef struct ukv_indexer_q_params {
+  const void* q;            /* [num_tokens, num_heads, 128] bf16 */
+  const void* weights;      /* [num_tokens, num_heads] bf16, token stride weights_stride */
+  const float* table;       /* [max_pos, 64] f32, row stride table_stride */
+  const void* positions;    /* [num_tokens] int32 or int64 (positions_i64) */
+  uint8_t* q_fp8;           /* [num_tokens, num_heads, 128] codes */
+  float* weights_out;       /* [num_tokens, num_heads] f32 */
+  int64_t q_stride_token, q_stride_head;
+  int64_t out_stride_token, out_stride_head;
+  int64_t weights_stride, weights_out_stride;
+  int64_t table_stride, max_pos;
+  int32_t num_tokens, num_heads;
+  int32_t positions_i64;
+  uint32_t format;          /* 0 e4m3fn, 1 e4m3fnuz */
+  float weight_scale;
+  int32_t reserved;
+} ukv_indexer_q_params;
+
+/* Indexer key preparation (indexer.cu, spec store_fused 4.2): RMSNorm + RoPE
+ * + Hadamard + FP8 into the indexer key cache (layout of cache_store.cu). */
+typedef struct ukv_indexer_k_params {
+  const void* key;          /* [num_tokens, 128] bf16 or f32 (key_f32), row stride key_stride */
+  const void* norm_weight;  /* [128] bf16 */
+  const float* table;       /* [max_pos, 64] f32, row stride table_stride */
+  const void* positions;    /* [num_tokens] int32 or int64 (positions_i64) */
+  const void* loc;          /* [num_tokens] int32 or int64 (loc_i64); negative or past the cache = skip */
+  uint8_t* cache;           /* [num_pages, 132 * page_size] */
+  int64_t key_stride;
+  int64_t table_stride, max_pos;
+  int64_t bytes_per_page;
+  int64_t token_slots;      /* num_pages * page_size */
+  int32_t page_shift;       /* log2(page_size) */
+  int32_t num_tokens;
+  int32_t key_f32, positions_i64, loc_i64;
+  uint32_t format;          /* 0 e4m3fn, 1 e4m3fnuz */
+  float eps;
+  int32_t reserved;
+} ukv_indexer_k_params;

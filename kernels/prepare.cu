@@ -18,6 +18,7 @@
 // Device values are never trusted: a position outside the table skips the
 // token (nothing written for it), a row outside the layer skips the store.
 #include "pool_rows.cuh"
+#include "rms_norm.cuh"
 #include "shim.cuh"
 
 namespace {
@@ -59,22 +60,6 @@ __device__ __forceinline__ void store_row(ukv_bf16* row, int lane, const LaneRow
   p[UKV_WARP + lane] = make_uint4(x[4], x[5], x[6], x[7]);
 }
 
-// 1 / sqrt(m) for m >= 2^-149 to within a few double ulps: m scaled by an
-// even power of two into float's range (exact), the float estimate refined by
-// two Newton steps in double, the result scaled back. As a float it is the
-// host's (float)(1.0 / sqrt(m)) unless that lies within those ulps of a float
-// rounding midpoint (odds near 2^-27 per row). A correctly rounded double
-// sqrt and division would cost registers, which set the occupancy.
-__device__ __forceinline__ double rsqrt_refined(double m) {
-  if (!(m < INFINITY)) return m == m ? 0.0 : m;  // 1/sqrt(inf) = 0; NaN stays NaN
-  const bool big = m > 0x1p100, tiny = m < 0x1p-100;
-  const double s = big ? m * 0x1p-200 : tiny ? m * 0x1p200 : m;
-  double r = (double)rsqrtf((float)s);
-  r = r * (1.5 - 0.5 * s * r * r);
-  r = r * (1.5 - 0.5 * s * r * r);
-  return big ? r * 0x1p-100 : tiny ? r * 0x1p100 : r;
-}
-
 // rsqrt(mean(x^2) + eps) over the warp's row, as src/rope.rs rms_norm: the
 // squares of bf16 values are exact in double, so the sum usually is too,
 // whatever the order.
@@ -86,7 +71,7 @@ __device__ __forceinline__ float norm_factor(const LaneRow& x, float eps) {
     sum += hi * hi;
   }
   sum = ukv_xor_sum<16, 1>(sum);
-  return (float)rsqrt_refined(sum / kDims + (double)eps);
+  return ukv_rms_factor(sum, kDims, eps);
 }
 
 // A rope lane's 4 (cos, sin) pairs: table floats 8 (lane - 24) + 0..7.

@@ -76,6 +76,8 @@ size_t unikv_gpu_params_size(int which) {
     case 10: return sizeof(ukv_cache_store_params);
     case 11: return sizeof(ukv_prepare_qkv_params);
     case 12: return sizeof(ukv_hash_topk_params);
+    case 13: return sizeof(ukv_indexer_q_params);
+    case 14: return sizeof(ukv_indexer_k_params);
     default: return 0;
   }
 }

@@ -15,6 +15,8 @@ pub mod error;
 pub mod ffi;
 pub mod fp8;
 pub mod geometry;
+/// Lightning indexer query and key preparation math (spec store_fused §4.1, §4.2).
+pub mod indexer;
 pub mod ops;
 pub mod plan;
 pub mod pool;

@@ -5,6 +5,8 @@
 #![cfg(feature = "cuda")]
 
 mod common;
+#[path = "gpu/indexer.rs"]
+mod indexer;
 #[path = "gpu/routing.rs"]
 mod routing;
 

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
 
@@ -116,6 +117,10 @@ pub trait Backend: Send + Sync + Debug {
     fn merge(&self, args: &MergeArgs, stream: Stream) -> Result<()>;
     /// Rotates the rope dims of an attention output back, in place.
     fn inverse_rope(&self, args: &InverseRopeArgs, stream: Stream) -> Result<()>;
+    /// Indexer query RoPE + Hadamard + FP8 and folded weights (spec store_fused §4.1).
+    fn indexer_prepare_q(&self, args: &IndexerQueryArgs, stream: Stream) -> Result<()>;
+    /// Indexer key RMSNorm + RoPE + Hadamard + FP8 into the indexer cache (§4.2).
+    fn indexer_prepare_k(&self, args: &IndexerKeyArgs, stream: Stream) -> Result<()>;
     /// Hash-routed MoE gating (spec store_fused §5).
     fn hash_topk(&self, args: &HashTopkArgs, stream: Stream) -> Result<()>;
 }

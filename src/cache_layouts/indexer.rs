@@ -115,8 +115,9 @@ pub fn store_token(
     Ok(())
 }
 
-/// The codes and fp32 scale of one key (see `store_token` for the rounding).
-fn quantize_key(key: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
+/// The codes and fp32 scale of one key (see `store_token` for the rounding);
+/// the indexer's queries are quantized the same way (spec §4.1 step 4).
+pub fn quantize_key(key: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
     let amax = key.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let scale = amax.max(fp8::AMAX_FLOOR) / fmt.max();
     let inv = 1.0 / scale;

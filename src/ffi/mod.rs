@@ -20,6 +20,7 @@ pub mod pool;
 pub mod attention;
 pub mod cache_store;
 pub mod index;
+pub mod indexer;
 pub mod prepare;
 pub mod rope;
 pub mod routing;

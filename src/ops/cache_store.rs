@@ -67,7 +67,12 @@ pub fn store_flashmla(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Res
     let fmt = cache_format(raw.cache_dtype)?;
     let geometry = FlashMlaGeometry::new(raw.page_size.into(), fmt)?;
     let args = FlashMlaStoreArgs {
-        target: target(raw, geometry.bytes_per_page(), geometry.page_size())?,
+        target: target(
+            raw.cache,
+            raw.loc,
+            raw.num_tokens,
+            (geometry.bytes_per_page(), geometry.page_size()),
+        )?,
         kv: raw.rows.view(
             "kv",
             [tokens(raw.num_tokens), Extent::Exact(flashmla::TOKEN_DIMS)],
@@ -83,7 +88,12 @@ pub fn store_indexer(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Resu
     let fmt = cache_format(raw.cache_dtype)?;
     let geometry = IndexerGeometry::new(raw.page_size.into(), fmt)?;
     let args = IndexerStoreArgs {
-        target: target(raw, geometry.bytes_per_page(), geometry.page_size())?,
+        target: target(
+            raw.cache,
+            raw.loc,
+            raw.num_tokens,
+            (geometry.bytes_per_page(), geometry.page_size()),
+        )?,
         key: raw.rows.float_rows(
             "key",
             [tokens(raw.num_tokens), Extent::Exact(indexer::KEY_DIMS)],
@@ -96,15 +106,20 @@ pub fn store_indexer(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Resu
 
 /// The FP8 flavour named by `cache_dtype`: an unknown value is `BadEnum`, a
 /// dtype that is not FP8 `BadDtype`.
-fn cache_format(raw: u32) -> Result<Fp8Format> {
+pub(crate) fn cache_format(raw: u32) -> Result<Fp8Format> {
+    fp8_format("cache_dtype", raw)
+}
+
+/// The FP8 flavour a dtype argument `name` names (see `cache_format`).
+pub(crate) fn fp8_format(name: &str, raw: u32) -> Result<Fp8Format> {
     let dtype = DType::ALL
         .into_iter()
         .find(|d| d.to_raw() == raw)
-        .ok_or_else(|| err!(BadEnum, "cache_dtype: unknown dtype value {raw}"))?;
+        .ok_or_else(|| err!(BadEnum, "{name}: unknown dtype value {raw}"))?;
     dtype.fp8_format().ok_or_else(|| {
         err!(
             BadDtype,
-            "cache_dtype: {} is not an FP8 dtype (fp8_e4m3fn or fp8_e4m3fnuz)",
+            "{name}: {} is not an FP8 dtype (fp8_e4m3fn or fp8_e4m3fnuz)",
             dtype.name()
         )
     })
@@ -113,9 +128,14 @@ fn cache_format(raw: u32) -> Result<Fp8Format> {
 /// The cache and locations. The kernels compute byte offsets as
 /// `page * bytes_per_page`, so the row stride must be exactly the page stride;
 /// 16-byte alignment lets them store 16-byte vectors.
-fn target(raw: &CacheStoreRaw, bytes_per_page: u64, page_size: u64) -> Result<CacheTarget> {
+pub(crate) fn target(
+    cache: RawTensor,
+    loc: RawTensor,
+    num_tokens: usize,
+    (bytes_per_page, page_size): (u64, u64),
+) -> Result<CacheTarget> {
     let bytes_per_page = bytes_per_page as usize;
-    let cache: Matrix<u8> = raw.cache.view(
+    let cache: Matrix<u8> = cache.view(
         "cache",
         [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
         ROW_ALIGN,
@@ -128,8 +148,8 @@ fn target(raw: &CacheStoreRaw, bytes_per_page: u64, page_size: u64) -> Result<Ca
     );
     Ok(CacheTarget {
         cache,
-        loc: raw.loc.index_vector("loc", tokens(raw.num_tokens))?,
-        num_tokens: raw.num_tokens,
+        loc: loc.index_vector("loc", tokens(num_tokens))?,
+        num_tokens,
         page_size,
     })
 }

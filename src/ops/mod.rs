@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod cache_store;
 pub mod index;
+pub mod indexer;
 pub mod merge;
 pub mod rope;
 pub mod routing;

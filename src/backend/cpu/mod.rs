@@ -9,6 +9,7 @@ pub(crate) mod attention;
 pub(crate) mod cache_store;
 mod host;
 pub(crate) mod index;
+mod indexer;
 mod memory;
 mod merge;
 pub(crate) mod prepare;
@@ -21,6 +22,7 @@ use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::rope::InverseRopeArgs;
@@ -137,6 +139,14 @@ impl Backend for CpuBackend {
 
     fn inverse_rope(&self, args: &InverseRopeArgs, _stream: Stream) -> Result<()> {
         rope::inverse_rope(&self.threads, args)
+    }
+
+    fn indexer_prepare_q(&self, args: &IndexerQueryArgs, _stream: Stream) -> Result<()> {
+        indexer::indexer_prepare_q(&self.threads, args)
+    }
+
+    fn indexer_prepare_k(&self, args: &IndexerKeyArgs, _stream: Stream) -> Result<()> {
+        indexer::indexer_prepare_k(args)
     }
 
     fn hash_topk(&self, args: &HashTopkArgs, _stream: Stream) -> Result<()> {

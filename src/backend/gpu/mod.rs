@@ -25,6 +25,7 @@ use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::pool::LayerRows;
 use crate::tensor::{IndexVector, View};
 
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
 use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::routing::{HashTopkArgs, RealTokens};
 
@@ -242,6 +243,14 @@ fn kv_source(s: &KvSource) -> shim::KvSource {
 }
 
 /// The params of either cache store; `rows` is the kv or key tensor.
+/// `ukv_fp8_format` of kernels/fp8.cuh.
+fn format_code(fmt: Fp8Format) -> u32 {
+    match fmt {
+        Fp8Format::E4m3Fn => 0,
+        Fp8Format::E4m3Fnuz => 1,
+    }
+}
+
 fn cache_store_params(
     target: &CacheTarget,
     (rows, row_stride, rows_f32): (*const c_void, usize, bool),
@@ -258,11 +267,7 @@ fn cache_store_params(
         token_slots: target.token_slots() as i64,
         num_tokens: target.num_tokens as i64,
         page_shift: target.page_size.trailing_zeros() as i32,
-        // ukv_fp8_format in kernels/fp8.cuh.
-        format: match fmt {
-            Fp8Format::E4m3Fn => 0,
-            Fp8Format::E4m3Fnuz => 1,
-        },
+        format: format_code(fmt),
         loc_i64: target.loc.is_i64() as i32,
         rows_f32: rows_f32 as i32,
     }
@@ -794,6 +799,73 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_inverse_rope(self.device, &p, stream.0) },
             "inverse_rope",
+        )
+    }
+
+    fn indexer_prepare_q(&self, a: &IndexerQueryArgs, stream: Stream) -> Result<()> {
+        if self.validate {
+            self.check_positions(&a.positions, a.num_tokens, a.rope_table.shape[0], stream)?;
+        }
+        let p = shim::IndexerQParams {
+            q: a.q.as_ptr() as *const c_void,
+            weights: a.weights.as_ptr() as *const c_void,
+            table: a.rope_table.as_ptr(),
+            positions: a.positions.as_ptr() as *const c_void,
+            q_fp8: a.q_fp8.as_ptr(),
+            weights_out: a.weights_out.as_ptr(),
+            q_stride_token: a.q.strides[0] as i64,
+            q_stride_head: a.q.strides[1] as i64,
+            out_stride_token: a.q_fp8.strides[0] as i64,
+            out_stride_head: a.q_fp8.strides[1] as i64,
+            weights_stride: a.weights.strides[0] as i64,
+            weights_out_stride: a.weights_out.strides[0] as i64,
+            table_stride: a.rope_table.strides[0] as i64,
+            max_pos: a.rope_table.shape[0] as i64,
+            num_tokens: a.num_tokens as i32,
+            num_heads: a.num_heads as i32,
+            positions_i64: i32::from(a.positions.is_i64()),
+            format: format_code(a.fmt),
+            weight_scale: a.weight_scale,
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::indexer`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_indexer_prepare_q(self.device, &p, stream.0) },
+            "indexer_prepare_q",
+        )
+    }
+
+    fn indexer_prepare_k(&self, a: &IndexerKeyArgs, stream: Stream) -> Result<()> {
+        let n = a.target.num_tokens;
+        if self.validate {
+            self.check_positions(&a.positions, n, a.rope_table.shape[0], stream)?;
+        }
+        self.check_cache_locations(&a.target, stream)?;
+        let p = shim::IndexerKParams {
+            key: a.key.as_ptr() as *const c_void,
+            norm_weight: a.norm_weight.as_ptr() as *const c_void,
+            table: a.rope_table.as_ptr(),
+            positions: a.positions.as_ptr() as *const c_void,
+            loc: a.target.loc.as_ptr() as *const c_void,
+            cache: a.target.cache.as_ptr(),
+            key_stride: a.key.row_stride() as i64,
+            table_stride: a.rope_table.strides[0] as i64,
+            max_pos: a.rope_table.shape[0] as i64,
+            bytes_per_page: a.geometry.bytes_per_page() as i64,
+            token_slots: a.target.token_slots() as i64,
+            page_shift: a.target.page_size.trailing_zeros() as i32,
+            num_tokens: n as i32,
+            key_f32: i32::from(a.key.is_f32()),
+            positions_i64: i32::from(a.positions.is_i64()),
+            loc_i64: i32::from(a.target.loc.is_i64()),
+            format: format_code(a.geometry.format()),
+            eps: a.eps,
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::indexer`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_indexer_prepare_k(self.device, &p, stream.0) },
+            "indexer_prepare_k",
         )
     }
 

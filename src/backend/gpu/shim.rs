@@ -301,6 +301,55 @@ pub struct HashTopkParams {
     pub routed_scaling_factor: f32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerQParams {
+    pub q: *const c_void,
+    pub weights: *const c_void,
+    pub table: *const f32,
+    pub positions: *const c_void,
+    pub q_fp8: *mut u8,
+    pub weights_out: *mut f32,
+    pub q_stride_token: i64,
+    pub q_stride_head: i64,
+    pub out_stride_token: i64,
+    pub out_stride_head: i64,
+    pub weights_stride: i64,
+    pub weights_out_stride: i64,
+    pub table_stride: i64,
+    pub max_pos: i64,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub positions_i64: i32,
+    pub format: u32,
+    pub weight_scale: f32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerKParams {
+    pub key: *const c_void,
+    pub norm_weight: *const c_void,
+    pub table: *const f32,
+    pub positions: *const c_void,
+    pub loc: *const c_void,
+    pub cache: *mut u8,
+    pub key_stride: i64,
+    pub table_stride: i64,
+    pub max_pos: i64,
+    pub bytes_per_page: i64,
+    pub token_slots: i64,
+    pub page_shift: i32,
+    pub num_tokens: i32,
+    pub key_f32: i32,
+    pub positions_i64: i32,
+    pub loc_i64: i32,
+    pub format: u32,
+    pub eps: f32,
+    pub reserved: i32,
+}
+
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
 pub const MIRRORS: &[(c_int, usize, &str)] = &[
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
@@ -340,6 +389,8 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
         "PrepareQkvParams",
     ),
     (12, std::mem::size_of::<HashTopkParams>(), "HashTopkParams"),
+    (13, std::mem::size_of::<IndexerQParams>(), "IndexerQParams"),
+    (14, std::mem::size_of::<IndexerKParams>(), "IndexerKParams"),
 ];
 
 extern "C" {
@@ -387,6 +438,16 @@ extern "C" {
     pub fn unikv_gpu_prepare_qkv(
         device: c_int,
         p: *const PrepareQkvParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_indexer_prepare_q(
+        device: c_int,
+        p: *const IndexerQParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_indexer_prepare_k(
+        device: c_int,
+        p: *const IndexerKParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_hash_topk(

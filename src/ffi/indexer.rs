@@ -1,0 +1,170 @@
+//! Lightning indexer entry points (spec store_fused §4): query preparation
+//! (RoPE + Hadamard + FP8 and the folded head weights) and compressed-key
+//! preparation into the indexer key cache.
+
+use std::os::raw::c_void;
+
+use crate::backend::Stream;
+use crate::error::ensure;
+use crate::ffi::boundary::{boundary, read_params, Versioned};
+use crate::ffi::context::{context, unikv_context};
+use crate::ffi::status::unikv_status;
+use crate::ffi::types::unikv_tensor;
+use crate::ops::indexer::{self, IndexerKeyRaw, IndexerQueryRaw};
+
+/// Arguments of `unikv_indexer_prepare_q`.
+///
+/// Math per token t and head h, on the head's 128 values widened to f32 and
+/// never rounded in between: GPT-J RoPE of dims 64..127 with `(c_i, s_i)` =
+/// `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`, `im' = re*s +
+/// im*c`); the 128-point Walsh-Hadamard transform in natural order, as seven
+/// butterfly stages of strides 1..64 (lower `a + b`, upper `a - b`), times
+/// f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max` (448 fn, 240 fnuz),
+/// codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
+/// `weights_out[t][h] = (weights[t][h] * weight_scale) * scale`. Each step is
+/// one f32 operation, never fused: backends agree bit for bit.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_indexer_prepare_q_args {
+    /// sizeof(unikv_indexer_prepare_q_args).
+    pub struct_size: usize,
+    /// `[>= num_tokens, num_heads, 128]` bf16 indexer queries (`wq_b`
+    /// output; any token and head strides, rows 16-byte aligned).
+    pub q: unikv_tensor,
+    /// `[>= num_tokens, num_heads]` bf16 head weights (`weights_proj`
+    /// output; any token stride, e.g. a slice of a fused projection).
+    pub weights: unikv_tensor,
+    /// `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+    pub rope_table: unikv_tensor,
+    /// `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+    pub positions: unikv_tensor,
+    /// `[>= num_tokens, num_heads, 128]` UNIKV_DTYPE_U8 output codes (rows
+    /// 16-byte aligned).
+    pub q_fp8: unikv_tensor,
+    /// `[>= num_tokens, num_heads]` f32 output: the folded weights.
+    pub weights_out: unikv_tensor,
+    /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' format.
+    pub q_dtype: u32,
+    pub num_tokens: u32,
+    /// Indexer heads (64 in DeepSeek-V4); num_tokens * num_heads < 2^31.
+    pub num_heads: u32,
+    /// `1 / sqrt(128 * num_heads)` in DeepSeek-V4; finite.
+    pub weight_scale: f32,
+}
+
+unsafe impl Versioned for unikv_indexer_prepare_q_args {
+    const NAME: &'static str = "args";
+}
+
+/// Arguments of `unikv_indexer_prepare_k`. The cache layout is
+/// `unikv_store_indexer`'s.
+///
+/// Math per key t, in f32 with no rounding in between: RMSNorm
+/// `x * f * norm_weight` with `f = 1 / sqrt(sum(x^2) / 128 + eps)` (the sum
+/// in double, f rounded to f32 once); RoPE of dims 64..127 at
+/// `positions[t]` (the first position of the key's 4-token group); the
+/// Hadamard transform and FP8 quantization of `unikv_indexer_prepare_q_args`;
+/// codes and scale stored at location `loc[t]`. Backends agree within 1 FP8
+/// code and 1 f32 ulp of the scale (the norm's sum may round differently).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_indexer_prepare_k_args {
+    /// sizeof(unikv_indexer_prepare_k_args).
+    pub struct_size: usize,
+    /// The indexer key cache `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8
+    /// (see `unikv_store_indexer_args.cache`).
+    pub cache: unikv_tensor,
+    /// `[>= num_tokens, 128]` bf16 or f32 compressed keys (compressor
+    /// output), rows 16-byte aligned.
+    pub key: unikv_tensor,
+    /// `[128]` bf16 RMSNorm weight of the indexer compressor.
+    pub norm_weight: unikv_tensor,
+    /// `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+    pub rope_table: unikv_tensor,
+    /// `[>= num_tokens]` i32 or i64 positions: table rows.
+    pub positions: unikv_tensor,
+    /// `[>= num_tokens]` i32 or i64 cache locations; negative = skip.
+    pub loc: unikv_tensor,
+    /// Keys per page: 64.
+    pub page_size: u32,
+    /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ.
+    pub cache_dtype: u32,
+    pub num_tokens: u32,
+    /// RMSNorm epsilon (1e-6), finite and > 0.
+    pub eps: f32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+unsafe impl Versioned for unikv_indexer_prepare_k_args {
+    const NAME: &'static str = "args";
+}
+
+/// Prepares a forward's indexer queries (math in
+/// `unikv_indexer_prepare_q_args`): writes `q_fp8` and `weights_out`.
+/// Tensors are in the context's memory; `args` is host memory read during
+/// the call. Runs on `stream` (ignored by the CPU backend). Device values: the
+/// CPU backend (and GPU backends in `validate` mode) checks every position
+/// (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
+/// skip a token whose position is outside the table. Thread-safe.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_indexer_prepare_q(
+    ctx: *const unikv_context,
+    args: *const unikv_indexer_prepare_q_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let raw = IndexerQueryRaw {
+            q: (&a.q).into(),
+            weights: (&a.weights).into(),
+            rope_table: (&a.rope_table).into(),
+            positions: (&a.positions).into(),
+            q_fp8: (&a.q_fp8).into(),
+            weights_out: (&a.weights_out).into(),
+            q_dtype: a.q_dtype,
+            num_tokens: a.num_tokens as usize,
+            num_heads: a.num_heads as usize,
+            weight_scale: a.weight_scale,
+        };
+        indexer::indexer_prepare_q(ctx, &raw, Stream(stream))
+    })
+}
+
+/// Prepares compressed indexer keys and stores them into the indexer key
+/// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream and
+/// thread-safety rules as `unikv_store_indexer`. Device values: the CPU
+/// backend (and GPU backends in `validate` mode) checks every position
+/// (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
+/// written; otherwise GPU backends skip a key whose position is outside the
+/// table or whose location is past the cache.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_indexer_prepare_k(
+    ctx: *const unikv_context,
+    args: *const unikv_indexer_prepare_k_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        ensure!(a.reserved == 0, InvalidArgument, "args.reserved: must be 0");
+        let raw = IndexerKeyRaw {
+            cache: (&a.cache).into(),
+            key: (&a.key).into(),
+            norm_weight: (&a.norm_weight).into(),
+            rope_table: (&a.rope_table).into(),
+            positions: (&a.positions).into(),
+            loc: (&a.loc).into(),
+            page_size: a.page_size,
+            cache_dtype: a.cache_dtype,
+            num_tokens: a.num_tokens as usize,
+            eps: a.eps,
+        };
+        indexer::indexer_prepare_k(ctx, &raw, Stream(stream))
+    })
+}

@@ -1,0 +1,73 @@
+//! Reference math of the lightning indexer's query and key preparation (spec
+//! store_fused §4.1, §4.2). The CPU backend computes with it; the GPU kernels
+//! (kernels/indexer.cu) perform the same fp32 operations in the same order, so
+//! query codes, scales and weights agree bit for bit, and keys within one FP8
+//! code (their RMSNorm factor is a reduction: see `rope::rms_norm`).
+//!
+//! Per 128-dim vector, all in fp32 with no bf16 rounding in between:
+//! 1. (keys only) RMSNorm with the compressor's norm weight;
+//! 2. GPT-J RoPE of dims 64..127 (`rope::rope_row`);
+//! 3. the 128-point Walsh-Hadamard transform in natural (Sylvester) order,
+//!    `y[i] = 128^-1/2 sum_j (-1)^popcount(i & j) x[j]`, as seven butterfly
+//!    stages of strides 1, 2, .., 64 (lower element `a + b`, upper `a - b`),
+//!    then one multiply by `HADAMARD_SCALE`;
+//! 4. FP8 with one fp32 scale, `max(amax, 1e-4) / fp8_max`, codes
+//!    `encode(y * (1 / scale))` (`cache_layouts::indexer::quantize_key`).
+//!
+//! The query's folded weight is `(weight * weight_scale) * scale`.
+
+use crate::cache_layouts::indexer::{quantize_key, KEY_DIMS};
+use crate::fp8::Fp8Format;
+use crate::rope::{rms_norm, rope_row, ROPE_DIM};
+
+/// `1 / sqrt(128)` rounded to nearest f32 (bits 0x3DB504F3, the kernels'
+/// constant): the transform's normalization.
+pub const HADAMARD_SCALE: f32 = 0.088_388_346;
+
+/// The normalized 128-point Walsh-Hadamard transform, in place (step 3).
+pub fn hadamard(x: &mut [f32]) {
+    assert_eq!(x.len(), KEY_DIMS, "a {KEY_DIMS}-point transform");
+    let mut stride = 1;
+    while stride < KEY_DIMS {
+        for i in (0..KEY_DIMS).filter(|i| i & stride == 0) {
+            let (a, b) = (x[i], x[i + stride]);
+            x[i] = a + b;
+            x[i + stride] = a - b;
+        }
+        stride *= 2;
+    }
+    x.iter_mut().for_each(|v| *v *= HADAMARD_SCALE);
+}
+
+/// One query head (§4.1): RoPE, Hadamard, FP8. `x` holds the head's 128
+/// values on entry and the transformed values on return; the codes and the
+/// scale are returned.
+pub fn prepare_query(x: &mut [f32], table_row: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
+    assert_eq!(
+        table_row.len(),
+        ROPE_DIM,
+        "one table row of {ROPE_DIM} floats"
+    );
+    rope_row(x, table_row);
+    hadamard(x);
+    quantize_key(x, fmt)
+}
+
+/// The query's folded weight, `(weight * weight_scale) * q_scale` in f32.
+pub fn query_weight(weight: f32, weight_scale: f32, q_scale: f32) -> f32 {
+    weight * weight_scale * q_scale
+}
+
+/// One compressed key (§4.2) up to its quantization: RMSNorm with `weight`,
+/// RoPE at the group's first position, Hadamard. The caller stores it with
+/// `cache_layouts::indexer::store_token`.
+pub fn prepare_key(x: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
+    assert_eq!(
+        table_row.len(),
+        ROPE_DIM,
+        "one table row of {ROPE_DIM} floats"
+    );
+    rms_norm(x, Some(weight), eps);
+    rope_row(x, table_row);
+    hadamard(x);
+}

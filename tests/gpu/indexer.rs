@@ -1,0 +1,161 @@
+//! Indexer query and key preparation on the GPU against the CPU backend and
+//! the float64 references of tests/common/indexer.rs. Queries: codes and
+//! folded weights bit for bit (the same fp32 operations in the same order).
+//! Keys: each code within 1 of the CPU's and the scale within 2 f32 ulps (the
+//! RMSNorm factor's double sum is a reduction). A position outside the table
+//! skips the vector on the GPU and fails with OUT_OF_RANGE, nothing written,
+//! under `validate`.
+
+use super::*;
+use common::indexer::{KeyCase, KeyPointers, QueryCase, QueryPointers, DIM, PAGE, PAGE_BYTES};
+use unikv::ffi::indexer::{unikv_indexer_prepare_k, unikv_indexer_prepare_q};
+use unikv::ffi::status::unikv_status;
+
+fn queries_on(ctx: &Ctx, case: &QueryCase) -> (unikv_status, Vec<u8>, Vec<f32>) {
+    let q = Dev::upload(ctx, &case.q);
+    let w = Dev::upload(ctx, &case.weights);
+    let table = Dev::upload(ctx, &case.table);
+    let pos = Dev::upload(ctx, &case.positions_bytes());
+    let q_fp8 = Dev::zeroed(ctx, case.q_fp8_len());
+    let weights_out = Dev::zeroed(ctx, case.weights_out_len() * 4);
+    q_fp8.poison();
+    weights_out.poison();
+    let args = case.args(&QueryPointers {
+        q: q.ptr,
+        weights: w.ptr,
+        table: table.ptr,
+        positions: pos.ptr,
+        q_fp8: q_fp8.ptr,
+        weights_out: weights_out.ptr,
+    });
+    let status = unsafe { unikv_indexer_prepare_q(ctx.0, &args, ptr::null_mut()) };
+    (status, q_fp8.read(), weights_out.read())
+}
+
+fn keys_on(ctx: &Ctx, case: &KeyCase) -> (unikv_status, Vec<u8>) {
+    let cache = Dev::zeroed(ctx, case.cache_bytes());
+    cache.poison();
+    let key = Dev::upload(ctx, &case.key_bytes());
+    let weight = Dev::upload(ctx, &case.norm_weight);
+    let table = Dev::upload(ctx, &case.table);
+    let pos = Dev::upload(ctx, &case.positions_bytes());
+    let loc = Dev::upload(ctx, &case.loc_bytes());
+    let args = case.args(&KeyPointers {
+        cache: cache.ptr,
+        key: key.ptr,
+        norm_weight: weight.ptr,
+        table: table.ptr,
+        positions: pos.ptr,
+        loc: loc.ptr,
+    });
+    let status = unsafe { unikv_indexer_prepare_k(ctx.0, &args, ptr::null_mut()) };
+    (status, cache.read())
+}
+
+#[test]
+fn indexer_queries_match_cpu_exactly() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_queries_match_cpu_exactly");
+    let strict = validating_gpu();
+    let shapes: &[(usize, usize)] = if small() {
+        &[(3, 64)]
+    } else {
+        &[(1, 64), (64, 64), (300, 64), (7, 5)]
+    };
+    for fmt in [Fp8Format::E4m3Fn, Fp8Format::E4m3Fnuz] {
+        for &(t, h) in shapes {
+            let case = QueryCase::random(&mut rng, t, h, fmt);
+            let what = format!("T={t} H={h} {fmt:?}");
+            let (status, want_q, want_w) = queries_on(&s.cpu, &case);
+            ok(status);
+            let (status, got_q, got_w) = queries_on(&s.gpu, &case);
+            ok(status);
+            case.check(&got_q, &got_w);
+            assert!(got_q == want_q, "{what}: q_fp8 differs from the CPU's");
+            assert_eq!(bytes_of(&got_w), bytes_of(&want_w), "{what}: weights_out");
+
+            // A position past the table: that token is skipped on the GPU.
+            let mut bad = case.clone();
+            let victim = t / 2;
+            bad.positions[victim] = bad.max_pos as i64;
+            let (status, got_q, _) = queries_on(&s.gpu, &bad);
+            ok(status);
+            let row = case.heads * case.out_head_stride();
+            for (i, (&g, &w)) in got_q.iter().zip(&want_q).enumerate() {
+                let want = if i / row == victim { POISON_BYTE } else { w };
+                assert_eq!(g, want, "{what}: byte {i} with token {victim} skipped");
+            }
+            let (status, got_q, _) = queries_on(&strict, &bad);
+            fails(status, UNIKV_OUT_OF_RANGE, "positions");
+            assert!(
+                got_q.iter().all(|&b| b == POISON_BYTE),
+                "{what}: validate wrote q_fp8"
+            );
+        }
+    }
+}
+
+#[test]
+fn indexer_keys_match_cpu() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_keys_match_cpu");
+    let strict = validating_gpu();
+    let sizes: &[usize] = if small() { &[9] } else { &[1, 64, 190] };
+    for fmt in [Fp8Format::E4m3Fn, Fp8Format::E4m3Fnuz] {
+        for &n in sizes {
+            let case = KeyCase::random(&mut rng, n, fmt);
+            let what = format!("N={n} {fmt:?} f32 keys {}", case.key_f32);
+            let (status, want) = keys_on(&s.cpu, &case);
+            ok(status);
+            let (status, got) = keys_on(&s.gpu, &case);
+            ok(status);
+            case.check(&got);
+            for page in 0..case.pages {
+                let base = page * PAGE_BYTES;
+                for i in 0..PAGE * DIM {
+                    let (g, w) = (got[base + i], want[base + i]);
+                    assert!(
+                        g == w || (g as i32 - w as i32).abs() == 1,
+                        "{what}: page {page} code byte {i}: GPU {g:#04x}, CPU {w:#04x}"
+                    );
+                }
+                for slot in 0..PAGE {
+                    let at = base + PAGE * DIM + slot * 4;
+                    let g = u32::from_le_bytes(got[at..at + 4].try_into().unwrap());
+                    let w = u32::from_le_bytes(want[at..at + 4].try_into().unwrap());
+                    assert!(
+                        (g as i64 - w as i64).abs() <= 2,
+                        "{what}: page {page} slot {slot} scale"
+                    );
+                }
+            }
+
+            let mut bad = case.clone();
+            let victim = (0..n).find(|&t| bad.locations[t] >= 0).unwrap();
+            bad.positions[victim] = -5;
+            let (status, got_bad) = keys_on(&s.gpu, &bad);
+            ok(status);
+            let l = bad.locations[victim] as usize;
+            let (value, scale) = (
+                (l / PAGE) * PAGE_BYTES + (l % PAGE) * DIM,
+                (l / PAGE) * PAGE_BYTES + PAGE * DIM + (l % PAGE) * 4,
+            );
+            assert!(
+                got_bad[value..value + DIM]
+                    .iter()
+                    .all(|&b| b == POISON_BYTE),
+                "{what}: skipped key stored"
+            );
+            assert!(
+                got_bad[scale..scale + 4].iter().all(|&b| b == POISON_BYTE),
+                "{what}: skipped scale stored"
+            );
+            let (status, got_bad) = keys_on(&strict, &bad);
+            fails(status, UNIKV_OUT_OF_RANGE, "positions");
+            assert!(
+                got_bad.iter().all(|&b| b == POISON_BYTE),
+                "{what}: validate wrote the cache"
+            );
+        }
+    }
+}
