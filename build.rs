@@ -40,6 +40,7 @@ mod kernels {
         "fp8_check.cu",
         "routing.cu",
         "indexer.cu",
+        "indexer_topk.cu",
     ];
     /// A `;`- or `,`-separated target list from `var` (or `default`); an
     /// empty list is an error naming the variable.

@@ -275,6 +275,21 @@ PIN_AT(unikv_indexer_prepare_k_args, cache_dtype, 492);
 PIN_AT(unikv_indexer_prepare_k_args, num_tokens, 496);
 PIN_AT(unikv_indexer_prepare_k_args, eps, 500);
 PIN_AT(unikv_indexer_prepare_k_args, reserved, 504);
+
+PIN_SIZE(unikv_indexer_topk_args, 664);
+PIN_AT(unikv_indexer_topk_args, struct_size, 0);
+PIN_AT(unikv_indexer_topk_args, q_fp8, 8);
+PIN_AT(unikv_indexer_topk_args, weights, 88);
+PIN_AT(unikv_indexer_topk_args, cache, 168);
+PIN_AT(unikv_indexer_topk_args, page_table, 248);
+PIN_AT(unikv_indexer_topk_args, batch_id, 328);
+PIN_AT(unikv_indexer_topk_args, positions, 408);
+PIN_AT(unikv_indexer_topk_args, logits, 488);
+PIN_AT(unikv_indexer_topk_args, topk_indices, 568);
+PIN_AT(unikv_indexer_topk_args, cache_dtype, 648);
+PIN_AT(unikv_indexer_topk_args, num_tokens, 652);
+PIN_AT(unikv_indexer_topk_args, num_heads, 656);
+PIN_AT(unikv_indexer_topk_args, topk, 660);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

@@ -608,6 +608,62 @@ typedef struct unikv_indexer_prepare_k_args {
   uint32_t reserved;
 } unikv_indexer_prepare_k_args;
 
+// Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
+// (spec store_fused §4.3). The indexer key cache and the page table use
+// pages of 64 compressed keys (256 raw tokens): compressed key i of a
+// request lives at location `page_table[request][i / 64] * 64 + i % 64`,
+// which is also its CSA page index.
+//
+// Per token t of request `b = batch_id[t]` at position p, the visible keys
+// are the first `n = (p + 1) / 4` of the request (complete 4-token groups).
+// Key i's score is `k_scale[i] * sum_h weights[t][h] * relu(q_fp8[t][h] .
+// k[i])`, each dot product exact, the head sum in double, rounded to f32
+// once on the CPU backend; GPU backends sum in f32 and may differ in the
+// last bits. The selected set is the n keys when `n <= topk`, else the
+// `topk` best by score, ties broken by the lower key index (-0 equals +0,
+// NaN ranks below every number): identical on every backend for identical
+// scores. `topk_indices[t]` receives their page indices in ascending key
+// order, then -1 up to its last column; a padding token (negative
+// `batch_id`) gets a row of -1.
+typedef struct unikv_indexer_topk_args {
+  // sizeof(unikv_indexer_topk_args).
+  size_t struct_size;
+  // `unikv_indexer_topk` only: `[>= num_tokens, num_heads, 128]`
+  // UNIKV_DTYPE_U8 query codes from `unikv_indexer_prepare_q` (rows
+  // 16-byte aligned).
+  struct unikv_tensor q_fp8;
+  // `unikv_indexer_topk` only: `[>= num_tokens, num_heads]` f32 folded
+  // weights from `unikv_indexer_prepare_q`.
+  struct unikv_tensor weights;
+  // `unikv_indexer_topk` only: the indexer key cache `[num_pages, 8448]`
+  // UNIKV_DTYPE_U8 (`unikv_store_indexer_args.cache`, page size 64).
+  struct unikv_tensor cache;
+  // `[requests, max_pages]` i32: page ids of each request's compressed
+  // keys (any row stride).
+  struct unikv_tensor page_table;
+  // `[>= num_tokens]` i32: each token's row of `page_table`; negative =
+  // padding.
+  struct unikv_tensor batch_id;
+  // `[>= num_tokens]` i32 or i64 absolute positions.
+  struct unikv_tensor positions;
+  // `[>= num_tokens, L]` f32 (any row stride), L at least the most keys a
+  // token sees: `unikv_indexer_topk` writes the visible keys' scores here
+  // (columns past them are untouched); `unikv_indexer_topk_from_logits`
+  // reads them.
+  struct unikv_tensor logits;
+  // `[>= num_tokens, W]` i32 output, W >= topk: the CSA page-index table
+  // for `unikv_fill_csa_tail`.
+  struct unikv_tensor topk_indices;
+  // `unikv_indexer_topk` only: UNIKV_DTYPE_FP8_E4M3FN or
+  // UNIKV_DTYPE_FP8_E4M3FNUZ, the format of the queries and the cache.
+  uint32_t cache_dtype;
+  uint32_t num_tokens;
+  // `unikv_indexer_topk` only: indexer heads (64 in DeepSeek-V4).
+  uint32_t num_heads;
+  // Keys to select, 1..=2048 (512 or 1024 in production).
+  uint32_t topk;
+} unikv_indexer_topk_args;
+
 // Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
 //
 // Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
@@ -1048,6 +1104,33 @@ UNIKV_NODISCARD
 unikv_status unikv_indexer_prepare_k(const struct unikv_context *ctx,
                                      const struct unikv_indexer_prepare_k_args *args,
                                      void *stream);
+
+// Scores every visible indexer key of every token and writes each token's
+// top-k page indices (math in `unikv_indexer_topk_args`): one call for all
+// tokens of a forward, launch configuration from the tensor shapes only, no
+// host synchronization (graph-safe). Tensors are in the context's memory;
+// `args` is host memory read during the call. Runs on `stream` (ignored by
+// the CPU backend). Device values: the CPU backend (and GPU backends in
+// `validate` mode) checks batch ids against the page table, positions
+// (non-negative; `(p + 1) / 4` keys within `logits` and the page-table row)
+// and every page id a token reads against the cache (OUT_OF_RANGE), nothing
+// written. Otherwise GPU backends treat a token whose batch id is past the
+// page table as padding, clamp its keys to `logits` and the page-table row,
+// and score a key on a page outside the cache as -inf. Thread-safe for
+// disjoint outputs.
+UNIKV_NODISCARD
+unikv_status unikv_indexer_topk(const struct unikv_context *ctx,
+                                const struct unikv_indexer_topk_args *args,
+                                void *stream);
+
+// `unikv_indexer_topk` without the scoring: selects from the caller's
+// `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
+// `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
+// (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
+UNIKV_NODISCARD
+unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
+                                            const struct unikv_indexer_topk_args *args,
+                                            void *stream);
 
 // Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
 // math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,

@@ -311,3 +311,24 @@ typedef struct ukv_indexer_k_params {
   float eps;
   int32_t reserved;
 } ukv_indexer_k_params;
+
+/* Indexer scores and top-k (indexer_topk.cu, spec store_fused 4.3). Token t
+ * of request batch_id[t] (negative or >= requests: padding) sees
+ * min((pos + 1) / 4, logits_width, max_pages * 64) keys. */
+typedef struct ukv_indexer_topk_params {
+  const uint8_t* q_fp8;     /* [num_tokens, num_heads, 128] codes (score only) */
+  const float* weights;     /* [num_tokens, num_heads] f32 (score only) */
+  const uint8_t* cache;     /* [cache_pages, bytes_per_page] indexer key cache (score only) */
+  const int32_t* page_table; /* [requests, max_pages] */
+  const int32_t* batch_id;  /* [num_tokens] */
+  const void* positions;    /* [num_tokens] int32 or int64 (positions_i64) */
+  float* logits;            /* [num_tokens, logits_width] */
+  int32_t* topk_indices;    /* [num_tokens, topk_width] */
+  int64_t q_stride_token, q_stride_head, weights_stride;
+  int64_t page_table_stride, logits_stride, topk_stride;
+  int64_t bytes_per_page, cache_pages;
+  int32_t requests, max_pages, logits_width, topk_width;
+  int32_t num_tokens, num_heads, topk, positions_i64;
+  uint32_t format;          /* 0 e4m3fn, 1 e4m3fnuz (score only) */
+  int32_t score;            /* 1: compute the logits, then select */
+} ukv_indexer_topk_params;

@@ -78,6 +78,7 @@ size_t unikv_gpu_params_size(int which) {
     case 12: return sizeof(ukv_hash_topk_params);
     case 13: return sizeof(ukv_indexer_q_params);
     case 14: return sizeof(ukv_indexer_k_params);
+    case 15: return sizeof(ukv_indexer_topk_params);
     default: return 0;
   }
 }

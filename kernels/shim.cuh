@@ -53,19 +53,27 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // attribute is read once per device.
 int pdl_supported(int device, bool* supported);
 
-// Launches `kernel` with no dynamic shared memory, early (programmatic dependent
-// launch) where the device has it, so the launch overlaps the previous kernel's
-// tail; the kernel must call ukv_pdl_wait() before reading what that kernel
-// wrote. A failed launch is reported as `name`.
+// Launches `kernel` with `smem` bytes of dynamic shared memory (within the
+// default 48 KB), early (programmatic dependent launch) where the device has
+// it, so the launch overlaps the previous kernel's tail; the kernel must call
+// ukv_pdl_wait() before reading what that kernel wrote. A failed launch is
+// reported as `name`.
 template <typename... Params, typename... Args>
-int launch_early(int device, void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, const char* name,
-                 Args... args) {
+int launch_early_smem(int device, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, void* stream,
+                      const char* name, Args... args) {
   bool pdl = false;
   if (int r = pdl_supported(device, &pdl)) return r;
-  const ukv_error_t e = ukv_launch_dependent(kernel, grid, block, 0, (ukv_stream_t)stream, pdl, 1, args...);
+  const ukv_error_t e = ukv_launch_dependent(kernel, grid, block, smem, (ukv_stream_t)stream, pdl, 1, args...);
   if (e == UKV_SUCCESS) return UKV_SHIM_OK;
   (void)ukv_get_last_error();  // clear it: the failure is reported here
   return report(e, name);
+}
+
+// launch_early_smem without dynamic shared memory.
+template <typename... Params, typename... Args>
+int launch_early(int device, void (*kernel)(Params...), dim3 grid, dim3 block, void* stream, const char* name,
+                 Args... args) {
+  return launch_early_smem(device, kernel, grid, block, 0, stream, name, args...);
 }
 
 }  // namespace ukv

@@ -71,3 +71,64 @@ pub fn prepare_key(x: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
     rope_row(x, table_row);
     hadamard(x);
 }
+
+/// Raw tokens per compressed indexer key (the C4 compressor): a token at
+/// position p sees the `(p + 1) / 4` keys of the groups closed at or before it.
+pub const RATIO: i64 = 4;
+
+/// Compressed keys a token at `position` may score (spec §4.3 causality).
+pub fn visible_keys(position: i64) -> usize {
+    (position.max(-1) + 1) as usize / RATIO as usize
+}
+
+/// Key `s`'s score for one query token (spec §4.3):
+/// `k_scale * sum_h weights[h] * relu(q[h] . k)` over the token's H heads of
+/// 128 codes. Every FP8 value is a multiple of 2^-10 below 2^9, so each dot
+/// product is exact in f64; the head sum is f64 in head order and the result
+/// rounds to f32 once.
+pub fn key_score(q: &[u8], weights: &[f32], key: &[u8], k_scale: f32, fmt: Fp8Format) -> f32 {
+    let k: Vec<f64> = key
+        .iter()
+        .map(|&c| f64::from(crate::fp8::decode(c, fmt)))
+        .collect();
+    let sum: f64 = q
+        .chunks_exact(KEY_DIMS)
+        .zip(weights)
+        .map(|(qh, &w)| {
+            let dot: f64 = qh
+                .iter()
+                .zip(&k)
+                .map(|(&c, &kv)| f64::from(crate::fp8::decode(c, fmt)) * kv)
+                .sum();
+            f64::from(w) * dot.max(0.0)
+        })
+        .sum();
+    (f64::from(k_scale) * sum) as f32
+}
+
+/// The total order the top-k selection ranks scores by, as an unsigned key
+/// (larger = better): IEEE order, with -0 equal to +0 and NaN below every
+/// number. Kernels use the same mapping, so ties are the same on every backend.
+pub fn order_key(x: f32) -> u32 {
+    if x.is_nan() {
+        return 0;
+    }
+    let bits = if x == 0.0 { 0 } else { x.to_bits() };
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// The top `k` of `scores` by (`order_key` descending, index ascending): every
+/// index when there are at most `k`; returned in ascending index order.
+pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    if scores.len() > k {
+        order.sort_by_key(|&i| (std::cmp::Reverse(order_key(scores[i])), i));
+        order.truncate(k);
+        order.sort_unstable();
+    }
+    order
+}

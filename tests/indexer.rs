@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::indexer::{hadamard_ref, KeyCase, QueryCase, DIM};
+use common::indexer::{hadamard_ref, KeyCase, QueryCase, TopkCase, DIM};
 use common::*;
 use unikv::ffi::types::unikv_dtype;
 use unikv::fp8::Fp8Format;
@@ -206,4 +206,138 @@ fn indexer_prep_rejects_bad_input() {
     let first = bad.locations[0];
     bad.locations[5] = first;
     key(&|_| {}, &bad, UNIKV_INVALID_ARGUMENT, "loc[5]");
+}
+
+#[test]
+fn indexer_topk_selects_from_logits() {
+    let (mut rng, _) = seeded("indexer_topk_selects_from_logits");
+    let ctx = Ctx::cpu(2);
+    for &(t, requests, max_keys, topk) in &[
+        (5, 2, 300, 64),
+        (9, 3, 2100, 512),
+        (1, 1, 40, 64),
+        (4, 2, 130, 1),
+    ] {
+        let mut case =
+            TopkCase::random(&mut rng, t, requests, max_keys, topk, 1, Fp8Format::E4m3Fn);
+        for zeros in [false, true] {
+            if zeros {
+                // The threshold among signed zeros: -0 and +0 tie.
+                use rand::Rng;
+                for x in case.logits.iter_mut() {
+                    *x = [0.0, -0.0, 0.0, -0.0, 1.0][rng.random_range(0..5)];
+                }
+            }
+            let (status, logits, table) = case.run_host(&ctx, false, |_| {});
+            ok(status);
+            assert_eq!(bytes_of(&logits), bytes_of(&case.logits), "logits changed");
+            case.check_selection(&case.logits, &table);
+        }
+    }
+}
+
+#[test]
+fn indexer_topk_scores_match_reference() {
+    let (mut rng, _) = seeded("indexer_topk_scores_match_reference");
+    let ctx = Ctx::cpu(2);
+    for fmt in FORMATS {
+        for &(t, requests, max_keys, topk, heads) in
+            &[(3, 2, 200, 64, 64), (6, 3, 700, 512, 8), (2, 1, 64, 16, 1)]
+        {
+            let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, heads, fmt);
+            let (status, logits, table) = case.run_host(&ctx, true, |_| {});
+            ok(status);
+            case.check_logits(&logits, true);
+            case.check_selection(&logits, &table);
+        }
+    }
+}
+
+#[test]
+fn indexer_topk_rejects_bad_input() {
+    let (mut rng, _) = seeded("indexer_topk_rejects_bad_input");
+    let ctx = Ctx::cpu(1);
+    let case = TopkCase::random(&mut rng, 4, 2, 200, 64, 4, Fp8Format::E4m3Fn);
+    let run = |c: &TopkCase,
+               score: bool,
+               edit: &dyn Fn(&mut unikv::ffi::indexer::unikv_indexer_topk_args),
+               want,
+               arg: &str| {
+        let (status, logits, table) = c.run_host(&ctx, score, |a| edit(a));
+        fails(status, want, arg);
+        assert!(
+            bytes_of(&table).iter().all(|&b| b == POISON_BYTE),
+            "{arg}: table written"
+        );
+        if score {
+            assert!(
+                bytes_of(&logits).iter().all(|&b| b == POISON_BYTE),
+                "{arg}: logits written"
+            );
+        }
+    };
+    run(&case, true, &|a| a.topk = 0, UNIKV_INVALID_ARGUMENT, "topk");
+    run(
+        &case,
+        false,
+        &|a| a.topk = 4096,
+        UNIKV_INVALID_ARGUMENT,
+        "topk",
+    );
+    run(
+        &case,
+        true,
+        &|a| a.num_heads = 65,
+        UNIKV_INVALID_ARGUMENT,
+        "num_heads",
+    );
+    run(
+        &case,
+        true,
+        &|a| a.cache_dtype = 999,
+        UNIKV_BAD_ENUM,
+        "cache_dtype",
+    );
+    run(
+        &case,
+        true,
+        &|a| a.topk_indices.shape[1] = 63,
+        UNIKV_BAD_SHAPE,
+        "topk_indices",
+    );
+    run(
+        &case,
+        true,
+        &|a| a.cache.shape[1] = 8192,
+        UNIKV_BAD_SHAPE,
+        "cache",
+    );
+    run(
+        &case,
+        false,
+        &|a| a.batch_id.dtype = unikv_dtype::UNIKV_DTYPE_I64 as u32,
+        UNIKV_BAD_DTYPE,
+        "batch_id",
+    );
+    run(
+        &case,
+        true,
+        &|a| a.q_fp8.shape[2] = 64,
+        UNIKV_BAD_SHAPE,
+        "q_fp8",
+    );
+    let mut bad = case.clone();
+    bad.batch_id[0] = 2;
+    run(&bad, true, &|_| {}, UNIKV_OUT_OF_RANGE, "batch_id[0]");
+    let mut bad = case.clone();
+    bad.batch_id[1] = 0;
+    bad.positions[1] = -2;
+    run(&bad, false, &|_| {}, UNIKV_OUT_OF_RANGE, "positions[1]");
+    bad.positions[1] = (4 * bad.logits_width + 3) as i64;
+    run(&bad, false, &|_| {}, UNIKV_OUT_OF_RANGE, "positions[1]");
+    let mut bad = case.clone();
+    bad.positions = vec![799; 4];
+    bad.page_table[0] = bad.cache_pages as i32;
+    bad.page_table[bad.max_pages] = bad.cache_pages as i32;
+    run(&bad, true, &|_| {}, UNIKV_OUT_OF_RANGE, "page_table");
 }

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::rope::InverseRopeArgs;
 
@@ -121,6 +121,9 @@ pub trait Backend: Send + Sync + Debug {
     fn indexer_prepare_q(&self, args: &IndexerQueryArgs, stream: Stream) -> Result<()>;
     /// Indexer key RMSNorm + RoPE + Hadamard + FP8 into the indexer cache (§4.2).
     fn indexer_prepare_k(&self, args: &IndexerKeyArgs, stream: Stream) -> Result<()>;
+    /// Indexer scores (when `args.score` is set) and top-k selection into a
+    /// CSA page-index table (spec store_fused §4.3).
+    fn indexer_topk(&self, args: &IndexerTopkArgs, stream: Stream) -> Result<()>;
     /// Hash-routed MoE gating (spec store_fused §5).
     fn hash_topk(&self, args: &HashTopkArgs, stream: Stream) -> Result<()>;
 }

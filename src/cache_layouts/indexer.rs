@@ -125,6 +125,21 @@ pub fn quantize_key(key: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
     (codes, scale)
 }
 
+/// The key at `location`, as stored: its 128 codes and its fp32 scale. Fails
+/// like `dequantize_token`.
+pub fn stored_key<'a>(
+    cache: &'a [u8],
+    geometry: &IndexerGeometry,
+    location: i64,
+) -> Result<(&'a [u8], f32)> {
+    let location = geometry.paging.read_location(cache.len(), location)?;
+    let value = geometry.value_offset(location) as usize;
+    let scale_at = geometry.scale_offset(location) as usize;
+    let scale_bytes = &cache[scale_at..scale_at + SCALE_BYTES as usize];
+    let scale = f32::from_le_bytes(scale_bytes.try_into().expect("four scale bytes"));
+    Ok((&cache[value..value + KEY_DIMS], scale))
+}
+
 /// The 128 values the indexer reads for the key at `location` (§1.2):
 /// `decode(code) · scale`, one fp32 product, rounded to nearest even. Fails
 /// like `store_token` on a bad cache or location, and with `OutOfRange` for a
@@ -134,12 +149,7 @@ pub fn dequantize_token(
     geometry: &IndexerGeometry,
     location: i64,
 ) -> Result<Vec<f32>> {
-    let location = geometry.paging.read_location(cache.len(), location)?;
-    let value = geometry.value_offset(location) as usize;
-    let scale_at = geometry.scale_offset(location) as usize;
-    let scale_bytes = &cache[scale_at..scale_at + SCALE_BYTES as usize];
-    let scale = f32::from_le_bytes(scale_bytes.try_into().expect("four scale bytes"));
-    let codes = &cache[value..value + KEY_DIMS];
+    let (codes, scale) = stored_key(cache, geometry, location)?;
     Ok(codes
         .iter()
         .map(|&c| fp8::decode(c, geometry.fmt) * scale)

@@ -10,7 +10,7 @@ use crate::ffi::boundary::{boundary, read_params, Versioned};
 use crate::ffi::context::{context, unikv_context};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
-use crate::ops::indexer::{self, IndexerKeyRaw, IndexerQueryRaw};
+use crate::ops::indexer::{self, IndexerKeyRaw, IndexerQueryRaw, IndexerTopkRaw};
 
 /// Arguments of `unikv_indexer_prepare_q`.
 ///
@@ -166,5 +166,130 @@ pub unsafe extern "C" fn unikv_indexer_prepare_k(
             eps: a.eps,
         };
         indexer::indexer_prepare_k(ctx, &raw, Stream(stream))
+    })
+}
+
+/// Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
+/// (spec store_fused §4.3). The indexer key cache and the page table use
+/// pages of 64 compressed keys (256 raw tokens): compressed key i of a
+/// request lives at location `page_table[request][i / 64] * 64 + i % 64`,
+/// which is also its CSA page index.
+///
+/// Per token t of request `b = batch_id[t]` at position p, the visible keys
+/// are the first `n = (p + 1) / 4` of the request (complete 4-token groups).
+/// Key i's score is `k_scale[i] * sum_h weights[t][h] * relu(q_fp8[t][h] .
+/// k[i])`, each dot product exact, the head sum in double, rounded to f32
+/// once on the CPU backend; GPU backends sum in f32 and may differ in the
+/// last bits. The selected set is the n keys when `n <= topk`, else the
+/// `topk` best by score, ties broken by the lower key index (-0 equals +0,
+/// NaN ranks below every number): identical on every backend for identical
+/// scores. `topk_indices[t]` receives their page indices in ascending key
+/// order, then -1 up to its last column; a padding token (negative
+/// `batch_id`) gets a row of -1.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_indexer_topk_args {
+    /// sizeof(unikv_indexer_topk_args).
+    pub struct_size: usize,
+    /// `unikv_indexer_topk` only: `[>= num_tokens, num_heads, 128]`
+    /// UNIKV_DTYPE_U8 query codes from `unikv_indexer_prepare_q` (rows
+    /// 16-byte aligned).
+    pub q_fp8: unikv_tensor,
+    /// `unikv_indexer_topk` only: `[>= num_tokens, num_heads]` f32 folded
+    /// weights from `unikv_indexer_prepare_q`.
+    pub weights: unikv_tensor,
+    /// `unikv_indexer_topk` only: the indexer key cache `[num_pages, 8448]`
+    /// UNIKV_DTYPE_U8 (`unikv_store_indexer_args.cache`, page size 64).
+    pub cache: unikv_tensor,
+    /// `[requests, max_pages]` i32: page ids of each request's compressed
+    /// keys (any row stride).
+    pub page_table: unikv_tensor,
+    /// `[>= num_tokens]` i32: each token's row of `page_table`; negative =
+    /// padding.
+    pub batch_id: unikv_tensor,
+    /// `[>= num_tokens]` i32 or i64 absolute positions.
+    pub positions: unikv_tensor,
+    /// `[>= num_tokens, L]` f32 (any row stride), L at least the most keys a
+    /// token sees: `unikv_indexer_topk` writes the visible keys' scores here
+    /// (columns past them are untouched); `unikv_indexer_topk_from_logits`
+    /// reads them.
+    pub logits: unikv_tensor,
+    /// `[>= num_tokens, W]` i32 output, W >= topk: the CSA page-index table
+    /// for `unikv_fill_csa_tail`.
+    pub topk_indices: unikv_tensor,
+    /// `unikv_indexer_topk` only: UNIKV_DTYPE_FP8_E4M3FN or
+    /// UNIKV_DTYPE_FP8_E4M3FNUZ, the format of the queries and the cache.
+    pub cache_dtype: u32,
+    pub num_tokens: u32,
+    /// `unikv_indexer_topk` only: indexer heads (64 in DeepSeek-V4).
+    pub num_heads: u32,
+    /// Keys to select, 1..=2048 (512 or 1024 in production).
+    pub topk: u32,
+}
+
+unsafe impl Versioned for unikv_indexer_topk_args {
+    const NAME: &'static str = "args";
+}
+
+fn topk_raw(a: &unikv_indexer_topk_args) -> IndexerTopkRaw {
+    IndexerTopkRaw {
+        q_fp8: (&a.q_fp8).into(),
+        weights: (&a.weights).into(),
+        cache: (&a.cache).into(),
+        page_table: (&a.page_table).into(),
+        batch_id: (&a.batch_id).into(),
+        positions: (&a.positions).into(),
+        logits: (&a.logits).into(),
+        topk_indices: (&a.topk_indices).into(),
+        cache_dtype: a.cache_dtype,
+        num_tokens: a.num_tokens as usize,
+        num_heads: a.num_heads as usize,
+        topk: a.topk as usize,
+    }
+}
+
+/// Scores every visible indexer key of every token and writes each token's
+/// top-k page indices (math in `unikv_indexer_topk_args`): one call for all
+/// tokens of a forward, launch configuration from the tensor shapes only, no
+/// host synchronization (graph-safe). Tensors are in the context's memory;
+/// `args` is host memory read during the call. Runs on `stream` (ignored by
+/// the CPU backend). Device values: the CPU backend (and GPU backends in
+/// `validate` mode) checks batch ids against the page table, positions
+/// (non-negative; `(p + 1) / 4` keys within `logits` and the page-table row)
+/// and every page id a token reads against the cache (OUT_OF_RANGE), nothing
+/// written. Otherwise GPU backends treat a token whose batch id is past the
+/// page table as padding, clamp its keys to `logits` and the page-table row,
+/// and score a key on a page outside the cache as -inf. Thread-safe for
+/// disjoint outputs.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_indexer_topk(
+    ctx: *const unikv_context,
+    args: *const unikv_indexer_topk_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        indexer::indexer_topk(ctx, &topk_raw(&a), Stream(stream))
+    })
+}
+
+/// `unikv_indexer_topk` without the scoring: selects from the caller's
+/// `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
+/// `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
+/// (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_indexer_topk_from_logits(
+    ctx: *const unikv_context,
+    args: *const unikv_indexer_topk_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let ctx = context(ctx)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        indexer::indexer_topk_from_logits(ctx, &topk_raw(&a), Stream(stream))
     })
 }

@@ -153,3 +153,161 @@ pub fn indexer_prepare_k(ctx: &Context, raw: &IndexerKeyRaw, stream: Stream) -> 
     };
     ctx.backend().indexer_prepare_k(&args, stream)
 }
+
+/// Caller arguments of the two top-k ops; `q_fp8`, `weights` and `cache` are
+/// read only by the fused one (scores computed here, not passed in).
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerTopkRaw {
+    pub q_fp8: RawTensor,
+    pub weights: RawTensor,
+    pub cache: RawTensor,
+    pub page_table: RawTensor,
+    pub batch_id: RawTensor,
+    pub positions: RawTensor,
+    pub logits: RawTensor,
+    pub topk_indices: RawTensor,
+    pub cache_dtype: u32,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub topk: usize,
+}
+
+/// Most keys a top-k may select (spec §4.3: 512 and 1024 in production).
+pub const MAX_TOPK: usize = 2048;
+/// Most indexer heads the fused scoring takes (DeepSeek-V4 has 64).
+pub const MAX_SCORE_HEADS: usize = 64;
+
+/// Validated selection: token t (request `batch_id[t]`, negative = padding)
+/// ranks the first `(positions[t] + 1) / 4` columns of its `logits` row and
+/// writes the page indices of the best `topk` (or of all, when fewer) to its
+/// `topk_indices` row, front-packed, -1 after. Device values are not checked
+/// here.
+#[derive(Debug, Clone, Copy)]
+pub struct TopkSelect {
+    pub page_table: Matrix<i32>,
+    pub batch_id: Vector<i32>,
+    pub positions: IndexVector,
+    pub logits: Matrix<f32>,
+    pub topk_indices: Matrix<i32>,
+    pub num_tokens: usize,
+    pub topk: usize,
+}
+
+/// Validated scoring (the fused op): `logits[t][s]` = key s's score for token
+/// t, read from the indexer cache through the token's page-table row.
+#[derive(Debug, Clone, Copy)]
+pub struct TopkScore {
+    pub q_fp8: Tensor3<u8>,
+    pub weights: Matrix<f32>,
+    pub cache: Matrix<u8>,
+    pub geometry: IndexerGeometry,
+    pub num_heads: usize,
+}
+
+/// Validated `indexer_topk` (with `score`) or `indexer_topk_from_logits`.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerTopkArgs {
+    pub select: TopkSelect,
+    pub score: Option<TopkScore>,
+}
+
+fn topk_select(raw: &IndexerTopkRaw) -> Result<TopkSelect> {
+    let (t, k) = (raw.num_tokens, raw.topk);
+    ensure!(
+        t <= i32::MAX as usize,
+        InvalidArgument,
+        "num_tokens: {t} exceeds 2^31 - 1"
+    );
+    ensure!(
+        (1..=MAX_TOPK).contains(&k),
+        InvalidArgument,
+        "topk: {k} is not in 1..={MAX_TOPK}"
+    );
+    let page_table: Matrix<i32> =
+        raw.page_table
+            .view("page_table", [Extent::AtLeast(1), Extent::AtLeast(1)], 4)?;
+    let logits: Matrix<f32> = raw
+        .logits
+        .view("logits", [tokens(t), Extent::AtLeast(1)], 4)?;
+    // Kernels index a row's keys with 32-bit integers.
+    ensure!(
+        logits.shape[1] <= i32::MAX as usize,
+        BadShape,
+        "logits: {} columns exceed 2^31 - 1",
+        logits.shape[1]
+    );
+    Ok(TopkSelect {
+        page_table,
+        batch_id: raw.batch_id.view("batch_id", [tokens(t)], 4)?,
+        positions: raw.positions.index_vector("positions", tokens(t))?,
+        logits,
+        topk_indices: raw
+            .topk_indices
+            .view("topk_indices", [tokens(t), Extent::AtLeast(k)], 4)?,
+        num_tokens: t,
+        topk: k,
+    })
+}
+
+/// Scores every visible key of every token into `logits`, then selects
+/// (spec §4.3).
+pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let select = topk_select(raw)?;
+    let (t, h) = (raw.num_tokens, raw.num_heads);
+    // The GPU kernels keep a token's heads in 48 KB of shared memory.
+    ensure!(
+        (1..=MAX_SCORE_HEADS).contains(&h),
+        InvalidArgument,
+        "num_heads: {h} is not in 1..={MAX_SCORE_HEADS}"
+    );
+    let geometry = IndexerGeometry::new(
+        crate::cache_layouts::indexer::PAGE_SIZES[0],
+        cache_format(raw.cache_dtype)?,
+    )?;
+    let bytes_per_page = geometry.bytes_per_page() as usize;
+    let cache: Matrix<u8> = raw.cache.view(
+        "cache",
+        [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
+        ROW_ALIGN,
+    )?;
+    ensure!(
+        cache.strides[0] == bytes_per_page,
+        BadStride,
+        "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
+        cache.strides[0]
+    );
+    let score = TopkScore {
+        q_fp8: raw.q_fp8.view(
+            "q_fp8",
+            [tokens(t), Extent::Exact(h), Extent::Exact(KEY_DIMS)],
+            ROW_ALIGN,
+        )?,
+        weights: raw
+            .weights
+            .view("weights", [tokens(t), Extent::Exact(h)], 4)?,
+        cache,
+        geometry,
+        num_heads: h,
+    };
+    ctx.backend().indexer_topk(
+        &IndexerTopkArgs {
+            select,
+            score: Some(score),
+        },
+        stream,
+    )
+}
+
+/// Selects from caller-computed `logits` (spec §4.3's top-k transform).
+pub fn indexer_topk_from_logits(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let select = topk_select(raw)?;
+    ctx.backend().indexer_topk(
+        &IndexerTopkArgs {
+            select,
+            score: None,
+        },
+        stream,
+    )
+}

@@ -7,8 +7,13 @@
 //! under `validate`.
 
 use super::*;
-use common::indexer::{KeyCase, KeyPointers, QueryCase, QueryPointers, DIM, PAGE, PAGE_BYTES};
-use unikv::ffi::indexer::{unikv_indexer_prepare_k, unikv_indexer_prepare_q};
+use common::indexer::{
+    KeyCase, KeyPointers, QueryCase, QueryPointers, TopkCase, TopkPointers, DIM, PAGE, PAGE_BYTES,
+};
+use unikv::ffi::indexer::{
+    unikv_indexer_prepare_k, unikv_indexer_prepare_q, unikv_indexer_topk,
+    unikv_indexer_topk_from_logits,
+};
 use unikv::ffi::status::unikv_status;
 
 fn queries_on(ctx: &Ctx, case: &QueryCase) -> (unikv_status, Vec<u8>, Vec<f32>) {
@@ -155,6 +160,113 @@ fn indexer_keys_match_cpu() {
             assert!(
                 got_bad.iter().all(|&b| b == POISON_BYTE),
                 "{what}: validate wrote the cache"
+            );
+        }
+    }
+}
+
+/// Runs a top-k case on `ctx` (`score`: the fused op, else the selection from
+/// the case's logits); returns the status, the logits and the index table.
+fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, Vec<i32>) {
+    let q = Dev::upload(ctx, &case.q);
+    let w = Dev::upload(ctx, &case.weights);
+    let cache = Dev::upload(ctx, &case.cache);
+    let pt = Dev::upload(ctx, &case.page_table);
+    let b = Dev::upload(ctx, &case.batch_id);
+    let pos = Dev::upload(ctx, &case.positions_bytes());
+    let logits = Dev::upload(ctx, &case.logits);
+    if score {
+        logits.poison();
+    }
+    let out = Dev::zeroed(ctx, case.tokens * case.width * 4);
+    out.poison();
+    let args = case.args(&TopkPointers {
+        q: q.ptr,
+        weights: w.ptr,
+        cache: cache.ptr,
+        page_table: pt.ptr,
+        batch_id: b.ptr,
+        positions: pos.ptr,
+        logits: logits.ptr,
+        topk_indices: out.ptr,
+    });
+    let status = unsafe {
+        if score {
+            unikv_indexer_topk(ctx.0, &args, ptr::null_mut())
+        } else {
+            unikv_indexer_topk_from_logits(ctx.0, &args, ptr::null_mut())
+        }
+    };
+    (status, logits.read(), out.read())
+}
+
+/// The selection alone on tie-heavy scores (±0, NaN, -inf, repeated values):
+/// the GPU's table equals the CPU's entry for entry.
+#[test]
+fn indexer_topk_selection_matches_cpu_exactly() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_topk_selection_matches_cpu_exactly");
+    let cases: &[(usize, usize, usize, usize)] = if small() {
+        &[(4, 2, 300, 64)]
+    } else {
+        &[
+            (64, 8, 8192, 512),
+            (7, 3, 2100, 1024),
+            (3, 2, 130, 1),
+            (5, 2, 40, 2048),
+        ]
+    };
+    for &(t, requests, max_keys, topk) in cases {
+        let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 1, Fp8Format::E4m3Fn);
+        let what = format!("T={t} keys {max_keys} topk {topk}");
+        let (status, _, want) = topk_on(&s.cpu, &case, false);
+        ok(status);
+        let (status, _, got) = topk_on(&s.gpu, &case, false);
+        ok(status);
+        case.check_selection(&case.logits, &got);
+        assert_eq!(got, want, "{what}: GPU table differs from the CPU's");
+    }
+}
+
+/// The fused op: GPU scores against the float64 reference (f32 sums: 1e-5 of
+/// the terms' magnitude), and the GPU's table a correct top-k of its scores.
+/// A batch id past the page table makes the token padding on the GPU and
+/// fails with OUT_OF_RANGE, nothing written, under `validate`.
+#[test]
+fn indexer_topk_scores_match_reference_on_gpu() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_topk_scores_match_reference_on_gpu");
+    let strict = validating_gpu();
+    let cases: &[(usize, usize, usize, usize)] = if small() {
+        &[(3, 2, 200, 64)]
+    } else {
+        &[(16, 4, 2048, 512), (5, 2, 700, 64), (2, 1, 64, 16)]
+    };
+    for fmt in [Fp8Format::E4m3Fn, Fp8Format::E4m3Fnuz] {
+        for &(t, requests, max_keys, topk) in cases {
+            let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 64, fmt);
+            let (status, logits, table) = topk_on(&s.gpu, &case, true);
+            ok(status);
+            case.check_logits(&logits, false);
+            case.check_selection(&logits, &table);
+
+            let mut bad = case.clone();
+            bad.batch_id[0] = requests as i32;
+            let (status, _, table) = topk_on(&s.gpu, &bad, true);
+            ok(status);
+            assert!(
+                table[..case.width].iter().all(|&v| v == -1),
+                "token 0 is padding"
+            );
+            let (status, logits, table) = topk_on(&strict, &bad, true);
+            fails(status, UNIKV_OUT_OF_RANGE, "batch_id[0]");
+            assert!(
+                bytes_of(&table).iter().all(|&b| b == POISON_BYTE),
+                "validate wrote the table"
+            );
+            assert!(
+                bytes_of(&logits).iter().all(|&b| b == POISON_BYTE),
+                "validate wrote logits"
             );
         }
     }

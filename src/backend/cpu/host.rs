@@ -120,3 +120,13 @@ pub unsafe fn contiguous_mut<'a, T>(m: &Matrix<T>) -> &'a mut [T] {
     debug_assert_eq!(m.strides[0], m.shape[1]);
     std::slice::from_raw_parts_mut(m.as_ptr(), m.shape[0] * m.shape[1])
 }
+
+/// A matrix view whose rows are contiguous, read as one slice.
+///
+/// # Safety
+/// The view is host memory valid for reads, not written meanwhile, and
+/// `strides[0] == shape[1]`.
+pub unsafe fn contiguous<'a, T>(m: &Matrix<T>) -> &'a [T] {
+    debug_assert_eq!(m.strides[0], m.shape[1]);
+    std::slice::from_raw_parts_mut(m.as_ptr(), m.shape[0] * m.shape[1])
+}

@@ -5,13 +5,18 @@
 use rayon::prelude::*;
 
 use crate::backend::cpu::cache_store::destinations;
-use crate::backend::cpu::host::{contiguous_mut, put_row3, row, row3, slice};
+use crate::backend::cpu::host::{
+    contiguous, contiguous_mut, int_values, put_row, put_row3, row, row3, slice,
+};
 use crate::backend::cpu::rope::checked_positions;
-use crate::cache_layouts::indexer::{store_token, KEY_DIMS};
-use crate::error::Result;
-use crate::indexer::{prepare_key, prepare_query, query_weight};
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
+use crate::cache_layouts::indexer::{store_token, stored_key, KEY_DIMS, PAGE_SIZES};
+use crate::error::{ensure, Result};
+use crate::indexer::{key_score, prepare_key, prepare_query, query_weight, top_k, visible_keys};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::tensor::FloatRows;
+
+/// Compressed keys per page of the indexer cache and of the page table.
+const INDEXER_PAGE: usize = PAGE_SIZES[0] as usize;
 
 pub fn indexer_prepare_q(threads: &rayon::ThreadPool, a: &IndexerQueryArgs) -> Result<()> {
     // SAFETY: host view with extent checked by `ops::indexer`.
@@ -67,5 +72,112 @@ pub fn indexer_prepare_k(a: &IndexerKeyArgs) -> Result<()> {
         prepare_key(&mut x, &weight, a.eps, table);
         store_token(cache, &a.geometry, loc, &x)?;
     }
+    Ok(())
+}
+
+/// What token t of a top-k call selects from: its page-table row and its
+/// number of visible keys; None for padding (negative `batch_id`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TopkRow {
+    pub request: usize,
+    pub keys: usize,
+}
+
+/// Checks every real token's request, position, logits width and the page
+/// ids its visible keys need (against the cache when scoring). Reads only the
+/// integer arguments, so the GPU backend's validate mode runs it on host copies.
+pub(crate) fn topk_rows(a: &IndexerTopkArgs) -> Result<Vec<Option<TopkRow>>> {
+    let s = &a.select;
+    let n = s.num_tokens;
+    let (requests, max_pages) = (s.page_table.shape[0], s.page_table.shape[1]);
+    let width = s.logits.shape[1];
+    // SAFETY: host views with extents checked by `ops::indexer`.
+    let (batch, positions) = unsafe { (slice(&s.batch_id, n), int_values(&s.positions, n)) };
+    let cache_pages = a.score.map(|sc| sc.cache.shape[0]);
+    let mut rows = Vec::with_capacity(n);
+    for t in 0..n {
+        let b = batch[t];
+        if b < 0 {
+            rows.push(None);
+            continue;
+        }
+        ensure!(
+            (b as usize) < requests,
+            OutOfRange,
+            "batch_id[{t}]: {b} is not below the page table's {requests} rows"
+        );
+        let p = positions[t];
+        ensure!(p >= 0, OutOfRange, "positions[{t}]: {p} is negative");
+        let keys = visible_keys(p);
+        ensure!(
+            keys <= width,
+            OutOfRange,
+            "positions[{t}]: the token sees {keys} keys, logits has {width} columns"
+        );
+        let pages = keys.div_ceil(INDEXER_PAGE);
+        ensure!(
+            pages <= max_pages,
+            OutOfRange,
+            "page_table: token {t} sees {keys} keys on {pages} pages, a row holds {max_pages}"
+        );
+        // SAFETY: b < rows of the page table.
+        let ids = unsafe { row(&s.page_table, b as usize) };
+        for (j, &id) in ids[..pages].iter().enumerate() {
+            let limit = cache_pages.unwrap_or(i32::MAX as usize / INDEXER_PAGE);
+            ensure!(
+                id >= 0 && (id as usize) < limit,
+                OutOfRange,
+                "page_table[{b}][{j}]: page {id} is outside the {limit} pages of the cache (token {t})"
+            );
+        }
+        rows.push(Some(TopkRow {
+            request: b as usize,
+            keys,
+        }));
+    }
+    Ok(rows)
+}
+
+pub fn indexer_topk(threads: &rayon::ThreadPool, a: &IndexerTopkArgs) -> Result<()> {
+    let rows = topk_rows(a)?;
+    threads.install(|| {
+        rows.par_iter().enumerate().try_for_each(|(t, r)| {
+            // SAFETY: the rows were checked; token t writes only its own
+            // logits and topk_indices rows.
+            unsafe { topk_token(a, t, *r) }
+        })
+    })
+}
+
+/// # Safety
+/// `r` came from `topk_rows(a)` for token `t`.
+unsafe fn topk_token(a: &IndexerTopkArgs, t: usize, r: Option<TopkRow>) -> Result<()> {
+    let s = &a.select;
+    let width = s.topk_indices.shape[1];
+    let mut out = vec![-1i32; width];
+    if let Some(r) = r {
+        let pages = row(&s.page_table, r.request);
+        let index =
+            |i: usize| pages[i / INDEXER_PAGE] * INDEXER_PAGE as i32 + (i % INDEXER_PAGE) as i32;
+        let logits = s.logits.as_ptr().add(s.logits.offset([t, 0]));
+        if let Some(sc) = &a.score {
+            let q: Vec<u8> = (0..sc.num_heads)
+                .flat_map(|h| row3(&sc.q_fp8, t, h).to_vec())
+                .collect();
+            let weights = row(&sc.weights, t);
+            let cache = contiguous(&sc.cache);
+            for i in 0..r.keys {
+                let (codes, scale) = stored_key(cache, &sc.geometry, index(i).into())?;
+                logits
+                    .add(i)
+                    .write(key_score(&q, weights, codes, scale, sc.geometry.format()));
+            }
+        }
+        let scores = std::slice::from_raw_parts(logits, r.keys);
+        for (j, i) in top_k(scores, s.topk).into_iter().enumerate() {
+            out[j] = index(i);
+        }
+    }
+    put_row(&s.topk_indices, t, &out);
     Ok(())
 }

@@ -9,7 +9,7 @@ pub(crate) mod attention;
 pub(crate) mod cache_store;
 mod host;
 pub(crate) mod index;
-mod indexer;
+pub(crate) mod indexer;
 mod memory;
 mod merge;
 pub(crate) mod prepare;
@@ -22,7 +22,7 @@ use crate::error::{err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::ops::merge::MergeArgs;
 use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::rope::InverseRopeArgs;
@@ -147,6 +147,10 @@ impl Backend for CpuBackend {
 
     fn indexer_prepare_k(&self, args: &IndexerKeyArgs, _stream: Stream) -> Result<()> {
         indexer::indexer_prepare_k(args)
+    }
+
+    fn indexer_topk(&self, args: &IndexerTopkArgs, _stream: Stream) -> Result<()> {
+        indexer::indexer_topk(&self.threads, args)
     }
 
     fn hash_topk(&self, args: &HashTopkArgs, _stream: Stream) -> Result<()> {

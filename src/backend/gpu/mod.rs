@@ -25,7 +25,7 @@ use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::pool::LayerRows;
 use crate::tensor::{IndexVector, View};
 
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs};
+use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
 use crate::ops::prepare::PrepareQkvArgs;
 use crate::ops::routing::{HashTopkArgs, RealTokens};
 
@@ -866,6 +866,57 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_indexer_prepare_k(self.device, &p, stream.0) },
             "indexer_prepare_k",
+        )
+    }
+
+    fn indexer_topk(&self, a: &IndexerTopkArgs, stream: Stream) -> Result<()> {
+        let s = &a.select;
+        if self.validate {
+            let (_b, batch_id) = self.mirror(&s.batch_id, stream)?;
+            let (_p, positions) = self.mirror_ints(&s.positions, stream)?;
+            let (_t, page_table) = self.mirror(&s.page_table, stream)?;
+            self.synchronize(stream)?;
+            let select = TopkSelect {
+                batch_id,
+                positions,
+                page_table,
+                ..*s
+            };
+            cpu::indexer::topk_rows(&IndexerTopkArgs { select, ..*a })?;
+        }
+        let sc = a.score.as_ref();
+        let p = shim::IndexerTopkParams {
+            q_fp8: sc.map_or(std::ptr::null(), |c| c.q_fp8.as_ptr()),
+            weights: sc.map_or(std::ptr::null(), |c| c.weights.as_ptr()),
+            cache: sc.map_or(std::ptr::null(), |c| c.cache.as_ptr()),
+            page_table: s.page_table.as_ptr(),
+            batch_id: s.batch_id.as_ptr(),
+            positions: s.positions.as_ptr() as *const c_void,
+            logits: s.logits.as_ptr(),
+            topk_indices: s.topk_indices.as_ptr(),
+            q_stride_token: sc.map_or(0, |c| c.q_fp8.strides[0] as i64),
+            q_stride_head: sc.map_or(0, |c| c.q_fp8.strides[1] as i64),
+            weights_stride: sc.map_or(0, |c| c.weights.strides[0] as i64),
+            page_table_stride: s.page_table.strides[0] as i64,
+            logits_stride: s.logits.strides[0] as i64,
+            topk_stride: s.topk_indices.strides[0] as i64,
+            bytes_per_page: sc.map_or(0, |c| c.geometry.bytes_per_page() as i64),
+            cache_pages: sc.map_or(0, |c| c.cache.shape[0] as i64),
+            requests: s.page_table.shape[0].min(i32::MAX as usize) as i32,
+            max_pages: s.page_table.shape[1].min(i32::MAX as usize) as i32,
+            logits_width: s.logits.shape[1] as i32,
+            topk_width: s.topk_indices.shape[1].min(i32::MAX as usize) as i32,
+            num_tokens: s.num_tokens as i32,
+            num_heads: sc.map_or(0, |c| c.num_heads as i32),
+            topk: s.topk as i32,
+            positions_i64: i32::from(s.positions.is_i64()),
+            format: sc.map_or(0, |c| format_code(c.geometry.format())),
+            score: i32::from(sc.is_some()),
+        };
+        // SAFETY: views validated by `ops::indexer`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_indexer_topk(self.device, &p, stream.0) },
+            "indexer_topk",
         )
     }
 

@@ -350,6 +350,37 @@ pub struct IndexerKParams {
     pub reserved: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct IndexerTopkParams {
+    pub q_fp8: *const u8,
+    pub weights: *const f32,
+    pub cache: *const u8,
+    pub page_table: *const i32,
+    pub batch_id: *const i32,
+    pub positions: *const c_void,
+    pub logits: *mut f32,
+    pub topk_indices: *mut i32,
+    pub q_stride_token: i64,
+    pub q_stride_head: i64,
+    pub weights_stride: i64,
+    pub page_table_stride: i64,
+    pub logits_stride: i64,
+    pub topk_stride: i64,
+    pub bytes_per_page: i64,
+    pub cache_pages: i64,
+    pub requests: i32,
+    pub max_pages: i32,
+    pub logits_width: i32,
+    pub topk_width: i32,
+    pub num_tokens: i32,
+    pub num_heads: i32,
+    pub topk: i32,
+    pub positions_i64: i32,
+    pub format: u32,
+    pub score: i32,
+}
+
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.
 pub const MIRRORS: &[(c_int, usize, &str)] = &[
     (0, std::mem::size_of::<StoreSwaParams>(), "StoreSwaParams"),
@@ -391,6 +422,11 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
     (12, std::mem::size_of::<HashTopkParams>(), "HashTopkParams"),
     (13, std::mem::size_of::<IndexerQParams>(), "IndexerQParams"),
     (14, std::mem::size_of::<IndexerKParams>(), "IndexerKParams"),
+    (
+        15,
+        std::mem::size_of::<IndexerTopkParams>(),
+        "IndexerTopkParams",
+    ),
 ];
 
 extern "C" {
@@ -448,6 +484,11 @@ extern "C" {
     pub fn unikv_gpu_indexer_prepare_k(
         device: c_int,
         p: *const IndexerKParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_indexer_topk(
+        device: c_int,
+        p: *const IndexerTopkParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_hash_topk(

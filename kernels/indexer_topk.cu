@@ -1,0 +1,236 @@
+// Indexer scores and top-k selection (spec store_fused 4.3): the CSA
+// page-index table of every token of a forward, in two launches whose grids
+// depend on the tensor shapes only.
+//
+// Scores (score_kernel): one block per (token, page of 64 keys), 256 threads.
+// The token's query heads and the page's 64 keys are decoded into shared
+// memory as bf16 (exact: every e4m3 value is a bf16), rows padded by 8 bytes so
+// the 8 keys or 4 heads a warp reads sit in different banks. Thread (key
+// tid / 4, group tid % 4) holds its key's 128 values in registers and takes
+// heads g, g + 4, ...: each dot product in fp32 in dim order (the products are
+// exact), relu, times the head weight; the 4 groups' partial sums meet through
+// shuffles and one multiply by the key's scale gives the score.
+//
+// Selection (select_kernel): one block per token, 512 threads. At most topk
+// keys: all of them. Otherwise a radix select over 32-bit order keys (the
+// total order of src/indexer.rs order_key: -0 = +0, NaN lowest), 8 bits per
+// pass from the top, finds the topk-th largest key T; the output pass then
+// walks the row in index order and keeps key > T, and key == T while fewer
+// than topk - count(key > T) ties were kept, so ties go to lower indices and
+// the set is the CPU backend's exactly. Block prefix sums place the kept keys
+// in ascending index order; -1 fills the rest of the row.
+//
+// Device values are never trusted: a batch id outside the page table makes
+// the token padding (a row of -1), its keys are clamped to the logits row and
+// the page-table row, and a key on a page outside the cache scores -inf.
+#include <math.h>
+
+#include "fp8.cuh"
+#include "shim.cuh"
+#include "warp.cuh"
+
+namespace {
+
+constexpr int kDims = 128;
+constexpr int kPage = 64;  // keys per page
+constexpr int kScoreThreads = 256;
+constexpr int kGroups = kScoreThreads / kPage;  // threads per key
+constexpr int kRowBytes = kDims * 2 + 8;        // a bf16 row in shared memory, padded
+constexpr int kSelectThreads = 512;
+constexpr int kSelectWarps = kSelectThreads / UKV_WARP;
+
+// Token t's request (-1: padding) and number of keys.
+struct TokenKeys {
+  int request;
+  int keys;
+};
+
+__device__ __forceinline__ TokenKeys token_keys(const ukv_indexer_topk_params& p, int t) {
+  const int b = p.batch_id[t];
+  if (b < 0 || b >= p.requests) return TokenKeys{-1, 0};
+  const int64_t pos = p.positions_i64 ? static_cast<const int64_t*>(p.positions)[t]
+                                      : (int64_t) static_cast<const int32_t*>(p.positions)[t];
+  const int64_t visible = pos < 0 ? 0 : (pos + 1) / 4;
+  const int64_t cap = min((int64_t)p.logits_width, (int64_t)p.max_pages * kPage);
+  return TokenKeys{b, (int)min(visible, cap)};
+}
+
+// Key i's page index: page_table[b][i / 64] * 64 + i % 64.
+__device__ __forceinline__ int32_t page_index(const ukv_indexer_topk_params& p, int b, int i) {
+  return (int32_t)((int64_t)p.page_table[b * p.page_table_stride + i / kPage] * kPage + i % kPage);
+}
+
+// src/indexer.rs order_key.
+__device__ __forceinline__ uint32_t order_key(float x) {
+  if (x != x) return 0u;
+  const uint32_t bits = x == 0.f ? 0u : __float_as_uint(x);
+  return (bits >> 31) != 0u ? ~bits : bits | 0x80000000u;
+}
+
+// 16 codes to 16 bf16 values (8 words) of a shared-memory row.
+__device__ __forceinline__ void decode16(uint4 codes, ukv_fp8_format fmt, uint32_t* dst) {
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v[4];
+    ukv_fp8x2_decode(w[i] & 0xFFFFu, fmt, v[0], v[1]);
+    ukv_fp8x2_decode(w[i] >> 16, fmt, v[2], v[3]);
+    // Exact: an FP8 value has 4 significant bits.
+    dst[2 * i] = ukv_pack_bf16x2(v[0], v[1]);
+    dst[2 * i + 1] = ukv_pack_bf16x2(v[2], v[3]);
+  }
+}
+
+__global__ void __launch_bounds__(kScoreThreads) score_kernel(ukv_indexer_topk_params p) {
+  extern __shared__ __align__(16) char smem[];
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int page_col = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  const TokenKeys tk = token_keys(p, t);
+  const int first = page_col * kPage;
+  if (tk.request < 0 || first >= tk.keys) return;
+  float* logits = p.logits + t * p.logits_stride + first;
+  const int key = tid / kGroups, group = tid % kGroups;
+  const int64_t page = p.page_table[tk.request * p.page_table_stride + page_col];
+  if (page < 0 || page >= p.cache_pages) {
+    if (group == 0 && first + key < tk.keys) logits[key] = -INFINITY;
+    return;
+  }
+  const ukv_fp8_format fmt = (ukv_fp8_format)p.format;
+  char* k_s = smem;
+  char* q_s = smem + kPage * kRowBytes;
+  float* w_s = reinterpret_cast<float*>(q_s + p.num_heads * kRowBytes);
+  const uint8_t* page_base = p.cache + page * p.bytes_per_page;
+  // 8 pieces of 16 codes per row.
+  for (int i = tid; i < kPage * 8; i += kScoreThreads) {
+    const uint4 c = reinterpret_cast<const uint4*>(page_base + (i / 8) * kDims)[i % 8];
+    decode16(c, fmt, reinterpret_cast<uint32_t*>(k_s + (i / 8) * kRowBytes + (i % 8) * 32));
+  }
+  const uint8_t* q = p.q_fp8 + t * p.q_stride_token;
+  for (int i = tid; i < p.num_heads * 8; i += kScoreThreads) {
+    const uint4 c = reinterpret_cast<const uint4*>(q + (i / 8) * p.q_stride_head)[i % 8];
+    decode16(c, fmt, reinterpret_cast<uint32_t*>(q_s + (i / 8) * kRowBytes + (i % 8) * 32));
+  }
+  for (int h = tid; h < p.num_heads; h += kScoreThreads) w_s[h] = p.weights[t * p.weights_stride + h];
+  __syncthreads();
+
+  uint32_t k2[kDims / 2];
+#pragma unroll
+  for (int i = 0; i < kDims / 2; ++i) k2[i] = reinterpret_cast<const uint32_t*>(k_s + key * kRowBytes)[i];
+  float sum = 0.f;
+  for (int h = group; h < p.num_heads; h += kGroups) {
+    const uint32_t* q2 = reinterpret_cast<const uint32_t*>(q_s + h * kRowBytes);
+    float dot = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDims / 2; ++i) {
+      const uint32_t a = q2[i];
+      dot = fmaf(__uint_as_float(a << 16), __uint_as_float(k2[i] << 16), dot);
+      dot = fmaf(__uint_as_float(a & 0xFFFF0000u), __uint_as_float(k2[i] & 0xFFFF0000u), dot);
+    }
+    sum = fmaf(w_s[h], fmaxf(dot, 0.f), sum);
+  }
+  sum = ukv_xor_sum<1, kGroups / 2>(sum);
+  if (group == 0 && first + key < tk.keys) {
+    const float scale = *reinterpret_cast<const float*>(page_base + (int64_t)kDims * kPage + key * 4);
+    logits[key] = scale * sum;
+  }
+}
+
+// Inclusive prefix sum of `v` over the block (all threads call it); `total`
+// receives the block's sum. `scratch` holds kSelectWarps ints.
+__device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
+  const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
+  int x = ukv_warp_inclusive_sum(v);
+  __syncthreads();  // the scratch's previous use is over
+  if (lane == UKV_WARP - 1) scratch[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kSelectWarps; ++w) {
+    const int s = scratch[w];
+    before += w < warp ? s : 0;
+    all += s;
+  }
+  *total = all;
+  return x + before;
+}
+
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
+  __shared__ int hist[256];
+  __shared__ int scratch[kSelectWarps];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_remaining;
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int t = blockIdx.x, tid = threadIdx.x;
+  const TokenKeys tk = token_keys(p, t);
+  int32_t* out = p.topk_indices + t * p.topk_stride;
+  const float* logits = p.logits + t * p.logits_stride;
+  const int n = tk.keys;
+  int written = 0;
+  if (n <= p.topk) {
+    for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
+    written = n;
+  } else {
+    // Radix select: after pass r the top 8(r + 1) bits of T are known.
+    uint32_t prefix = 0;
+    int remaining = p.topk;  // keys still to take among those matching the prefix
+    for (int pass = 0; pass < 4; ++pass) {
+      const int shift = 24 - 8 * pass;
+      const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
+      for (int b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
+      __syncthreads();
+      for (int i = tid; i < n; i += kSelectThreads) {
+        const uint32_t k = order_key(logits[i]);
+        if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 0xFFu], 1);
+      }
+      __syncthreads();
+      // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
+      // above that digit; the digit where it first reaches `remaining` is T's.
+      const int digit = 255 - tid;
+      const int count = tid < 256 ? hist[digit] : 0;
+      int total;
+      const int at_or_above = block_inclusive_sum(count, scratch, &total);
+      if (tid < 256 && at_or_above >= remaining && at_or_above - count < remaining) {
+        s_prefix = prefix | ((uint32_t)digit << shift);
+        s_remaining = remaining - (at_or_above - count);
+      }
+      __syncthreads();
+      prefix = s_prefix;
+      remaining = s_remaining;
+    }
+    // prefix = T; `remaining` ties at T are taken, lowest indices first.
+    int base = 0, ties_before = 0;
+    for (int start = 0; start < n; start += kSelectThreads) {
+      const int i = start + tid;
+      const uint32_t k = i < n ? order_key(logits[i]) : 0u;
+      const bool tie = i < n && k == prefix;
+      int tie_total;
+      const int tie_rank = block_inclusive_sum(tie ? 1 : 0, scratch, &tie_total) - (tie ? 1 : 0) + ties_before;
+      const bool keep = i < n && (k > prefix || (tie && tie_rank < remaining));
+      int kept;
+      const int slot = block_inclusive_sum(keep ? 1 : 0, scratch, &kept) - 1 + base;
+      if (keep) out[slot] = page_index(p, tk.request, i);
+      base += kept;
+      ties_before += tie_total;
+    }
+    written = p.topk;
+  }
+  for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+}
+
+}  // namespace
+
+extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    if (p->score) {
+      const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
+      const unsigned pages = (unsigned)ukv::cdiv(p->logits_width, kPage);
+      const int r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens),
+                                           dim3(kScoreThreads), smem, stream, "indexer score_kernel", *p);
+      if (r != UKV_SHIM_OK) return r;
+    }
+    return ukv::launch_early(device, select_kernel, dim3((unsigned)p->num_tokens), dim3(kSelectThreads), stream,
+                             "indexer select_kernel", *p);
+  })
+}
