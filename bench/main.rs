@@ -25,6 +25,8 @@ use unikv::ffi::store::*;
 use unikv::ffi::types::unikv_tensor;
 use unikv::fp8::Fp8Format;
 
+mod indexer;
+
 const L2_BYTES: usize = 60 << 20;
 const POOL_ROWS_MIN: usize = 1_000_000;
 
@@ -533,6 +535,10 @@ fn main() {
     }
     if only.is_empty() || only == "cache_store" {
         bench_cache_stores(ctx, &stream, &c, &mut rng);
+    }
+    if only.is_empty() || only == "indexer" {
+        indexer::bench_indexer_topk(ctx, &stream, &c, &mut rng);
+        indexer::bench_hash_topk(ctx, &stream, &c, &mut rng);
     }
     unsafe {
         unikv_pool_destroy(pool);
