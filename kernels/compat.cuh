@@ -420,6 +420,22 @@ __device__ __forceinline__ void ukv_mma_bf16_16816(float (&d)[4], const uint32_t
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The same with f16 inputs (every FP8 value is an f16, and f16 products are
+// exact in the f32 accumulation).
+__device__ __forceinline__ void ukv_mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two f32 values to an f16 pair (`lo` in the low half), rounded to nearest.
+__device__ __forceinline__ uint32_t ukv_pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &h, sizeof(bits));
+  return bits;
+}
 #endif
 
 // fp32 pair -> two e4m3fn codes (round to nearest even, finite saturation, any
@@ -431,6 +447,12 @@ __device__ __forceinline__ uint16_t ukv_cvt_e4m3x2(float lo, float hi) {
   uint16_t packed;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(hi), "f"(lo));
   return packed;
+}
+// Two e4m3fn codes (`lo` in the low byte) to their exact f16 values.
+__device__ __forceinline__ uint32_t ukv_cvt_e4m3x2_to_half2(uint16_t codes) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(codes));
+  return halves;
 }
 // Two e4m3fn codes (`lo` in the low byte) to their exact values: e4m3 -> f16
 // is exact (NaN stays NaN), and so is f16 -> f32.

@@ -136,6 +136,158 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(ukv_indexer_topk_p
   }
 }
 
+#if !defined(__HIPCC__)
+// The scores on tensor cores (NVIDIA sm_80+): one block per (token, run of
+// kRunPages pages), 8 warps. The token's query codes become f16 in shared
+// memory once; each warp keeps its B fragments (heads 32 (w / 4) .. + 31, all
+// 128 dims: 64 registers) for the whole run. Per page the 64 keys' codes are
+// decoded to f16 rows (the next page's codes already in flight in registers),
+// and warp w multiplies keys 16 (w % 4) .. + 15 against its 32 heads
+// (m16n8k16, f32 accumulation: exact products, 8 k-steps x 4 n-tiles). Each
+// lane weighs its accumulators' relu by the head weights, the quad and then
+// the two head halves sum up, and the key's scale gives the score.
+constexpr int kRunPages = 8;
+constexpr int kMmaHeads = 64;                  // heads the fragments cover (zero past num_heads)
+constexpr int kHalfRow = (kDims + 8) * 2;      // an f16 row in shared memory, padded: 272 bytes
+
+// 32 codes (two 16-byte vectors) to 32 f16 values at `dst` (64 bytes).
+__device__ __forceinline__ void decode32_half(uint4 a, uint4 b, ukv_fp8_format fmt, char* dst) {
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t h[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#if defined(UKV_HAS_E4M3_CVT)
+    if (fmt == UKV_FP8_E4M3FN) {
+      h[2 * i] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[i] & 0xFFFFu));
+      h[2 * i + 1] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[i] >> 16));
+      continue;
+    }
+#endif
+    h[2 * i] = ukv_pack_half2(ukv_fp8_decode((uint8_t)w[i], fmt), ukv_fp8_decode((uint8_t)(w[i] >> 8), fmt));
+    h[2 * i + 1] =
+        ukv_pack_half2(ukv_fp8_decode((uint8_t)(w[i] >> 16), fmt), ukv_fp8_decode((uint8_t)(w[i] >> 24), fmt));
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+}
+
+__global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_topk_params p) {
+#if defined(UKV_HAS_MMA_BF16)
+  __shared__ __align__(16) char q_s[kMmaHeads * kHalfRow];
+  __shared__ __align__(16) char k_s[kPage * kHalfRow];
+  __shared__ float w_s[kMmaHeads];
+  __shared__ float part_s[2][kPage];
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
+  const TokenKeys tk = token_keys(p, t);
+  const int first_page = blockIdx.x * kRunPages;
+  if (tk.request < 0 || first_page * kPage >= tk.keys) return;
+  const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
+  const ukv_fp8_format fmt = (ukv_fp8_format)p.format;
+  const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
+
+  // Query: thread i decodes 32 codes of head i / 4 (zeros past num_heads).
+  {
+    const int h = tid / 4, part = tid % 4;
+    uint4 a = make_uint4(0, 0, 0, 0), b = a;
+    if (h < p.num_heads) {
+      const uint4* src = reinterpret_cast<const uint4*>(p.q_fp8 + t * p.q_stride_token + h * p.q_stride_head) + 2 * part;
+      a = src[0];
+      b = src[1];
+    }
+    decode32_half(a, b, fmt, q_s + h * kHalfRow + part * 64);
+    if (tid < kMmaHeads) w_s[tid] = tid < p.num_heads ? p.weights[t * p.weights_stride + tid] : 0.f;
+  }
+  // This thread's 32 codes of a page: key tid / 4, bytes 32 (tid % 4) ...
+  const int key = tid / 4, part = tid % 4;
+  auto page_codes = [&](int page_col, uint4& a, uint4& b) {
+    const int64_t id = pages[page_col];
+    if (id < 0 || id >= p.cache_pages) return false;
+    const uint4* src = reinterpret_cast<const uint4*>(p.cache + id * p.bytes_per_page + key * kDims) + 2 * part;
+    a = src[0];
+    b = src[1];
+    return true;
+  };
+  uint4 ca = make_uint4(0, 0, 0, 0), cb = ca;
+  bool valid = page_codes(first_page, ca, cb);
+  __syncthreads();
+
+  // B fragments of heads 32 (warp / 4) + 8 n .. for the 8 k-steps.
+  const int head0 = 32 * (warp / 4), key0 = 16 * (warp % 4);
+  uint32_t bq[8][4][2];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t r[4];
+      const int row = head0 + 16 * np + (lane % 8) + 8 * (lane / 16);
+      ukv_ldmatrix_x4(r, q_s + row * kHalfRow + (16 * ks + 8 * ((lane / 8) % 2)) * 2);
+      bq[ks][2 * np][0] = r[0];
+      bq[ks][2 * np][1] = r[1];
+      bq[ks][2 * np + 1][0] = r[2];
+      bq[ks][2 * np + 1][1] = r[3];
+    }
+  }
+  const int g = lane / 4, tq = lane % 4;
+  float wl[4][2];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    wl[n][0] = w_s[head0 + 8 * n + 2 * tq];
+    wl[n][1] = w_s[head0 + 8 * n + 2 * tq + 1];
+  }
+
+  for (int page_col = first_page; page_col < last_page; ++page_col) {
+    const bool page_valid = valid;
+    if (page_valid) decode32_half(ca, cb, fmt, k_s + key * kHalfRow + part * 64);
+    if (page_col + 1 < last_page) valid = page_codes(page_col + 1, ca, cb);
+    __syncthreads();
+    float acc[4][4] = {};
+    if (page_valid) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        uint32_t a[4];
+        ukv_ldmatrix_x4(a, k_s + (key0 + lane % 16) * kHalfRow + (16 * ks + 8 * (lane / 16)) * 2);
+#pragma unroll
+        for (int n = 0; n < 4; ++n) ukv_mma_f16_16816(acc[n], a, bq[ks][n][0], bq[ks][n][1]);
+      }
+    }
+    // Keys key0 + g (acc[n][0..1]) and key0 + g + 8 (acc[n][2..3]).
+    float lo = 0.f, hi = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      lo += wl[n][0] * fmaxf(acc[n][0], 0.f) + wl[n][1] * fmaxf(acc[n][1], 0.f);
+      hi += wl[n][0] * fmaxf(acc[n][2], 0.f) + wl[n][1] * fmaxf(acc[n][3], 0.f);
+    }
+    lo = ukv_xor_sum<1, 2>(lo);
+    hi = ukv_xor_sum<1, 2>(hi);
+    if (tq == 0) {
+      part_s[warp / 4][key0 + g] = lo;
+      part_s[warp / 4][key0 + g + 8] = hi;
+    }
+    __syncthreads();
+    if (tid < kPage) {
+      const int i = page_col * kPage + tid;
+      if (i < tk.keys) {
+        float score = -INFINITY;
+        if (page_valid) {
+          const float scale =
+              *reinterpret_cast<const float*>(p.cache + pages[page_col] * p.bytes_per_page + kDims * kPage + tid * 4);
+          score = scale * (part_s[0][tid] + part_s[1][tid]);
+        }
+        p.logits[t * p.logits_stride + i] = score;
+      }
+    }
+    // k_s and part_s are rewritten for the next page.
+    __syncthreads();
+  }
+#else
+  (void)p;
+#endif
+}
+#endif  // !__HIPCC__
+
 // Inclusive prefix sum of `v` over the block (all threads call it); `total`
 // receives the block's sum. `scratch` holds kSelectWarps ints.
 __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
@@ -218,16 +370,36 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
 }
 
+// Test hook (unikv_gpu_test_indexer_scalar_scores): the CUDA-core score
+// kernel on every GPU, so NVIDIA runs check the path HIP builds take.
+thread_local bool g_scalar_scores = false;
+
 }  // namespace
+
+extern "C" void unikv_gpu_test_indexer_scalar_scores(int on) { g_scalar_scores = on != 0; }
 
 extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params* p, void* stream) {
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
     if (p->score) {
-      const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
       const unsigned pages = (unsigned)ukv::cdiv(p->logits_width, kPage);
-      const int r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens),
-                                           dim3(kScoreThreads), smem, stream, "indexer score_kernel", *p);
+      int r = UKV_SHIM_OK;
+#if !defined(__HIPCC__)
+      int cc_major = 0;
+      if (ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device))
+        return ukv::report(e, "device attribute");
+      if (cc_major >= 8 && !g_scalar_scores) {
+        r = ukv::launch_early(device, score_mma_kernel,
+                              dim3((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p->num_tokens),
+                              dim3(kScoreThreads), stream, "indexer score_mma_kernel", *p);
+        if (r != UKV_SHIM_OK) return r;
+        return ukv::launch_early(device, select_kernel, dim3((unsigned)p->num_tokens), dim3(kSelectThreads),
+                                 stream, "indexer select_kernel", *p);
+      }
+#endif
+      const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
+      r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens), dim3(kScoreThreads), smem,
+                                 stream, "indexer score_kernel", *p);
       if (r != UKV_SHIM_OK) return r;
     }
     return ukv::launch_early(device, select_kernel, dim3((unsigned)p->num_tokens), dim3(kSelectThreads), stream,

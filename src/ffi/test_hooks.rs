@@ -49,6 +49,15 @@ pub fn gpu_plan_portable(kernel: PortableKernel) {
     unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(kernel as std::ffi::c_int) }
 }
 
+/// Makes indexer scores computed afterwards on this thread use the CUDA-core
+/// kernel (the HIP build's) instead of the tensor-core one, so an NVIDIA run
+/// checks both.
+#[cfg(unikv_gpu)]
+pub fn gpu_indexer_scalar_scores(on: bool) {
+    // SAFETY: sets a thread-local flag in the kernel shim.
+    unsafe { crate::backend::gpu::shim::unikv_gpu_test_indexer_scalar_scores(on.into()) }
+}
+
 /// Runs the device FP8 codec (kernels/fp8.cuh) on device 0 over `n` values at
 /// `x`, writing the software codes, the hardware-or-software pair codes, the
 /// UE8M0 bytes of |x| and the 256 decoded codes, all device buffers; waits for

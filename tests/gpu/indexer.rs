@@ -228,12 +228,23 @@ fn indexer_topk_selection_matches_cpu_exactly() {
     }
 }
 
-/// The fused op: GPU scores against the float64 reference (f32 sums: 1e-5 of
-/// the terms' magnitude), and the GPU's table a correct top-k of its scores.
-/// A batch id past the page table makes the token padding on the GPU and
-/// fails with OUT_OF_RANGE, nothing written, under `validate`.
+/// The fused op on both score kernels (tensor cores; CUDA cores, the HIP
+/// build's): GPU scores against the float64 reference (f32 sums: 1e-5 of the
+/// terms' magnitude), and the GPU's table a correct top-k of its scores. A
+/// batch id past the page table makes the token padding on the GPU and fails
+/// with OUT_OF_RANGE, nothing written, under `validate`.
+#[cfg(feature = "test-hooks")]
 #[test]
 fn indexer_topk_scores_match_reference_on_gpu() {
+    for scalar in [false, true] {
+        unikv::ffi::test_hooks::gpu_indexer_scalar_scores(scalar);
+        scores_match_reference();
+    }
+    unikv::ffi::test_hooks::gpu_indexer_scalar_scores(false);
+}
+
+#[cfg(feature = "test-hooks")]
+fn scores_match_reference() {
     let Some(s) = setup() else { return };
     let (mut rng, _) = seeded("indexer_topk_scores_match_reference_on_gpu");
     let strict = validating_gpu();

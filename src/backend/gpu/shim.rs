@@ -533,6 +533,9 @@ extern "C" {
     /// (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_test_plan_portable(variant: c_int);
+    /// Indexer scores on the CUDA-core kernel on this thread (test hook).
+    #[cfg(feature = "test-hooks")]
+    pub fn unikv_gpu_test_indexer_scalar_scores(on: c_int);
     /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_fp8_check(
