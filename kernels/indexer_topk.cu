@@ -138,44 +138,41 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(ukv_indexer_topk_p
 
 #if !defined(__HIPCC__)
 // The scores on tensor cores (NVIDIA sm_80+): one block per (token, run of
-// kRunPages pages), 8 warps. The token's query codes become f16 in shared
-// memory once; each warp keeps its B fragments (heads 32 (w / 4) .. + 31, all
-// 128 dims: 64 registers) for the whole run. Per page the 64 keys' codes are
-// decoded to f16 rows (the next page's codes already in flight in registers),
-// and warp w multiplies keys 16 (w % 4) .. + 15 against its 32 heads
-// (m16n8k16, f32 accumulation: exact products, 8 k-steps x 4 n-tiles). Each
-// lane weighs its accumulators' relu by the head weights, the quad and then
-// the two head halves sum up, and the key's scale gives the score.
+// kRunPages pages), 8 warps; warp w multiplies keys 16 (w % 4) .. + 15 of
+// each page against heads 32 (w / 4) .. + 31 (m16n8k16 f16 MMA, f32
+// accumulation; every FP8 value is an f16 and the products are exact).
+//  - Keys: each page's raw codes and scales land by cp.async in one of
+//    kStages shared-memory stages (rows padded to 144 bytes), kStages - 1
+//    pages ahead; the A fragments are converted from the raw codes in
+//    registers (cvt e4m3x2 -> f16x2), so no f16 copy of the keys is stored.
+//  - The MMA's k order is permuted the same way in A and B (lane quad t of a
+//    k-step takes dims 4t..4t+3: A slots 2t, 2t+1 and 8+2t, 8+2t+1), so one
+//    4-byte load gives a row's two A registers and one 8-byte load a head's
+//    two B registers.
+//  - Queries: the token's codes become f16 in shared memory once; each warp
+//    keeps its B fragments (8 k-steps x 4 n-tiles) in 64 registers for the
+//    whole run.
+// Each lane weighs its accumulators' relu by the head weights; the quad and
+// then the two head halves sum up, and the key's scale gives the score.
 constexpr int kRunPages = 8;
-constexpr int kMmaHeads = 64;                  // heads the fragments cover (zero past num_heads)
-constexpr int kHalfRow = (kDims + 8) * 2;      // an f16 row in shared memory, padded: 272 bytes
+constexpr int kStages = 3;
+constexpr int kMmaHeads = 64;             // heads the fragments cover (zero past num_heads)
+constexpr int kRawRow = kDims + 16;       // a page row of codes in shared memory, padded
+constexpr int kHalfRow = (kDims + 8) * 2;  // an f16 query row in shared memory, padded
 
-// 32 codes (two 16-byte vectors) to 32 f16 values at `dst` (64 bytes).
-__device__ __forceinline__ void decode32_half(uint4 a, uint4 b, ukv_fp8_format fmt, char* dst) {
-  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  uint32_t h[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
+// Two codes (the first in the low byte) to an f16 pair.
+__device__ __forceinline__ uint32_t codes_to_half2(uint32_t codes, ukv_fp8_format fmt) {
 #if defined(UKV_HAS_E4M3_CVT)
-    if (fmt == UKV_FP8_E4M3FN) {
-      h[2 * i] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[i] & 0xFFFFu));
-      h[2 * i + 1] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[i] >> 16));
-      continue;
-    }
+  if (fmt == UKV_FP8_E4M3FN) return ukv_cvt_e4m3x2_to_half2((uint16_t)codes);
 #endif
-    h[2 * i] = ukv_pack_half2(ukv_fp8_decode((uint8_t)w[i], fmt), ukv_fp8_decode((uint8_t)(w[i] >> 8), fmt));
-    h[2 * i + 1] =
-        ukv_pack_half2(ukv_fp8_decode((uint8_t)(w[i] >> 16), fmt), ukv_fp8_decode((uint8_t)(w[i] >> 24), fmt));
-  }
-  uint4* d = reinterpret_cast<uint4*>(dst);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) d[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+  return ukv_pack_half2(ukv_fp8_decode((uint8_t)codes, fmt), ukv_fp8_decode((uint8_t)(codes >> 8), fmt));
 }
 
 __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_topk_params p) {
 #if defined(UKV_HAS_MMA_BF16)
+  __shared__ __align__(16) char raw_s[kStages][kPage * kRawRow];
+  __shared__ __align__(16) float scale_s[kStages][kPage];
   __shared__ __align__(16) char q_s[kMmaHeads * kHalfRow];
-  __shared__ __align__(16) char k_s[kPage * kHalfRow];
   __shared__ float w_s[kMmaHeads];
   __shared__ float part_s[2][kPage];
   ukv_pdl_launch_dependents();
@@ -187,50 +184,55 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
   const ukv_fp8_format fmt = (ukv_fp8_format)p.format;
   const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
-
-  // Query: thread i decodes 32 codes of head i / 4 (zeros past num_heads).
-  {
-    const int h = tid / 4, part = tid % 4;
-    uint4 a = make_uint4(0, 0, 0, 0), b = a;
-    if (h < p.num_heads) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.q_fp8 + t * p.q_stride_token + h * p.q_stride_head) + 2 * part;
-      a = src[0];
-      b = src[1];
-    }
-    decode32_half(a, b, fmt, q_s + h * kHalfRow + part * 64);
-    if (tid < kMmaHeads) w_s[tid] = tid < p.num_heads ? p.weights[t * p.weights_stride + tid] : 0.f;
-  }
-  // This thread's 32 codes of a page: key tid / 4, bytes 32 (tid % 4) ...
-  const int key = tid / 4, part = tid % 4;
-  auto page_codes = [&](int page_col, uint4& a, uint4& b) {
-    const int64_t id = pages[page_col];
-    if (id < 0 || id >= p.cache_pages) return false;
-    const uint4* src = reinterpret_cast<const uint4*>(p.cache + id * p.bytes_per_page + key * kDims) + 2 * part;
-    a = src[0];
-    b = src[1];
-    return true;
+  const auto page_ok = [&](int col) {
+    const int64_t id = pages[col];
+    return id >= 0 && id < p.cache_pages;
   };
-  uint4 ca = make_uint4(0, 0, 0, 0), cb = ca;
-  bool valid = page_codes(first_page, ca, cb);
+  // Page `col` into stage `stage`: 512 16-byte pieces of codes and 16 of
+  // scales; an invalid page (or one past the run) lands as zeros.
+  const auto issue = [&](int col, int stage) {
+    const bool ok = col < last_page && page_ok(col);
+    const uint8_t* base = p.cache + (ok ? (int64_t)pages[col] * p.bytes_per_page : 0);
+    for (int i = tid; i < kPage * 8; i += kScoreThreads)
+      ukv_cp_async16(raw_s[stage] + (i / 8) * kRawRow + (i % 8) * 16, base + (i / 8) * kDims + (i % 8) * 16, ok);
+    if (tid < kPage / 4)
+      ukv_cp_async16(&scale_s[stage][4 * tid], base + kDims * kPage + 16 * tid, ok);
+    ukv_cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(first_page + s, s);
+
+  // Query codes to f16 rows (zeros past num_heads), and the head weights.
+  for (int i = tid; i < kMmaHeads * 8; i += kScoreThreads) {
+    const int h = i / 8, piece = i % 8;
+    uint4 c = make_uint4(0, 0, 0, 0);
+    if (h < p.num_heads) c = reinterpret_cast<const uint4*>(p.q_fp8 + t * p.q_stride_token + h * p.q_stride_head)[piece];
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    uint32_t hv[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      hv[2 * j] = codes_to_half2(w[j] & 0xFFFFu, fmt);
+      hv[2 * j + 1] = codes_to_half2(w[j] >> 16, fmt);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(q_s + h * kHalfRow + piece * 32);
+    dst[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+    dst[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+  }
+  if (tid < kMmaHeads) w_s[tid] = tid < p.num_heads ? p.weights[t * p.weights_stride + tid] : 0.f;
   __syncthreads();
 
-  // B fragments of heads 32 (warp / 4) + 8 n .. for the 8 k-steps.
+  // B fragments (permuted k order): head head0 + 8 n + g, dims 16 ks + 4 tq ..
   const int head0 = 32 * (warp / 4), key0 = 16 * (warp % 4);
+  const int g = lane / 4, tq = lane % 4;
   uint32_t bq[8][4][2];
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
+  for (int ks = 0; ks < 8; ++ks)
 #pragma unroll
-    for (int np = 0; np < 2; ++np) {
-      uint32_t r[4];
-      const int row = head0 + 16 * np + (lane % 8) + 8 * (lane / 16);
-      ukv_ldmatrix_x4(r, q_s + row * kHalfRow + (16 * ks + 8 * ((lane / 8) % 2)) * 2);
-      bq[ks][2 * np][0] = r[0];
-      bq[ks][2 * np][1] = r[1];
-      bq[ks][2 * np + 1][0] = r[2];
-      bq[ks][2 * np + 1][1] = r[3];
+    for (int n = 0; n < 4; ++n) {
+      const uint2 v = *reinterpret_cast<const uint2*>(q_s + (head0 + 8 * n + g) * kHalfRow + (16 * ks + 4 * tq) * 2);
+      bq[ks][n][0] = v.x;
+      bq[ks][n][1] = v.y;
     }
-  }
-  const int g = lane / 4, tq = lane % 4;
   float wl[4][2];
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -238,48 +240,41 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
     wl[n][1] = w_s[head0 + 8 * n + 2 * tq + 1];
   }
 
-  for (int page_col = first_page; page_col < last_page; ++page_col) {
-    const bool page_valid = valid;
-    if (page_valid) decode32_half(ca, cb, fmt, k_s + key * kHalfRow + part * 64);
-    if (page_col + 1 < last_page) valid = page_codes(page_col + 1, ca, cb);
+  for (int col = first_page; col < last_page; ++col) {
+    const int i = col - first_page, stage = i % kStages;
+    issue(col + kStages - 1, (i + kStages - 1) % kStages);
+    ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
+    const char* rows = raw_s[stage];
     float acc[4][4] = {};
-    if (page_valid) {
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        uint32_t a[4];
-        ukv_ldmatrix_x4(a, k_s + (key0 + lane % 16) * kHalfRow + (16 * ks + 8 * (lane / 16)) * 2);
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(rows + (key0 + g) * kRawRow + 16 * ks + 4 * tq);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(rows + (key0 + g + 8) * kRawRow + 16 * ks + 4 * tq);
+      const uint32_t a[4] = {codes_to_half2(lo & 0xFFFFu, fmt), codes_to_half2(hi & 0xFFFFu, fmt),
+                             codes_to_half2(lo >> 16, fmt), codes_to_half2(hi >> 16, fmt)};
 #pragma unroll
-        for (int n = 0; n < 4; ++n) ukv_mma_f16_16816(acc[n], a, bq[ks][n][0], bq[ks][n][1]);
-      }
+      for (int n = 0; n < 4; ++n) ukv_mma_f16_16816(acc[n], a, bq[ks][n][0], bq[ks][n][1]);
     }
     // Keys key0 + g (acc[n][0..1]) and key0 + g + 8 (acc[n][2..3]).
-    float lo = 0.f, hi = 0.f;
+    float klo = 0.f, khi = 0.f;
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      lo += wl[n][0] * fmaxf(acc[n][0], 0.f) + wl[n][1] * fmaxf(acc[n][1], 0.f);
-      hi += wl[n][0] * fmaxf(acc[n][2], 0.f) + wl[n][1] * fmaxf(acc[n][3], 0.f);
+      klo += wl[n][0] * fmaxf(acc[n][0], 0.f) + wl[n][1] * fmaxf(acc[n][1], 0.f);
+      khi += wl[n][0] * fmaxf(acc[n][2], 0.f) + wl[n][1] * fmaxf(acc[n][3], 0.f);
     }
-    lo = ukv_xor_sum<1, 2>(lo);
-    hi = ukv_xor_sum<1, 2>(hi);
+    klo = ukv_xor_sum<1, 2>(klo);
+    khi = ukv_xor_sum<1, 2>(khi);
     if (tq == 0) {
-      part_s[warp / 4][key0 + g] = lo;
-      part_s[warp / 4][key0 + g + 8] = hi;
+      part_s[warp / 4][key0 + g] = klo;
+      part_s[warp / 4][key0 + g + 8] = khi;
     }
     __syncthreads();
-    if (tid < kPage) {
-      const int i = page_col * kPage + tid;
-      if (i < tk.keys) {
-        float score = -INFINITY;
-        if (page_valid) {
-          const float scale =
-              *reinterpret_cast<const float*>(p.cache + pages[page_col] * p.bytes_per_page + kDims * kPage + tid * 4);
-          score = scale * (part_s[0][tid] + part_s[1][tid]);
-        }
-        p.logits[t * p.logits_stride + i] = score;
-      }
+    if (tid < kPage && col * kPage + tid < tk.keys) {
+      const float score = page_ok(col) ? scale_s[stage][tid] * (part_s[0][tid] + part_s[1][tid]) : -INFINITY;
+      p.logits[t * p.logits_stride + col * kPage + tid] = score;
     }
-    // k_s and part_s are rewritten for the next page.
+    // The stage and part_s are rewritten by the next iteration.
     __syncthreads();
   }
 #else
