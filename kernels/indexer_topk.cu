@@ -14,7 +14,7 @@
 // Selection (select_kernel): one block per token, 512 threads. At most topk
 // keys: all of them. Otherwise a radix select over 32-bit order keys (the
 // total order of src/indexer.rs order_key: -0 = +0, NaN lowest), 8 bits per
-// pass from the top, finds the topk-th largest key T; the output pass then
+// pass from the top (one histogram per warp), finds the topk-th largest key T; the output pass then
 // walks the row in index order and keeps key > T, and key == T while fewer
 // than topk - count(key > T) ties were kept, so ties go to lower indices and
 // the set is the CPU backend's exactly. Block prefix sums place the kept keys
@@ -302,7 +302,9 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
 }
 
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
-  __shared__ int hist[256];
+  // One histogram per warp: the scores of a row share their top bits, so a
+  // single histogram serializes the whole block's atomics on a few bins.
+  __shared__ int hist[kSelectWarps][256];
   __shared__ int scratch[kSelectWarps];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining;
@@ -324,17 +326,19 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
       const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
-      for (int b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
+      for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
       for (int i = tid; i < n; i += kSelectThreads) {
         const uint32_t k = order_key(logits[i]);
-        if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 0xFFu], 1);
+        if ((k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
       }
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
       // above that digit; the digit where it first reaches `remaining` is T's.
       const int digit = 255 - tid;
-      const int count = tid < 256 ? hist[digit] : 0;
+      int count = 0;
+      if (tid < 256)
+        for (int w = 0; w < kSelectWarps; ++w) count += hist[w][digit];
       int total;
       const int at_or_above = block_inclusive_sum(count, scratch, &total);
       if (tid < 256 && at_or_above >= remaining && at_or_above - count < remaining) {
