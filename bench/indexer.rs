@@ -7,7 +7,9 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 use unikv::ffi::context::unikv_context;
-use unikv::ffi::indexer::{unikv_indexer_topk, unikv_indexer_topk_args};
+use unikv::ffi::indexer::{
+    unikv_indexer_topk, unikv_indexer_topk_args, unikv_indexer_topk_from_logits,
+};
 use unikv::ffi::routing::{unikv_hash_topk, unikv_hash_topk_args};
 
 use crate::{ok, per_call_us, Ceilings, Dev, Row, ABSENT, L2_BYTES};
@@ -77,23 +79,23 @@ fn bench_topk_case(
     );
     let logits = Dev::new(ctx, tokens * keys * 4);
     let out = Dev::new(ctx, tokens * TOPK * 4);
+    let args_of = |i: usize| unikv_indexer_topk_args {
+        struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
+        q_fp8: qd.t(6, 1, &[tokens, HEADS, DIM]),
+        weights: wd.t(3, 4, &[tokens, HEADS]),
+        cache: cache.t(6, 1, &[cache_pages, PAGE_BYTES]),
+        page_table: tables[i].i32s(&[requests, pages_per_request]),
+        batch_id: bd.i32s(&[tokens]),
+        positions: pd.i32s(&[tokens]),
+        logits: logits.t(3, 4, &[tokens, keys]),
+        topk_indices: out.i32s(&[tokens, TOPK]),
+        cache_dtype: 7,
+        num_tokens: tokens as u32,
+        num_heads: HEADS as u32,
+        topk: TOPK as u32,
+    };
     let us = per_call_us(stream, sets, |i, s| {
-        let args = unikv_indexer_topk_args {
-            struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
-            q_fp8: qd.t(6, 1, &[tokens, HEADS, DIM]),
-            weights: wd.t(3, 4, &[tokens, HEADS]),
-            cache: cache.t(6, 1, &[cache_pages, PAGE_BYTES]),
-            page_table: tables[i].i32s(&[requests, pages_per_request]),
-            batch_id: bd.i32s(&[tokens]),
-            positions: pd.i32s(&[tokens]),
-            logits: logits.t(3, 4, &[tokens, keys]),
-            topk_indices: out.i32s(&[tokens, TOPK]),
-            cache_dtype: 7,
-            num_tokens: tokens as u32,
-            num_heads: HEADS as u32,
-            topk: TOPK as u32,
-        };
-        ok(unsafe { unikv_indexer_topk(ctx, &args, s) }, op);
+        ok(unsafe { unikv_indexer_topk(ctx, &args_of(i), s) }, op);
     });
     Row {
         op: op.into(),
@@ -106,6 +108,23 @@ fn bench_topk_case(
             + 2 * scored * 4
             + tokens * TOPK * 4) as f64,
         flops: (2 * scored * HEADS * DIM) as f64,
+    }
+    .print(c);
+    // The selection alone, from the logits the last call left.
+    let us = per_call_us(stream, sets, |i, s| {
+        ok(
+            unsafe { unikv_indexer_topk_from_logits(ctx, &args_of(i), s) },
+            "select",
+        );
+    });
+    Row {
+        op: "  select only".into(),
+        t: tokens,
+        h: 0,
+        keys,
+        us,
+        bytes: (scored * 4 + tokens * TOPK * 4) as f64,
+        flops: 0.0,
     }
     .print(c);
 }
