@@ -149,30 +149,32 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(ukv_indexer_topk_p
 //    k-step takes dims 4t..4t+3: A slots 2t, 2t+1 and 8+2t, 8+2t+1), so one
 //    4-byte load gives a row's two A registers and one 8-byte load a head's
 //    two B registers.
-//  - Queries: the token's codes become f16 in shared memory once; each warp
-//    keeps its B fragments (8 k-steps x 4 n-tiles) in 64 registers for the
-//    whole run.
+//  - Queries: each warp converts its B fragments (8 k-steps x 4 n-tiles)
+//    straight from the token's codes once and keeps them in 64 registers for
+//    the whole run; shared memory holds only key stages.
 // Each lane weighs its accumulators' relu by the head weights; the quad and
 // then the two head halves sum up, and the key's scale gives the score.
 constexpr int kRunPages = 8;
-constexpr int kStages = 3;
+constexpr int kStages = 4;
 constexpr int kMmaHeads = 64;             // heads the fragments cover (zero past num_heads)
 constexpr int kRawRow = kDims + 16;       // a page row of codes in shared memory, padded
-constexpr int kHalfRow = (kDims + 8) * 2;  // an f16 query row in shared memory, padded
 
-// Two codes (the first in the low byte) to an f16 pair.
-__device__ __forceinline__ uint32_t codes_to_half2(uint32_t codes, ukv_fp8_format fmt) {
+// Two codes (the first in the low byte) to an f16 pair: one conversion
+// instruction for e4m3fn on sm_89+, the software decoder otherwise.
+template <ukv_fp8_format F>
+__device__ __forceinline__ uint32_t codes_to_half2(uint32_t codes) {
 #if defined(UKV_HAS_E4M3_CVT)
-  if (fmt == UKV_FP8_E4M3FN) return ukv_cvt_e4m3x2_to_half2((uint16_t)codes);
+  if (F == UKV_FP8_E4M3FN) return ukv_cvt_e4m3x2_to_half2((uint16_t)codes);
 #endif
-  return ukv_pack_half2(ukv_fp8_decode((uint8_t)codes, fmt), ukv_fp8_decode((uint8_t)(codes >> 8), fmt));
+  return ukv_pack_half2(ukv_fp8_decode((uint8_t)codes, F), ukv_fp8_decode((uint8_t)(codes >> 8), F));
 }
 
+// Instantiated per format, so the e4m3fn kernel carries no software decoder.
+template <ukv_fp8_format F>
 __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_topk_params p) {
 #if defined(UKV_HAS_MMA_BF16)
   __shared__ __align__(16) char raw_s[kStages][kPage * kRawRow];
   __shared__ __align__(16) float scale_s[kStages][kPage];
-  __shared__ __align__(16) char q_s[kMmaHeads * kHalfRow];
   __shared__ float w_s[kMmaHeads];
   __shared__ float part_s[2][kPage];
   ukv_pdl_launch_dependents();
@@ -182,7 +184,6 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   const int first_page = blockIdx.x * kRunPages;
   if (tk.request < 0 || first_page * kPage >= tk.keys) return;
   const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
-  const ukv_fp8_format fmt = (ukv_fp8_format)p.format;
   const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
   const auto page_ok = [&](int col) {
     const int64_t id = pages[col];
@@ -202,37 +203,24 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(first_page + s, s);
 
-  // Query codes to f16 rows (zeros past num_heads), and the head weights.
-  for (int i = tid; i < kMmaHeads * 8; i += kScoreThreads) {
-    const int h = i / 8, piece = i % 8;
-    uint4 c = make_uint4(0, 0, 0, 0);
-    if (h < p.num_heads) c = reinterpret_cast<const uint4*>(p.q_fp8 + t * p.q_stride_token + h * p.q_stride_head)[piece];
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint32_t hv[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      hv[2 * j] = codes_to_half2(w[j] & 0xFFFFu, fmt);
-      hv[2 * j + 1] = codes_to_half2(w[j] >> 16, fmt);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(q_s + h * kHalfRow + piece * 32);
-    dst[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-    dst[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
-  }
-  if (tid < kMmaHeads) w_s[tid] = tid < p.num_heads ? p.weights[t * p.weights_stride + tid] : 0.f;
-  __syncthreads();
-
-  // B fragments (permuted k order): head head0 + 8 n + g, dims 16 ks + 4 tq ..
+  // B fragments (permuted k order), straight from the token's query codes:
+  // head head0 + 8 n + g, dims 16 ks + 4 tq .. + 3 (zeros past num_heads).
   const int head0 = 32 * (warp / 4), key0 = 16 * (warp % 4);
   const int g = lane / 4, tq = lane % 4;
   uint32_t bq[8][4][2];
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks)
+  for (int n = 0; n < 4; ++n) {
+    const int h = head0 + 8 * n + g;
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(p.q_fp8 + t * p.q_stride_token + h * p.q_stride_head);
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const uint2 v = *reinterpret_cast<const uint2*>(q_s + (head0 + 8 * n + g) * kHalfRow + (16 * ks + 4 * tq) * 2);
-      bq[ks][n][0] = v.x;
-      bq[ks][n][1] = v.y;
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint32_t c = h < p.num_heads ? q[4 * ks + tq] : 0u;
+      bq[ks][n][0] = codes_to_half2<F>(c & 0xFFFFu);
+      bq[ks][n][1] = codes_to_half2<F>(c >> 16);
     }
+  }
+  if (tid < kMmaHeads) w_s[tid] = tid < p.num_heads ? p.weights[t * p.weights_stride + tid] : 0.f;
+  __syncthreads();
   float wl[4][2];
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -251,8 +239,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
     for (int ks = 0; ks < 8; ++ks) {
       const uint32_t lo = *reinterpret_cast<const uint32_t*>(rows + (key0 + g) * kRawRow + 16 * ks + 4 * tq);
       const uint32_t hi = *reinterpret_cast<const uint32_t*>(rows + (key0 + g + 8) * kRawRow + 16 * ks + 4 * tq);
-      const uint32_t a[4] = {codes_to_half2(lo & 0xFFFFu, fmt), codes_to_half2(hi & 0xFFFFu, fmt),
-                             codes_to_half2(lo >> 16, fmt), codes_to_half2(hi >> 16, fmt)};
+      const uint32_t a[4] = {codes_to_half2<F>(lo & 0xFFFFu), codes_to_half2<F>(hi & 0xFFFFu),
+                             codes_to_half2<F>(lo >> 16), codes_to_half2<F>(hi >> 16)};
 #pragma unroll
       for (int n = 0; n < 4; ++n) ukv_mma_f16_16816(acc[n], a, bq[ks][n][0], bq[ks][n][1]);
     }
@@ -301,6 +289,24 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
   return x + before;
 }
 
+// Calls body(j) for the row's chunks j of kSelectThreads keys: unrolled over
+// kHeld chunks when the keys sit in registers (so held[j] stays a register),
+// a plain loop otherwise.
+template <int kHeld, class Body>
+__device__ __forceinline__ void for_chunks(int chunks, Body body) {
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j)
+      if (j < chunks) body(j);
+  } else {
+    for (int j = 0; j < chunks; ++j) body(j);
+  }
+}
+
+// kHeld > 0: rows of at most kHeld * kSelectThreads keys, whose order keys
+// are read once into registers (thread tid holds keys tid + j kSelectThreads);
+// 0: any row, re-read from the logits (L2) in every pass.
+template <int kHeld>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
   // One histogram per warp: the scores of a row share their top bits, so a
   // single histogram serializes the whole block's atomics on a few bins.
@@ -314,12 +320,24 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   const TokenKeys tk = token_keys(p, t);
   int32_t* out = p.topk_indices + t * p.topk_stride;
   const float* logits = p.logits + t * p.logits_stride;
-  const int n = tk.keys;
+  const int n = tk.keys, chunks = (n + kSelectThreads - 1) / kSelectThreads;
+  uint32_t held[kHeld > 0 ? kHeld : 1] = {};
+  const auto key_of = [&](int j) -> uint32_t {
+    if constexpr (kHeld > 0) return held[j];
+    const int i = j * kSelectThreads + tid;
+    return i < n ? order_key(logits[i]) : 0u;
+  };
   int written = 0;
   if (n <= p.topk) {
     for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
     written = n;
   } else {
+    if constexpr (kHeld > 0) {
+      for_chunks<kHeld>(chunks, [&](int j) {
+        const int i = j * kSelectThreads + tid;
+        held[j] = i < n ? order_key(logits[i]) : 0u;
+      });
+    }
     // Radix select: after pass r the top 8(r + 1) bits of T are known.
     uint32_t prefix = 0;
     int remaining = p.topk;  // keys still to take among those matching the prefix
@@ -328,10 +346,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
-      for (int i = tid; i < n; i += kSelectThreads) {
-        const uint32_t k = order_key(logits[i]);
-        if ((k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
-      }
+      for_chunks<kHeld>(chunks, [&](int j) {
+        const uint32_t k = key_of(j);
+        if (j * kSelectThreads + tid < n && (k & mask) == prefix)
+          atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
+      });
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
       // above that digit; the digit where it first reaches `remaining` is T's.
@@ -351,9 +370,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     }
     // prefix = T; `remaining` ties at T are taken, lowest indices first.
     int base = 0, ties_before = 0;
-    for (int start = 0; start < n; start += kSelectThreads) {
-      const int i = start + tid;
-      const uint32_t k = i < n ? order_key(logits[i]) : 0u;
+    for_chunks<kHeld>(chunks, [&](int j) {
+      const int i = j * kSelectThreads + tid;
+      const uint32_t k = key_of(j);
       const bool tie = i < n && k == prefix;
       int tie_total;
       const int tie_rank = block_inclusive_sum(tie ? 1 : 0, scratch, &tie_total) - (tie ? 1 : 0) + ties_before;
@@ -363,10 +382,19 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       if (keep) out[slot] = page_index(p, tk.request, i);
       base += kept;
       ties_before += tie_total;
-    }
+    });
     written = p.topk;
   }
   for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+}
+
+// Rows of up to 8192 keys select from registers.
+constexpr int kHeldChunks = 16;
+
+int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
+  const auto kernel = p.logits_width <= kHeldChunks * kSelectThreads ? select_kernel<kHeldChunks> : select_kernel<0>;
+  return ukv::launch_early(device, kernel, dim3((unsigned)p.num_tokens), dim3(kSelectThreads), stream,
+                           "indexer select_kernel", p);
 }
 
 // Test hook (unikv_gpu_test_indexer_scalar_scores): the CUDA-core score
@@ -388,12 +416,13 @@ extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params*
       if (ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device))
         return ukv::report(e, "device attribute");
       if (cc_major >= 8 && !g_scalar_scores) {
-        r = ukv::launch_early(device, score_mma_kernel,
+        r = ukv::launch_early(device,
+                              p->format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>
+                                                            : score_mma_kernel<UKV_FP8_E4M3FN>,
                               dim3((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p->num_tokens),
                               dim3(kScoreThreads), stream, "indexer score_mma_kernel", *p);
         if (r != UKV_SHIM_OK) return r;
-        return ukv::launch_early(device, select_kernel, dim3((unsigned)p->num_tokens), dim3(kSelectThreads),
-                                 stream, "indexer select_kernel", *p);
+        return launch_select(device, *p, stream);
       }
 #endif
       const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
@@ -401,7 +430,6 @@ extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params*
                                  stream, "indexer score_kernel", *p);
       if (r != UKV_SHIM_OK) return r;
     }
-    return ukv::launch_early(device, select_kernel, dim3((unsigned)p->num_tokens), dim3(kSelectThreads), stream,
-                             "indexer select_kernel", *p);
+    return launch_select(device, *p, stream);
   })
 }
