@@ -11,14 +11,16 @@
 // exact), relu, times the head weight; the 4 groups' partial sums meet through
 // shuffles and one multiply by the key's scale gives the score.
 //
-// Selection (select_kernel): one block per token, 512 threads. At most topk
-// keys: all of them. Otherwise a radix select over 32-bit order keys (the
-// total order of src/indexer.rs order_key: -0 = +0, NaN lowest), 8 bits per
-// pass from the top (one histogram per warp), finds the topk-th largest key T; the output pass then
-// walks the row in index order and keeps key > T, and key == T while fewer
-// than topk - count(key > T) ties were kept, so ties go to lower indices and
-// the set is the CPU backend's exactly. Block prefix sums place the kept keys
-// in ascending index order; -1 fills the rest of the row.
+// Selection (select_kernel): one block per token, 512 threads; rows of up to
+// 32768 keys are read once into registers (16 or 64 consecutive keys per
+// thread). At most topk keys: all of them. Otherwise a radix select over
+// 32-bit order keys (the total order of src/indexer.rs order_key: -0 = +0,
+// NaN lowest), 8 bits per pass from the top (one histogram per warp), finds
+// the topk-th largest key T; the output pass keeps key > T, and key == T
+// while fewer than topk - count(key > T) ties were kept in index order, so
+// ties go to lower indices and the set is the CPU backend's exactly. Block
+// prefix sums place the kept keys in ascending index order; -1 fills the rest
+// of the row.
 //
 // Device values are never trusted: a batch id outside the page table makes
 // the token padding (a row of -1), its keys are clamped to the logits row and
@@ -289,23 +291,23 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
   return x + before;
 }
 
-// Calls body(j) for the row's chunks j of kSelectThreads keys: unrolled over
-// kHeld chunks when the keys sit in registers (so held[j] stays a register),
-// a plain loop otherwise.
+// The row's keys as this thread visits them, body(j, i) for key index i:
+// kHeld > 0: thread tid holds keys tid kHeld .. + kHeld - 1 in registers
+// (held[j]; the loop is unrolled so they stay registers); 0: keys
+// tid + j kSelectThreads, re-read from the logits (L2) on every visit.
 template <int kHeld, class Body>
-__device__ __forceinline__ void for_chunks(int chunks, Body body) {
+__device__ __forceinline__ void for_keys(int n, Body body) {
+  const int tid = threadIdx.x;
   if constexpr (kHeld > 0) {
 #pragma unroll
-    for (int j = 0; j < kHeld; ++j)
-      if (j < chunks) body(j);
+    for (int j = 0; j < kHeld; ++j) body(j, tid * kHeld + j);
   } else {
-    for (int j = 0; j < chunks; ++j) body(j);
+    for (int j = 0, i = tid; j * kSelectThreads < n; ++j, i += kSelectThreads) body(j, i);
   }
 }
 
-// kHeld > 0: rows of at most kHeld * kSelectThreads keys, whose order keys
-// are read once into registers (thread tid holds keys tid + j kSelectThreads);
-// 0: any row, re-read from the logits (L2) in every pass.
+// kHeld > 0: rows of at most kHeld * kSelectThreads keys, read once into
+// registers; 0: any row, re-read in every pass.
 template <int kHeld>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
   // One histogram per warp: the scores of a row share their top bits, so a
@@ -320,11 +322,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   const TokenKeys tk = token_keys(p, t);
   int32_t* out = p.topk_indices + t * p.topk_stride;
   const float* logits = p.logits + t * p.logits_stride;
-  const int n = tk.keys, chunks = (n + kSelectThreads - 1) / kSelectThreads;
+  const int n = tk.keys;
   uint32_t held[kHeld > 0 ? kHeld : 1] = {};
-  const auto key_of = [&](int j) -> uint32_t {
+  const auto key_of = [&](int j, int i) -> uint32_t {
     if constexpr (kHeld > 0) return held[j];
-    const int i = j * kSelectThreads + tid;
     return i < n ? order_key(logits[i]) : 0u;
   };
   int written = 0;
@@ -332,12 +333,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
     written = n;
   } else {
-    if constexpr (kHeld > 0) {
-      for_chunks<kHeld>(chunks, [&](int j) {
-        const int i = j * kSelectThreads + tid;
-        held[j] = i < n ? order_key(logits[i]) : 0u;
-      });
-    }
+    if constexpr (kHeld > 0) for_keys<kHeld>(n, [&](int j, int i) { held[j] = i < n ? order_key(logits[i]) : 0u; });
     // Radix select: after pass r the top 8(r + 1) bits of T are known.
     uint32_t prefix = 0;
     int remaining = p.topk;  // keys still to take among those matching the prefix
@@ -346,10 +342,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
-      for_chunks<kHeld>(chunks, [&](int j) {
-        const uint32_t k = key_of(j);
-        if (j * kSelectThreads + tid < n && (k & mask) == prefix)
-          atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
+      for_keys<kHeld>(n, [&](int j, int i) {
+        const uint32_t k = key_of(j, i);
+        if (i < n && (k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
       });
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
@@ -369,30 +364,51 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       remaining = s_remaining;
     }
     // prefix = T; `remaining` ties at T are taken, lowest indices first.
-    int base = 0, ties_before = 0;
-    for_chunks<kHeld>(chunks, [&](int j) {
-      const int i = j * kSelectThreads + tid;
-      const uint32_t k = key_of(j);
-      const bool tie = i < n && k == prefix;
-      int tie_total;
-      const int tie_rank = block_inclusive_sum(tie ? 1 : 0, scratch, &tie_total) - (tie ? 1 : 0) + ties_before;
-      const bool keep = i < n && (k > prefix || (tie && tie_rank < remaining));
-      int kept;
-      const int slot = block_inclusive_sum(keep ? 1 : 0, scratch, &kept) - 1 + base;
-      if (keep) out[slot] = page_index(p, tk.request, i);
-      base += kept;
-      ties_before += tie_total;
-    });
+    if constexpr (kHeld > 0) {
+      // Contiguous keys per thread: one scan places the ties, one the output.
+      int ties = 0;
+      for_keys<kHeld>(n, [&](int j, int i) { ties += i < n && held[j] == prefix; });
+      int all;
+      int tie_rank = block_inclusive_sum(ties, scratch, &all) - ties;
+      int keeps = 0;
+      for_keys<kHeld>(n, [&](int j, int i) {
+        const bool tie = i < n && held[j] == prefix;
+        keeps += i < n && (held[j] > prefix || (tie && tie_rank < remaining));
+        tie_rank += tie;
+      });
+      int slot = block_inclusive_sum(keeps, scratch, &all) - keeps;
+      tie_rank -= ties;
+      for_keys<kHeld>(n, [&](int j, int i) {
+        const bool tie = i < n && held[j] == prefix;
+        if (i < n && (held[j] > prefix || (tie && tie_rank < remaining))) out[slot++] = page_index(p, tk.request, i);
+        tie_rank += tie;
+      });
+    } else {
+      int base = 0, ties_before = 0;
+      for_keys<kHeld>(n, [&](int j, int i) {
+        const uint32_t k = key_of(j, i);
+        const bool tie = i < n && k == prefix;
+        int tie_total;
+        const int tie_rank = block_inclusive_sum(tie ? 1 : 0, scratch, &tie_total) - (tie ? 1 : 0) + ties_before;
+        const bool keep = i < n && (k > prefix || (tie && tie_rank < remaining));
+        int kept;
+        const int slot = block_inclusive_sum(keep ? 1 : 0, scratch, &kept) - 1 + base;
+        if (keep) out[slot] = page_index(p, tk.request, i);
+        base += kept;
+        ties_before += tie_total;
+      });
+    }
     written = p.topk;
   }
   for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
 }
 
-// Rows of up to 8192 keys select from registers.
-constexpr int kHeldChunks = 16;
-
+// Rows of up to 8192 (32768) keys select from 16 (64) registers per thread.
 int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
-  const auto kernel = p.logits_width <= kHeldChunks * kSelectThreads ? select_kernel<kHeldChunks> : select_kernel<0>;
+  const int w = p.logits_width;
+  const auto kernel = w <= 16 * kSelectThreads   ? select_kernel<16>
+                      : w <= 64 * kSelectThreads ? select_kernel<64>
+                                                 : select_kernel<0>;
   return ukv::launch_early(device, kernel, dim3((unsigned)p.num_tokens), dim3(kSelectThreads), stream,
                            "indexer select_kernel", p);
 }

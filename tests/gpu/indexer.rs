@@ -201,7 +201,8 @@ fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, 
 }
 
 /// The selection alone on tie-heavy scores (±0, NaN, -inf, repeated values),
-/// rows held in registers (logits up to 8192 wide) and re-read from memory:
+/// rows held in registers (logits up to 8192 and 32768 wide) and re-read
+/// from memory:
 /// the GPU's table equals the CPU's entry for entry.
 #[test]
 fn indexer_topk_selection_matches_cpu_exactly() {
@@ -213,6 +214,7 @@ fn indexer_topk_selection_matches_cpu_exactly() {
         &[
             (64, 8, 8000, 512),
             (3, 2, 9000, 512),
+            (2, 1, 33000, 1024),
             (7, 3, 2100, 1024),
             (3, 2, 130, 1),
             (5, 2, 40, 2048),
