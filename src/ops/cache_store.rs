@@ -125,16 +125,10 @@ pub(crate) fn fp8_format(name: &str, raw: u32) -> Result<Fp8Format> {
     })
 }
 
-/// The cache and locations. The kernels compute byte offsets as
-/// `page * bytes_per_page`, so the row stride must be exactly the page stride;
-/// 16-byte alignment lets them store 16-byte vectors.
-pub(crate) fn target(
-    cache: RawTensor,
-    loc: RawTensor,
-    num_tokens: usize,
-    (bytes_per_page, page_size): (u64, u64),
-) -> Result<CacheTarget> {
-    let bytes_per_page = bytes_per_page as usize;
+/// A `[num_pages, bytes_per_page]` byte cache. The kernels compute byte
+/// offsets as `page * bytes_per_page`, so the row stride must be exactly the
+/// page stride; 16-byte alignment lets them move 16-byte vectors.
+pub(crate) fn page_cache(cache: RawTensor, bytes_per_page: usize) -> Result<Matrix<u8>> {
     let cache: Matrix<u8> = cache.view(
         "cache",
         [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
@@ -146,6 +140,17 @@ pub(crate) fn target(
         "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
         cache.strides[0]
     );
+    Ok(cache)
+}
+
+/// The cache (`page_cache`) and one location per token.
+pub(crate) fn target(
+    cache: RawTensor,
+    loc: RawTensor,
+    num_tokens: usize,
+    (bytes_per_page, page_size): (u64, u64),
+) -> Result<CacheTarget> {
+    let cache = page_cache(cache, bytes_per_page as usize)?;
     Ok(CacheTarget {
         cache,
         loc: loc.index_vector("loc", tokens(num_tokens))?,

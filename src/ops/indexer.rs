@@ -10,7 +10,7 @@ use crate::cache_layouts::indexer::{IndexerGeometry, KEY_DIMS};
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::fp8::Fp8Format;
-use crate::ops::cache_store::{cache_format, fp8_format, target, CacheTarget};
+use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target, CacheTarget};
 use crate::ops::tokens;
 use crate::rope::ROPE_DIM;
 use crate::tensor::{
@@ -255,7 +255,8 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
     ctx.check_usable()?;
     let select = topk_select(raw)?;
     let (t, h) = (raw.num_tokens, raw.num_heads);
-    // The GPU kernels keep a token's heads in 48 KB of shared memory.
+    // The GPU score kernels cover at most 64 heads (the tensor-core kernel's
+    // fragments, the CUDA-core kernel's 48 KB of shared memory).
     ensure!(
         (1..=MAX_SCORE_HEADS).contains(&h),
         InvalidArgument,
@@ -265,18 +266,7 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
         crate::cache_layouts::indexer::PAGE_SIZES[0],
         cache_format(raw.cache_dtype)?,
     )?;
-    let bytes_per_page = geometry.bytes_per_page() as usize;
-    let cache: Matrix<u8> = raw.cache.view(
-        "cache",
-        [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
-        ROW_ALIGN,
-    )?;
-    ensure!(
-        cache.strides[0] == bytes_per_page,
-        BadStride,
-        "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
-        cache.strides[0]
-    );
+    let cache = page_cache(raw.cache, geometry.bytes_per_page() as usize)?;
     let score = TopkScore {
         q_fp8: raw.q_fp8.view(
             "q_fp8",
