@@ -167,6 +167,9 @@ impl Dt for i32 {
 impl Dt for i64 {
     const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_I64;
 }
+impl Dt for u8 {
+    const DTYPE: unikv_dtype = unikv_dtype::UNIKV_DTYPE_U8;
+}
 
 /// A contiguous descriptor over `data` with the given shape.
 pub fn tensor<T: Dt>(data: &[T], shape: &[usize]) -> unikv_tensor {
