@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cache_store;
+pub mod csa_pipeline;
 pub mod indexer;
 pub mod routing;
 

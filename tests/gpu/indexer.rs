@@ -286,3 +286,13 @@ fn scores_match_reference() {
         }
     }
 }
+
+/// The CSA path end to end on the GPU (tests/common/csa_pipeline.rs): indexer
+/// keys and queries prepared, scored and selected, the decode streams and
+/// CSA tail built, sparse decode, against float64.
+#[test]
+fn indexer_topk_feeds_csa_decode_on_gpu() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_topk_feeds_csa_decode_on_gpu");
+    common::csa_pipeline::run(&s.gpu, &mut rng);
+}
