@@ -13,19 +13,16 @@
 //! relative L2 1e-2 per (token, head), the bf16 rounding of P and of the
 //! output).
 
-use std::os::raw::c_void;
 use std::ptr;
 
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::Rng;
 use unikv::ffi::attention::*;
-use unikv::ffi::context::{
-    unikv_memory_alloc, unikv_memory_copy, unikv_memory_free, unikv_stream_synchronize,
-};
+use unikv::ffi::context::unikv_memory_copy;
 use unikv::ffi::index::*;
 use unikv::ffi::indexer::*;
-use unikv::ffi::types::{unikv_dtype, unikv_tensor};
+use unikv::ffi::types::unikv_dtype;
 use unikv::fp8::{decode, Fp8Format};
 
 use super::indexer::{random_table, DIM, PAGE, PAGE_BYTES};
@@ -43,76 +40,11 @@ const TOKENS: [(i32, i32); 3] = [(0, 4 * 100 + 1), (1, 4 * 128 - 1), (1, 4 * 20 
 /// Page ids (64 compressed keys each) of the two requests.
 const PAGE_TABLE: [[i32; 2]; 2] = [[2, 0], [3, 1]];
 
-/// A buffer in a context's memory (host on the CPU backend, device on GPUs).
-struct Buf<'a> {
-    ctx: &'a Ctx,
-    ptr: *mut c_void,
-    bytes: usize,
-}
-
-impl<'a> Buf<'a> {
-    fn poisoned(ctx: &'a Ctx, bytes: usize) -> Self {
-        let mut ptr = ptr::null_mut();
-        ok(unsafe { unikv_memory_alloc(ctx.0, bytes.max(16), &mut ptr) });
-        let b = Buf { ctx, ptr, bytes };
-        b.write(&vec![POISON_BYTE; bytes]);
-        b
-    }
-    fn upload<T>(ctx: &'a Ctx, data: &[T]) -> Self {
-        let b = Buf::poisoned(ctx, std::mem::size_of_val(data));
-        b.write(data);
-        b
-    }
-    fn write<T>(&self, data: &[T]) {
-        let n = std::mem::size_of_val(data);
-        ok(unsafe {
-            unikv_memory_copy(
-                self.ctx.0,
-                self.ptr,
-                data.as_ptr().cast(),
-                n,
-                0,
-                ptr::null_mut(),
-            )
-        });
-    }
-    fn read<T: Copy>(&self) -> Vec<T> {
-        let mut out: Vec<T> = poisoned(self.bytes / std::mem::size_of::<T>());
-        let n = std::mem::size_of_val(out.as_slice());
-        ok(unsafe {
-            unikv_memory_copy(
-                self.ctx.0,
-                out.as_mut_ptr().cast(),
-                self.ptr,
-                n,
-                1,
-                ptr::null_mut(),
-            )
-        });
-        ok(unsafe { unikv_stream_synchronize(self.ctx.0, ptr::null_mut()) });
-        out
-    }
-    /// A contiguous descriptor of dtype `T` over the buffer.
-    fn t<T: Dt>(&self, shape: &[usize]) -> unikv_tensor {
-        let mut t = absent();
-        t.data = self.ptr;
-        t.dtype = T::DTYPE as u32;
-        t.ndim = shape.len() as u32;
-        let mut stride = 1i64;
-        for axis in (0..shape.len()).rev() {
-            t.shape[axis] = shape[axis] as i64;
-            t.strides[axis] = stride;
-            stride *= shape[axis] as i64;
-        }
-        assert!(stride as usize * std::mem::size_of::<T>() <= self.bytes.max(16));
-        t
-    }
-}
-
-impl Drop for Buf<'_> {
-    fn drop(&mut self) {
-        unsafe { unikv_memory_free(self.ctx.0, self.ptr) };
-    }
+/// A buffer of `bytes` in `ctx`'s memory, poisoned.
+fn poisoned_buf(ctx: &Ctx, bytes: usize) -> Dev<'_> {
+    let d = Dev::zeroed(ctx, bytes);
+    d.poison();
+    d
 }
 
 /// Runs the pipeline on `ctx` with fresh random inputs and checks it.
@@ -142,12 +74,12 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
     let fmt = Fp8Format::E4m3Fn;
     let fp8 = unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN as u32;
     let max_pos = 1024usize;
-    let table = Buf::upload(ctx, &random_table(rng, max_pos));
+    let table = Dev::upload(ctx, &random_table(rng, max_pos));
 
     // Every compressed key of both requests into the indexer cache.
     let keys_per_request = 128usize;
     let n_keys = 2 * keys_per_request;
-    let cache = Buf::poisoned(ctx, 4 * PAGE_BYTES);
+    let cache = poisoned_buf(ctx, 4 * PAGE_BYTES);
     let raw_keys: Vec<bf16> = (0..n_keys * DIM)
         .map(|_| bf16::from_f32(rng.random_range(-3.0f32..3.0)))
         .collect();
@@ -164,10 +96,10 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
         .map(|_| bf16::from_f32(rng.random_range(0.5f32..1.5)))
         .collect();
     let (key_buf, norm_buf, loc_buf, gpos_buf) = (
-        Buf::upload(ctx, &raw_keys),
-        Buf::upload(ctx, &norm),
-        Buf::upload(ctx, &locations),
-        Buf::upload(ctx, &group_positions),
+        Dev::upload(ctx, &raw_keys),
+        Dev::upload(ctx, &norm),
+        Dev::upload(ctx, &locations),
+        Dev::upload(ctx, &group_positions),
     );
     let k_args = unikv_indexer_prepare_k_args {
         struct_size: std::mem::size_of::<unikv_indexer_prepare_k_args>(),
@@ -196,13 +128,13 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
         .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
         .collect();
     let (q_buf, w_buf, pos_buf, batch_buf) = (
-        Buf::upload(ctx, &q_in),
-        Buf::upload(ctx, &w_in),
-        Buf::upload(ctx, &positions),
-        Buf::upload(ctx, &batch_id),
+        Dev::upload(ctx, &q_in),
+        Dev::upload(ctx, &w_in),
+        Dev::upload(ctx, &positions),
+        Dev::upload(ctx, &batch_id),
     );
-    let q_fp8 = Buf::poisoned(ctx, t * INDEXER_HEADS * DIM);
-    let weights = Buf::poisoned(ctx, t * INDEXER_HEADS * 4);
+    let q_fp8 = poisoned_buf(ctx, t * INDEXER_HEADS * DIM);
+    let weights = poisoned_buf(ctx, t * INDEXER_HEADS * 4);
     let q_args = unikv_indexer_prepare_q_args {
         struct_size: std::mem::size_of::<unikv_indexer_prepare_q_args>(),
         q: q_buf.t::<bf16>(&[t, INDEXER_HEADS, DIM]),
@@ -220,9 +152,9 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
 
     // Scores + top-k into the CSA page-index table.
     let page_table: Vec<i32> = PAGE_TABLE.iter().flatten().copied().collect();
-    let pt_buf = Buf::upload(ctx, &page_table);
-    let logits = Buf::poisoned(ctx, t * keys_per_request * 4);
-    let csa_table = Buf::poisoned(ctx, t * TOPK * 4);
+    let pt_buf = Dev::upload(ctx, &page_table);
+    let logits = poisoned_buf(ctx, t * keys_per_request * 4);
+    let csa_table = poisoned_buf(ctx, t * TOPK * 4);
     let topk_args = unikv_indexer_topk_args {
         struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
         q_fp8: q_args.q_fp8,
@@ -241,18 +173,18 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
     ok(unsafe { unikv_indexer_topk(ctx.0, &topk_args, ptr::null_mut()) });
 
     // The CSA stream of the step, with this layer's tail.
-    let slots = Buf::upload(ctx, &[1i32, 2]);
+    let slots = Dev::upload(ctx, &[1i32, 2]);
     let (csa_indptr, csa) = (
-        Buf::poisoned(ctx, (t + 1) * 4),
-        Buf::poisoned(ctx, t * (WINDOW as usize + TOPK) * 4),
+        poisoned_buf(ctx, (t + 1) * 4),
+        poisoned_buf(ctx, t * (WINDOW as usize + TOPK) * 4),
     );
     let (swa_indptr, swa) = (
-        Buf::poisoned(ctx, (t + 1) * 4),
-        Buf::poisoned(ctx, t * WINDOW as usize * 4),
+        poisoned_buf(ctx, (t + 1) * 4),
+        poisoned_buf(ctx, t * WINDOW as usize * 4),
     );
     let (hca_indptr, hca) = (
-        Buf::poisoned(ctx, (t + 1) * 4),
-        Buf::poisoned(ctx, t * WINDOW as usize * 4),
+        poisoned_buf(ctx, (t + 1) * 4),
+        poisoned_buf(ctx, t * WINDOW as usize * 4),
     );
     let streams = unikv_decode_streams_args {
         struct_size: std::mem::size_of::<unikv_decode_streams_args>(),
@@ -286,8 +218,8 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
     let q: Vec<bf16> = (0..t * HEADS * D)
         .map(|_| bf16::from_f32(rng.random_range(-1.0f32..1.0)))
         .collect();
-    let q_att = Buf::upload(ctx, &q);
-    let out_buf = Buf::poisoned(ctx, t * HEADS * D * 2);
+    let q_att = Dev::upload(ctx, &q);
+    let out_buf = poisoned_buf(ctx, t * HEADS * D * 2);
     let scale = 1.0 / (D as f32).sqrt();
     let bf = unikv_dtype::UNIKV_DTYPE_BF16 as u32;
     let plan_params = unikv_attention_plan_params {
@@ -303,7 +235,7 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
     ok(unsafe { unikv_decode_plan_create(ctx.0, &plan_params, &mut plan) });
     let mut ws_bytes = 0;
     ok(unsafe { unikv_decode_plan_workspace_size(plan, &mut ws_bytes) });
-    let ws = Buf::poisoned(ctx, ws_bytes);
+    let ws = (ws_bytes > 0).then(|| poisoned_buf(ctx, ws_bytes));
     let d_args = unikv_decode_args {
         struct_size: std::mem::size_of::<unikv_decode_args>(),
         q: q_att.t::<bf16>(&[t, HEADS, D]),
@@ -319,11 +251,7 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng) {
         rope_table: absent(),
         positions: absent(),
     };
-    let ws_ptr = if ws_bytes > 0 {
-        ws.ptr
-    } else {
-        ptr::null_mut()
-    };
+    let ws_ptr = ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
     ok(unsafe { unikv_sparse_decode(plan, pool.0, &d_args, ws_ptr, ws_bytes, ptr::null_mut()) });
     unsafe { unikv_decode_plan_destroy(plan) };
 

@@ -76,6 +76,94 @@ impl Drop for Ctx {
     }
 }
 
+/// A buffer in a context's memory (host memory on the CPU backend, device
+/// memory on GPU backends), freed on drop.
+pub struct Dev<'a> {
+    pub ctx: &'a Ctx,
+    pub ptr: *mut c_void,
+    pub bytes: usize,
+}
+
+impl<'a> Dev<'a> {
+    pub fn zeroed(ctx: &'a Ctx, bytes: usize) -> Self {
+        let mut ptr = ptr::null_mut();
+        ok(unsafe { unikv_memory_alloc(ctx.0, bytes, &mut ptr) });
+        Dev { ctx, ptr, bytes }
+    }
+
+    pub fn upload<T>(ctx: &'a Ctx, data: &[T]) -> Self {
+        let d = Dev::zeroed(ctx, std::mem::size_of_val(data));
+        d.write(data);
+        d
+    }
+
+    pub fn write<T>(&self, data: &[T]) {
+        assert!(std::mem::size_of_val(data) <= self.bytes);
+        let n = std::mem::size_of_val(data);
+        ok(unsafe {
+            unikv_memory_copy(
+                self.ctx.0,
+                self.ptr,
+                data.as_ptr().cast(),
+                n,
+                0,
+                ptr::null_mut(),
+            )
+        });
+    }
+
+    pub fn poison(&self) {
+        ok(unsafe {
+            unikv_memory_set(
+                self.ctx.0,
+                self.ptr,
+                POISON_BYTE,
+                self.bytes,
+                ptr::null_mut(),
+            )
+        });
+    }
+
+    pub fn read<T: Copy>(&self) -> Vec<T> {
+        let n = self.bytes / std::mem::size_of::<T>();
+        let mut out: Vec<T> = poisoned(n);
+        ok(unsafe {
+            unikv_memory_copy(
+                self.ctx.0,
+                out.as_mut_ptr().cast(),
+                self.ptr,
+                n * std::mem::size_of::<T>(),
+                1,
+                ptr::null_mut(),
+            )
+        });
+        ok(unsafe { unikv_stream_synchronize(self.ctx.0, ptr::null_mut()) });
+        out
+    }
+
+    /// Contiguous descriptor of dtype `T` over this buffer.
+    pub fn t<T: Dt>(&self, shape: &[usize]) -> unikv_tensor {
+        let mut d = absent();
+        d.data = self.ptr;
+        d.dtype = T::DTYPE as u32;
+        d.ndim = shape.len() as u32;
+        let mut stride = 1i64;
+        for axis in (0..shape.len()).rev() {
+            d.shape[axis] = shape[axis] as i64;
+            d.strides[axis] = stride;
+            stride *= shape[axis] as i64;
+        }
+        assert!(stride as usize * std::mem::size_of::<T>() <= self.bytes.max(1));
+        d
+    }
+}
+
+impl Drop for Dev<'_> {
+    fn drop(&mut self) {
+        unsafe { unikv_memory_free(self.ctx.0, self.ptr) };
+    }
+}
+
 /// Pool creation parameters with the commonly varied fields.
 #[derive(Clone, Debug)]
 pub struct PoolSpec {
