@@ -1002,6 +1002,132 @@ static void test_hash_topk(void) {
     unikv_context_destroy(ctx);
 }
 
+/* ---- lightning indexer ------------------------------------------------------------ */
+
+/* The value of an e4m3fn code (finite codes only). */
+static double e4m3fn_value(unsigned char c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
+    return (c & 0x80) ? -v : v;
+}
+
+/* unikv_indexer_prepare_q from C: 2 tokens x 2 heads against a float64
+ * reference (RoPE of dims 64..127, the Hadamard transform as the explicit
+ * +-1 matrix, scale max(amax, 1e-4) / 448): every code within half an FP8
+ * step (plus 1e-5 of the max for the op's fp32 transform) and the folded
+ * weights within 1e-5; then unikv_indexer_topk_from_logits on hand-made
+ * scores with a tie at the threshold, and a bad topk that writes nothing. */
+static void test_indexer(void) {
+    enum { T = 2, H = 2, DI = 128, MAX_POS = 8, KEYS = 16, TOPK = 4, W = 5 };
+    static const int32_t pos_init[T] = {39, 12}; /* 10 and 3 visible keys */
+    static const float logits_init[T][KEYS] = {
+        {0.5f, 2.0f, -1.0f, 2.0f, 7.0f, 0.25f, 2.0f, -3.0f, 2.0f, 0.0f},
+        {1.0f, -1.0f, 3.0f},
+    };
+    static const int32_t want_table[T][W] = {
+        {3 * 64 + 1, 3 * 64 + 3, 3 * 64 + 4, 3 * 64 + 6, -1}, /* 7, then 3 of the four 2.0s: lowest keys */
+        {3 * 64 + 0, 3 * 64 + 1, 3 * 64 + 2, -1, -1},         /* 3 keys: all */
+    };
+    unikv_context *ctx = cpu_context();
+    uint16_t *q = alloc(ctx, T * H * DI * 2), *w = alloc(ctx, T * H * 2);
+    float *table = alloc(ctx, MAX_POS * 64 * sizeof(float)), *w_out = alloc(ctx, T * H * sizeof(float));
+    float *logits = alloc(ctx, T * KEYS * sizeof(float));
+    unsigned char *codes = alloc(ctx, T * H * DI);
+    int32_t *pos = alloc(ctx, sizeof pos_init), *batch = alloc(ctx, T * sizeof(int32_t));
+    int32_t *page_table = alloc(ctx, sizeof(int32_t)), *out = alloc(ctx, T * W * sizeof(int32_t));
+    unikv_rope_params rp;
+    unikv_indexer_prepare_q_args a;
+    unikv_indexer_topk_args k;
+    int t, h, i, j;
+
+    memset(&rp, 0, sizeof rp);
+    rp.struct_size = sizeof rp;
+    rp.base = 10000.0;
+    CHECK_OK(unikv_rope_table(&rp, MAX_POS, table, MAX_POS * 64));
+    for (i = 0; i < T * H * DI; ++i) q[i] = to_bf16(uniform() * 4.0f);
+    for (i = 0; i < T * H; ++i) w[i] = to_bf16(uniform());
+    memcpy(pos, pos_init, sizeof pos_init);
+    for (t = 0; t < T; ++t) pos[t] %= MAX_POS; /* the queries' own positions: table rows */
+    memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.q = tensor(q, UNIKV_DTYPE_BF16, 3, T, H, DI);
+    a.weights = tensor(w, UNIKV_DTYPE_BF16, 2, T, H, 0);
+    a.rope_table = tensor(table, UNIKV_DTYPE_F32, 2, MAX_POS, 64, 0);
+    a.positions = tensor(pos, UNIKV_DTYPE_I32, 1, T, 0, 0);
+    a.q_fp8 = tensor(codes, UNIKV_DTYPE_U8, 3, T, H, DI);
+    a.weights_out = tensor(w_out, UNIKV_DTYPE_F32, 2, T, H, 0);
+    a.q_dtype = UNIKV_DTYPE_FP8_E4M3FN;
+    a.num_tokens = T;
+    a.num_heads = H;
+    a.weight_scale = 0.0625f;
+    CHECK_OK(unikv_indexer_prepare_q(ctx, &a, NULL));
+    for (t = 0; t < T; ++t) {
+        const float *cs = table + pos[t] * 64;
+        for (h = 0; h < H; ++h) {
+            double x[DI], y[DI], amax = 0.0, scale;
+            for (i = 0; i < DI; ++i) x[i] = from_bf16(q[(t * H + h) * DI + i]);
+            for (i = 0; i < 32; ++i) {
+                const double re = x[64 + 2 * i], im = x[65 + 2 * i];
+                x[64 + 2 * i] = re * cs[2 * i] - im * cs[2 * i + 1];
+                x[65 + 2 * i] = re * cs[2 * i + 1] + im * cs[2 * i];
+            }
+            for (i = 0; i < DI; ++i) {
+                y[i] = 0.0;
+                for (j = 0; j < DI; ++j) {
+                    int bits = i & j, parity = 0;
+                    while (bits) parity ^= bits & 1, bits >>= 1;
+                    y[i] += parity ? -x[j] : x[j];
+                }
+                y[i] /= sqrt((double)DI);
+                if (fabs(y[i]) > amax) amax = fabs(y[i]);
+            }
+            scale = (amax > 1e-4 ? amax : 1e-4) / 448.0;
+            for (i = 0; i < DI; ++i) {
+                const double v = y[i] / scale, half_step = fabs(v) / 16.0 > ldexp(1.0, -10) ? fabs(v) / 16.0 : ldexp(1.0, -10);
+                CHECK(fabs(e4m3fn_value(codes[(t * H + h) * DI + i]) - v) <= half_step + 1e-5 * 448.0);
+            }
+            {
+                const double want = from_bf16(w[t * H + h]) * 0.0625 * scale;
+                CHECK(fabs(w_out[t * H + h] - want) <= 1e-5 * fabs(want) + 1e-30);
+            }
+        }
+    }
+
+    /* The selection from given scores. */
+    memcpy(pos, pos_init, sizeof pos_init);
+    for (t = 0; t < T; ++t) {
+        batch[t] = 0;
+        for (i = 0; i < KEYS; ++i) logits[t * KEYS + i] = logits_init[t][i];
+    }
+    page_table[0] = 3;
+    memset(&k, 0, sizeof k);
+    k.struct_size = sizeof k;
+    k.page_table = tensor(page_table, UNIKV_DTYPE_I32, 2, 1, 1, 0);
+    k.batch_id = tensor(batch, UNIKV_DTYPE_I32, 1, T, 0, 0);
+    k.positions = tensor(pos, UNIKV_DTYPE_I32, 1, T, 0, 0);
+    k.logits = tensor(logits, UNIKV_DTYPE_F32, 2, T, KEYS, 0);
+    k.topk_indices = tensor(out, UNIKV_DTYPE_I32, 2, T, W, 0);
+    k.num_tokens = T;
+    k.topk = TOPK;
+    CHECK_OK(unikv_indexer_topk_from_logits(ctx, &k, NULL));
+    CHECK(memcmp(out, want_table, sizeof want_table) == 0);
+    k.topk = 0;
+    EXPECT_FAIL(UNIKV_INVALID_ARGUMENT, "topk", out, sizeof want_table,
+                unikv_indexer_topk_from_logits(ctx, &k, NULL));
+
+    CHECK_OK(unikv_memory_free(ctx, q));
+    CHECK_OK(unikv_memory_free(ctx, w));
+    CHECK_OK(unikv_memory_free(ctx, table));
+    CHECK_OK(unikv_memory_free(ctx, w_out));
+    CHECK_OK(unikv_memory_free(ctx, logits));
+    CHECK_OK(unikv_memory_free(ctx, codes));
+    CHECK_OK(unikv_memory_free(ctx, pos));
+    CHECK_OK(unikv_memory_free(ctx, batch));
+    CHECK_OK(unikv_memory_free(ctx, page_table));
+    CHECK_OK(unikv_memory_free(ctx, out));
+    unikv_context_destroy(ctx);
+}
+
 int main(void) {
     /* Before any failure the thread's message is empty. */
     CHECK(strcmp(unikv_last_error_message(), "") == 0);
@@ -1024,6 +1150,7 @@ int main(void) {
     test_store_flashmla();
     test_prepare_qkv();
     test_hash_topk();
+    test_indexer();
     printf("test_api: all checks passed\n");
     return 0;
 }
