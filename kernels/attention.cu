@@ -552,8 +552,7 @@ __device__ __forceinline__ void load_q(const ukv_attention_params& p, int t, int
 // the table (that token's rope dims stay unrotated; the CPU backend rejects it).
 __device__ __forceinline__ const float* inverse_rope_row(const ukv_attention_params& p, int t) {
   if (p.rope_table == nullptr) return nullptr;
-  const int64_t pos = p.positions_i64 ? static_cast<const int64_t*>(p.positions)[t]
-                                      : (int64_t) static_cast<const int32_t*>(p.positions)[t];
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
   return pos >= 0 && pos < p.rope_rows ? p.rope_table + pos * 64 : nullptr;
 }
 

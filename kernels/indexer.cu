@@ -11,12 +11,12 @@
 // element), exactly the host's butterflies. Products and sums are
 // ukv_mul_rn / ukv_add_rn / ukv_sub_rn (never contracted into FMAs), so query
 // codes, scales and weights are the CPU backend's bit for bit; a key's RMSNorm
-// factor is a reduction (rms_norm.cuh) and may differ by an ulp.
+// factor is a reduction (row_math.cuh) and may differ by an ulp.
 //
 // Device values are never trusted: a position outside the table skips the
 // vector; a key location that is negative or past the cache skips its store.
 #include "fp8.cuh"
-#include "rms_norm.cuh"
+#include "row_math.cuh"
 #include "shim.cuh"
 #include "warp.cuh"
 
@@ -28,10 +28,6 @@ constexpr int kDims = 128;
 constexpr int kRopeLane = 16;  // lanes 16..31: dims 64..127
 // 1 / sqrt(128) rounded to float, src/indexer.rs HADAMARD_SCALE.
 constexpr uint32_t kHadamardScaleBits = 0x3DB504F3u;
-
-__device__ __forceinline__ int64_t index_at(const void* v, int32_t is_i64, int64_t i) {
-  return is_i64 ? static_cast<const int64_t*>(v)[i] : (int64_t) static_cast<const int32_t*>(v)[i];
-}
 
 // The lane's 4 values of a bf16 row (one 8-byte load).
 __device__ __forceinline__ void load4(const ukv_bf16* row, int lane, float (&x)[4]) {
@@ -46,15 +42,12 @@ __device__ __forceinline__ void load4(const float* row, int lane, float (&x)[4])
   x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
 }
 
-// src/rope.rs rotate: re' = re c - im s, im' = re s + im c, each step rounded.
+// RoPE of the lane's two (re, im) pairs (rope lanes only).
 __device__ __forceinline__ void rope4(float (&x)[4], const float* table_row, int lane) {
   if (lane < kRopeLane) return;
   const float4 cs = reinterpret_cast<const float4*>(table_row)[lane - kRopeLane];
-  const float re0 = x[0], im0 = x[1], re1 = x[2], im1 = x[3];
-  x[0] = ukv_sub_rn(ukv_mul_rn(re0, cs.x), ukv_mul_rn(im0, cs.y));
-  x[1] = ukv_add_rn(ukv_mul_rn(re0, cs.y), ukv_mul_rn(im0, cs.x));
-  x[2] = ukv_sub_rn(ukv_mul_rn(re1, cs.z), ukv_mul_rn(im1, cs.w));
-  x[3] = ukv_add_rn(ukv_mul_rn(re1, cs.w), ukv_mul_rn(im1, cs.z));
+  ukv_rope_rotate(x[0], x[1], cs.x, cs.y);
+  ukv_rope_rotate(x[2], x[3], cs.z, cs.w);
 }
 
 // The normalized transform over the warp's 128 values (whole warp).
@@ -105,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) indexer_q_kernel(ukv_indexer_q_param
   const int64_t item = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / UKV_WARP;
   if (item >= (int64_t)p.num_tokens * p.num_heads) return;  // whole warps
   const int64_t t = item / p.num_heads, h = item % p.num_heads;
-  const int64_t pos = index_at(p.positions, p.positions_i64, t);
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
   if (pos < 0 || pos >= p.max_pos) return;
   float x[4];
   load4(static_cast<const ukv_bf16*>(p.q) + t * p.q_stride_token + h * p.q_stride_head, lane, x);
@@ -128,8 +121,8 @@ __global__ void __launch_bounds__(kThreads) indexer_k_kernel(ukv_indexer_k_param
   const int lane = threadIdx.x % UKV_WARP;
   const int64_t t = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / UKV_WARP;
   if (t >= p.num_tokens) return;  // whole warps
-  const int64_t pos = index_at(p.positions, p.positions_i64, t);
-  const int64_t loc = index_at(p.loc, p.loc_i64, t);
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  const int64_t loc = ukv_index_at(p.loc, p.loc_i64 != 0, t);
   if (pos < 0 || pos >= p.max_pos || loc < 0 || loc >= p.token_slots) return;
   float x[4], w[4];
   load4(static_cast<const In*>(p.key) + t * p.key_stride, lane, x);

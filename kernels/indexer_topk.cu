@@ -50,8 +50,7 @@ struct TokenKeys {
 __device__ __forceinline__ TokenKeys token_keys(const ukv_indexer_topk_params& p, int t) {
   const int b = p.batch_id[t];
   if (b < 0 || b >= p.requests) return TokenKeys{-1, 0};
-  const int64_t pos = p.positions_i64 ? static_cast<const int64_t*>(p.positions)[t]
-                                      : (int64_t) static_cast<const int32_t*>(p.positions)[t];
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
   const int64_t visible = pos < 0 ? 0 : (pos + 1) / 4;
   const int64_t cap = min((int64_t)p.logits_width, (int64_t)p.max_pages * kPage);
   return TokenKeys{b, (int)min(visible, cap)};
@@ -429,8 +428,7 @@ extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params*
       int r = UKV_SHIM_OK;
 #if !defined(__HIPCC__)
       int cc_major = 0;
-      if (ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device))
-        return ukv::report(e, "device attribute");
+      if (int e = ukv::compute_major(device, &cc_major)) return e;
       if (cc_major >= 8 && !g_scalar_scores) {
         r = ukv::launch_early(device,
                               p->format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>

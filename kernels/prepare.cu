@@ -18,7 +18,7 @@
 // Device values are never trusted: a position outside the table skips the
 // token (nothing written for it), a row outside the layer skips the store.
 #include "pool_rows.cuh"
-#include "rms_norm.cuh"
+#include "row_math.cuh"
 #include "shim.cuh"
 
 namespace {
@@ -41,11 +41,6 @@ typedef uint32_t LaneRow[8];
 
 __device__ __forceinline__ float low_of(uint32_t w) { return ukv_fp8_bits_float(w << 16); }
 __device__ __forceinline__ float high_of(uint32_t w) { return ukv_fp8_bits_float(w & 0xFFFF0000u); }
-
-// Token t's entry of an int32 or int64 index vector.
-__device__ __forceinline__ int64_t index_at(const void* v, int32_t is_i64, int t) {
-  return is_i64 ? static_cast<const int64_t*>(v)[t] : static_cast<const int32_t*>(v)[t];
-}
 
 __device__ __forceinline__ void load_row(const ukv_bf16* row, int lane, LaneRow& x) {
   const uint4* p = reinterpret_cast<const uint4*>(row);
@@ -86,14 +81,6 @@ __device__ __forceinline__ RopePairs load_pairs(const float* table_row, int lane
   return RopePairs{cs[0], cs[1]};
 }
 
-// GPT-J rotation of one pair: re' = re*c - im*s, im' = re*s + im*c, each
-// product and sum rounded once.
-__device__ __forceinline__ void rotate(float& re, float& im, float c, float s) {
-  const float r = ukv_sub_rn(ukv_mul_rn(re, c), ukv_mul_rn(im, s));
-  im = ukv_add_rn(ukv_mul_rn(re, s), ukv_mul_rn(im, c));
-  re = r;
-}
-
 // Q heads h0, h0 + 1 (the second if < H) of token t, `item` = t * ceil(H/2)
 // + h0/2: both rows are loaded before either is used, doubling the warp's
 // bytes in flight, and they share the token's position and table row. Per
@@ -102,7 +89,7 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
   const int groups = (p.num_heads + kQHeads - 1) / kQHeads;
   const int t = item / groups, h0 = (item % groups) * kQHeads;
   const int heads = min(kQHeads, p.num_heads - h0);
-  const int64_t pos = index_at(p.positions, p.positions_i64, t);
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
   LaneRow x[kQHeads] = {};
   const ukv_bf16* in = static_cast<const ukv_bf16*>(p.q_in) + t * p.q_in_stride_token + h0 * p.q_in_stride_head;
   for (int j = 0; j < kQHeads; ++j) {
@@ -119,7 +106,7 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
     for (int i = 0; i < 8; ++i) {
       float re = ukv_bf16_round(ukv_mul_rn(low_of(x[j][i]), f));
       float im = ukv_bf16_round(ukv_mul_rn(high_of(x[j][i]), f));
-      if (rope && i >= 4) rotate(re, im, cs.cos_of(i - 4), cs.sin_of(i - 4));
+      if (rope && i >= 4) ukv_rope_rotate(re, im, cs.cos_of(i - 4), cs.sin_of(i - 4));
       x[j][i] = ukv_pack_bf16x2(re, im);
     }
     store_row(out + j * p.q_out_stride_head, lane, x[j]);
@@ -129,8 +116,8 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
 // KV row t: k = (x * f) * w in float, RoPE of 448..511 from those values, one
 // bf16 rounding; then kv_out and the pool row.
 __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int t, int lane) {
-  const int64_t pos = index_at(p.positions, p.positions_i64, t);
-  const int64_t row = p.rows != nullptr ? index_at(p.rows, p.rows_i64, t) : -1;
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  const int64_t row = p.rows != nullptr ? ukv_index_at(p.rows, p.rows_i64 != 0, t) : -1;
   LaneRow x, w;
   load_row(static_cast<const ukv_bf16*>(p.kv_in) + t * p.kv_in_stride, lane, x);
   load_row(static_cast<const ukv_bf16*>(p.kv_weight), lane, w);
@@ -142,7 +129,7 @@ __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int 
   for (int i = 0; i < 8; ++i) {
     float re = ukv_mul_rn(ukv_mul_rn(low_of(x[i]), f), low_of(w[i]));
     float im = ukv_mul_rn(ukv_mul_rn(high_of(x[i]), f), high_of(w[i]));
-    if (rope && i >= 4) rotate(re, im, cs.cos_of(i - 4), cs.sin_of(i - 4));
+    if (rope && i >= 4) ukv_rope_rotate(re, im, cs.cos_of(i - 4), cs.sin_of(i - 4));
     x[i] = ukv_pack_bf16x2(re, im);
   }
   if (p.kv_out != nullptr) store_row(static_cast<ukv_bf16*>(p.kv_out) + t * p.kv_out_stride, lane, x);

@@ -13,10 +13,6 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * UKV_WARP;
 
-__device__ __forceinline__ int64_t load_int(const void* p, bool i64, int64_t i) {
-  return i64 ? static_cast<const int64_t*>(p)[i] : (int64_t) static_cast<const int32_t*>(p)[i];
-}
-
 __global__ void __launch_bounds__(kThreads) hash_topk_kernel(ukv_hash_topk_params p) {
   const int lane = threadIdx.x % UKV_WARP;
   const int64_t n = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / UKV_WARP;
@@ -26,12 +22,12 @@ __global__ void __launch_bounds__(kThreads) hash_topk_kernel(ukv_hash_topk_param
   ukv_pdl_wait();
   if (n >= p.num_tokens) return;
   const int slots = p.routed + p.shared;
-  const int64_t real = p.num_real != nullptr ? load_int(p.num_real, p.num_real_i64 != 0, 0) : p.num_real_host;
+  const int64_t real = p.num_real != nullptr ? ukv_index_at(p.num_real, p.num_real_i64 != 0, 0) : p.num_real_host;
   bool ok = n < real;
   int64_t expert = -1;
   double w = 0.0;
   if (ok) {
-    const int64_t token = load_int(p.input_ids, p.input_ids_i64 != 0, n);
+    const int64_t token = ukv_index_at(p.input_ids, p.input_ids_i64 != 0, n);
     ok = token >= 0 && token < p.vocab;
     if (ok && lane < p.routed) {
       expert = p.tid2eid[token * p.table_stride + lane];

@@ -12,18 +12,23 @@ thread_local std::string g_message;
 
 void set_error(const std::string& message) { g_message = message; }
 
-int pdl_supported(int device, bool* supported) {
-  // 0: not read yet; 1: no; 2: yes. Devices past the table are read every time.
+int compute_major(int device, int* major) {
+  // major + 1, or 0 when not read yet. Devices past the table are read every time.
   static std::atomic<int> known[64];
   if (device >= 0 && device < 64 && known[device].load(std::memory_order_relaxed) != 0) {
-    *supported = known[device].load(std::memory_order_relaxed) == 2;
+    *major = known[device].load(std::memory_order_relaxed) - 1;
     return UKV_SHIM_OK;
   }
-  int cc_major = 0;
-  const ukv_error_t e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
+  const ukv_error_t e = ukv_device_get_attribute(major, UKV_ATTR_CC_MAJOR, device);
   if (e != UKV_SUCCESS) return report(e, "device attribute");
-  *supported = cc_major >= 9;
-  if (device >= 0 && device < 64) known[device].store(*supported ? 2 : 1, std::memory_order_relaxed);
+  if (device >= 0 && device < 64) known[device].store(*major + 1, std::memory_order_relaxed);
+  return UKV_SHIM_OK;
+}
+
+int pdl_supported(int device, bool* supported) {
+  int major = 0;
+  if (int r = compute_major(device, &major)) return r;
+  *supported = major >= 9;
   return UKV_SHIM_OK;
 }
 

@@ -19,6 +19,14 @@ enum : int {
   UKV_SHIM_INVALID = 5,      // an argument the shim cannot launch with
 };
 
+// Element i of a device index vector the caller passes as int32 or int64
+// (positions, rows, locations, token ids); `i` keeps the caller's integer
+// type, so a 32-bit index stays 32-bit address arithmetic.
+template <class Index>
+__device__ __forceinline__ int64_t ukv_index_at(const void* v, bool is_i64, Index i) {
+  return is_i64 ? static_cast<const int64_t*>(v)[i] : (int64_t) static_cast<const int32_t*>(v)[i];
+}
+
 namespace ukv {
 
 void set_error(const std::string& message);
@@ -49,8 +57,11 @@ inline int check_launch(const char* kernel) {
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Whether `device` has programmatic dependent launch (sm_90+); the device
-// attribute is read once per device.
+// The device's compute capability major (on HIP, what the runtime reports);
+// read once per device, so launch paths may ask.
+int compute_major(int device, int* major);
+
+// Whether `device` has programmatic dependent launch (sm_90+).
 int pdl_supported(int device, bool* supported);
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory (within the

@@ -11,8 +11,8 @@ use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::fp8::Fp8Format;
 use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target, CacheTarget};
+use crate::ops::rope::rope_table;
 use crate::ops::tokens;
-use crate::rope::ROPE_DIM;
 use crate::tensor::{
     Extent, FloatRows, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN,
 };
@@ -74,14 +74,6 @@ pub struct IndexerKeyArgs {
     pub rope_table: Matrix<f32>,
     pub positions: IndexVector,
     pub eps: f32,
-}
-
-fn rope_table(raw: &RawTensor) -> Result<Matrix<f32>> {
-    raw.view(
-        "rope_table",
-        [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
-        ROW_ALIGN,
-    )
 }
 
 pub fn indexer_prepare_q(ctx: &Context, raw: &IndexerQueryRaw, stream: Stream) -> Result<()> {

@@ -10,9 +10,9 @@ use half::bf16;
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::rope::rope_table;
 use crate::ops::tokens;
 use crate::pool::{LayerRows, Pool};
-use crate::rope::ROPE_DIM;
 use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
 
 /// Caller arguments of `prepare_qkv`.
@@ -94,11 +94,7 @@ pub fn prepare_qkv(pool: &Pool, raw: &PrepareQkvRaw, stream: Stream) -> Result<(
             .kv_weight
             .view("kv_weight", [Extent::Exact(HEAD_DIM)], ROW_ALIGN)?,
         kv_out: raw.kv_out.optional("kv_out", kv_row, ROW_ALIGN)?,
-        rope_table: raw.rope_table.view(
-            "rope_table",
-            [Extent::AtLeast(1), Extent::Exact(ROPE_DIM)],
-            ROW_ALIGN,
-        )?,
+        rope_table: rope_table(&raw.rope_table)?,
         positions: raw.positions.index_vector("positions", tokens(t))?,
         rows: raw.rows.optional_index_vector("rows", tokens(t))?,
     };

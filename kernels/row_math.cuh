@@ -1,6 +1,7 @@
-// The RMSNorm factor of src/rope.rs rms_norm on the device: the sum of
-// squares in double, 1 / sqrt(mean + eps) rounded to float once, so it is
-// almost always the host's factor bit for bit (prepare.cu, indexer.cu).
+// Per-row fp32 math of src/rope.rs on the device, shared by prepare.cu and
+// indexer.cu: the RMSNorm factor (the sum of squares in double,
+// 1 / sqrt(mean + eps) rounded to float once, so it is almost always the
+// host's factor bit for bit) and the RoPE rotation of one (re, im) pair.
 #pragma once
 
 #include "compat.cuh"
@@ -24,4 +25,12 @@ __device__ __forceinline__ double ukv_rsqrt_refined(double m) {
 // The factor of a row of `dims` values whose squares sum (in double) to `sum`.
 __device__ __forceinline__ float ukv_rms_factor(double sum, int dims, float eps) {
   return (float)ukv_rsqrt_refined(sum / dims + (double)eps);
+}
+
+// src/rope.rs rotate: re' = re c - im s, im' = re s + im c, each product and
+// sum rounded on its own (never fused), so the result is the host's bit for bit.
+__device__ __forceinline__ void ukv_rope_rotate(float& re, float& im, float c, float s) {
+  const float r = ukv_sub_rn(ukv_mul_rn(re, c), ukv_mul_rn(im, s));
+  im = ukv_add_rn(ukv_mul_rn(re, s), ukv_mul_rn(im, c));
+  re = r;
 }
