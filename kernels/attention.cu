@@ -1583,15 +1583,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
 
 #include "attention_portable.cuh"
 
-// 1 where this build carries the wgmma kernel for the running device (the
-// sm_90a image); read once at plan time.
-__device__ int g_wgmma_built =
-#if defined(UKV_HAS_WGMMA)
-    1;
-#else
-    0;
-#endif
-
 // Merges the splits of one (token, head) in split order; 128 threads x 4 dims.
 // Every load is issued up front (one (m, l) pair per thread, then the acc rows
 // unrolled) so the kernel pays a few memory latencies, not one per split.
@@ -1692,16 +1683,6 @@ int configure(Kernel kernel, size_t bytes) {
   return e == UKV_SUCCESS ? UKV_SHIM_OK : ukv::report(e, "set attention shared memory");
 }
 
-// Whether the loaded image for `device` carries the wgmma kernel body.
-int wgmma_built(bool* built) {
-  int flag = 0;
-  const ukv_error_t e = ukv_memcpy_from_symbol(&flag, g_wgmma_built, sizeof(flag));
-  if (e != UKV_SUCCESS) return ukv::report(e, "read the kernel image's features");
-  *built = flag != 0;
-  return UKV_SHIM_OK;
-}
-
-
 // Test hook (unikv_gpu_test_plan_fallbacks): plans created on this thread skip
 // the cluster merge and/or the wgmma kernel, so the tests also cover the paths
 // that sm_80 and ROCm take.
@@ -1785,11 +1766,13 @@ extern "C" {
 // kernels, and reports the workspace every launch through the plan needs.
 int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_fp8, ukv_attention_plan* plan) {
   UKV_ENTRY(device, {
-    int sms = 0, smem_optin = 0, cc_major = 0;
+    int sms = 0, smem_optin = 0;
     ukv_error_t e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
     if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&smem_optin, UKV_ATTR_MAX_SMEM_OPTIN, device);
-    if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&cc_major, UKV_ATTR_CC_MAJOR, device);
     if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
+    ukv::DeviceFacts facts;
+    if (int r = ukv::device_facts(device, &facts)) return r;
+    const int cc_major = facts.major;
     ukv_attention_plan pl{};
     pl.max_tokens = max_tokens;
     pl.num_heads = num_heads;
@@ -1811,12 +1794,9 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // blocks the heads-on-M one; the rest (and other GPUs) the mma.sync kernel.
     // 16-head blocks of batches past one CTA per SM take the one-stage variant
     // at two CTAs per SM (bench/NOTES.md, version 12).
-    bool built = false;
     const bool swap = num_heads <= 32;
-    if ((swap || pl.block_m_tiles == 4) && cc_major == 9 && !g_no_wgmma && pl.portable == 0) {
-      if (int r = wgmma_built(&built)) return r;
-    }
-    pl.wgmma = !built ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
+    const bool wgmma = (swap || pl.block_m_tiles == 4) && facts.wgmma && !g_no_wgmma && pl.portable == 0;
+    pl.wgmma = !wgmma ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
     // FP8 pools: the heads-on-N kernels dequantize on producer warps and keep
     // three stages at any batch (bench/NOTES.md, version 15).
     if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;

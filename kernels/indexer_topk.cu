@@ -2,7 +2,12 @@
 // page-index table of every token of a forward, in two launches whose grids
 // depend on the tensor shapes only.
 //
-// Scores (score_kernel): one block per (token, page of 64 keys), 256 threads.
+// Scores: three kernels, one chosen per launch (unikv_gpu_indexer_topk):
+// FP8 wgmma on sm_90a for e4m3fn (score_wgmma_kernel), f16 mma.sync on other
+// NVIDIA GPUs and for e4m3fnuz (score_mma_kernel), CUDA cores on HIP
+// (score_kernel, below).
+//
+// score_kernel: one block per (token, page of 64 keys), 256 threads.
 // The token's query heads and the page's 64 keys are decoded into shared
 // memory as bf16 (exact: every e4m3 value is a bf16), rows padded by 8 bytes so
 // the 8 keys or 4 heads a warp reads sit in different banks. Thread (key
@@ -270,6 +275,108 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   (void)p;
 #endif
 }
+
+// The scores on Hopper's FP8 tensor cores (sm_90a, e4m3fn): one warpgroup per
+// (token, run of kRunPages pages). Per page one m64n64k32 wgmma chain of 4
+// k-steps multiplies the page's 64 keys (A, M = keys) by the token's 64 query
+// heads (B, N = heads) straight from the codes, so a thread's accumulators
+// hold 2 keys x 16 heads: the head sum is 16 weighted relus and two quad
+// shuffles, with no exchange between warps. Key and query rows are 128 codes,
+// one 128-byte swizzle row each: cp.async places 16-byte chunk c of row r at
+// chunk c ^ (r % 8), the layout the descriptors name. kWgStages - 1 pages are
+// in flight per block and 5 blocks share an SM; the MMAs take about a quarter
+// of the time a page's bytes take at the copy rate.
+constexpr int kWgThreads = 128;
+
+__global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_topk_params p) {
+#if defined(UKV_HAS_WGMMA)
+  constexpr int kWgStages = 4;
+  const auto swizzled_chunk = [](int row, int chunk) { return row * kDims + ((chunk ^ (row & 7)) << 4); };
+  __shared__ __align__(1024) uint8_t keys_s[kWgStages][kPage * kDims];
+  __shared__ __align__(1024) uint8_t q_s[kMmaHeads * kDims];
+  __shared__ __align__(16) float scale_s[kWgStages][kPage];
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
+  const TokenKeys tk = token_keys(p, t);
+  const int first_page = blockIdx.x * kRunPages;
+  if (tk.request < 0 || first_page * kPage >= tk.keys) return;
+  const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
+  const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
+  const auto page_ok = [&](int col) {
+    const int64_t id = pages[col];
+    return id >= 0 && id < p.cache_pages;
+  };
+  // Page `col` into `stage` (an invalid page lands as zeros; nothing past the
+  // run), then one commit group either way.
+  const auto issue = [&](int col, int stage) {
+    if (col < last_page) {
+      const bool ok = page_ok(col);
+      const uint8_t* base = p.cache + (ok ? (int64_t)pages[col] * p.bytes_per_page : 0);
+      for (int i = tid; i < kPage * 8; i += kWgThreads)
+        ukv_cp_async16(keys_s[stage] + swizzled_chunk(i / 8, i % 8), base + i * 16, ok);
+      if (tid < kPage / 4) ukv_cp_async16(&scale_s[stage][4 * tid], base + kDims * kPage + 16 * tid, ok);
+    }
+    ukv_cp_async_commit();
+  };
+  // The query rows join the first page's group; heads past num_heads are zeros.
+  const uint8_t* q = p.q_fp8 + t * p.q_stride_token;
+  for (int i = tid; i < kMmaHeads * 8; i += kWgThreads) {
+    const int h = i / 8;
+    const bool ok = h < p.num_heads;
+    ukv_cp_async16(q_s + swizzled_chunk(h, i % 8), q + (ok ? h * p.q_stride_head : 0) + (i % 8) * 16, ok);
+  }
+#pragma unroll
+  for (int s = 0; s < kWgStages - 1; ++s) issue(first_page + s, s);
+
+  // This thread's accumulators: keys 16 warp + lane / 4 (+ 8), heads
+  // 8 j + 2 (lane % 4) + {0, 1} for j < 8.
+  float w[8][2];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 8 * j + 2 * (lane % 4) + e;
+      w[j][e] = h < p.num_heads ? p.weights[t * p.weights_stride + h] : 0.f;
+    }
+  const int key0 = 16 * warp + lane / 4;
+
+  for (int col = first_page; col < last_page; ++col) {
+    const int i = col - first_page, stage = i % kWgStages;
+    ukv_cp_async_wait<kWgStages - 2>();
+    ukv_fence_async_shared();
+    // Also: every thread is past the previous page, whose stage is refilled now.
+    __syncthreads();
+    issue(col + kWgStages - 1, (i + kWgStages - 1) % kWgStages);
+    float acc[32];
+    ukv_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      ukv_wgmma_m64n64k32_e4m3(acc, ukv_wgmma_desc(keys_s[stage] + 32 * k, 16, 1024),
+                               ukv_wgmma_desc(q_s + 32 * k, 16, 1024), k);
+    ukv_wgmma_commit();
+    ukv_wgmma_wait<0>();
+    ukv_wgmma_fence_regs(acc);
+    float lo = 0.f, hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      lo += w[j][0] * fmaxf(acc[4 * j], 0.f) + w[j][1] * fmaxf(acc[4 * j + 1], 0.f);
+      hi += w[j][0] * fmaxf(acc[4 * j + 2], 0.f) + w[j][1] * fmaxf(acc[4 * j + 3], 0.f);
+    }
+    lo = ukv_xor_sum<1, 2>(lo);
+    hi = ukv_xor_sum<1, 2>(hi);
+    if (lane % 4 == 0) {
+      const bool ok = page_ok(col);
+      float* out = p.logits + t * p.logits_stride + col * kPage;
+      if (col * kPage + key0 < tk.keys) out[key0] = ok ? scale_s[stage][key0] * lo : -INFINITY;
+      if (col * kPage + key0 + 8 < tk.keys) out[key0 + 8] = ok ? scale_s[stage][key0 + 8] * hi : -INFINITY;
+    }
+  }
+  ukv_cp_async_wait<0>();
+#else
+  (void)p;
+#endif
+}
 #endif  // !__HIPCC__
 
 // Inclusive prefix sum of `v` over the block (all threads call it); `total`
@@ -332,7 +439,24 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
     written = n;
   } else {
-    if constexpr (kHeld > 0) for_keys<kHeld>(n, [&](int j, int i) { held[j] = i < n ? order_key(logits[i]) : 0u; });
+    if constexpr (kHeld > 0) {
+      // 16-byte loads where the row allows (a thread's keys are contiguous).
+      const bool vector = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+#pragma unroll
+      for (int j = 0; j < kHeld; j += 4) {
+        const int i = tid * kHeld + j;
+        if (vector && i + 4 <= n) {
+          const float4 v = *reinterpret_cast<const float4*>(logits + i);
+          held[j] = order_key(v.x);
+          held[j + 1] = order_key(v.y);
+          held[j + 2] = order_key(v.z);
+          held[j + 3] = order_key(v.w);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) held[j + e] = i + e < n ? order_key(logits[i + e]) : 0u;
+        }
+      }
+    }
     // Radix select: after pass r the top 8(r + 1) bits of T are known.
     uint32_t prefix = 0;
     int remaining = p.topk;  // keys still to take among those matching the prefix
@@ -412,36 +536,53 @@ int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
                            "indexer select_kernel", p);
 }
 
-// Test hook (unikv_gpu_test_indexer_scalar_scores): the CUDA-core score
-// kernel on every GPU, so NVIDIA runs check the path HIP builds take.
-thread_local bool g_scalar_scores = false;
+// Test hook (unikv_gpu_test_indexer_score_kernel): 0 the launch's choice,
+// 1 the CUDA-core kernel (the HIP build's), 2 the f16 mma.sync kernel, so an
+// H200 run checks every score kernel.
+thread_local int g_score_kernel = 0;
+
+// The tensor-core score launches: FP8 wgmma for e4m3fn on sm_90a, f16
+// mma.sync on other NVIDIA GPUs (sm_80+) and for e4m3fnuz, whose codes the
+// tensor cores do not read. Returns false when the device has neither.
+#if !defined(__HIPCC__)
+bool launch_tensor_scores(int device, const ukv_indexer_topk_params& p, void* stream, int* status) {
+  ukv::DeviceFacts facts;
+  if ((*status = ukv::device_facts(device, &facts)) != UKV_SHIM_OK) return true;
+  if (facts.major < 8 || g_score_kernel == 1) return false;
+  const dim3 grid((unsigned)ukv::cdiv(ukv::cdiv(p.logits_width, kPage), kRunPages), (unsigned)p.num_tokens);
+  if (facts.wgmma && p.format == UKV_FP8_E4M3FN && g_score_kernel == 0) {
+    *status = ukv::launch_early(device, score_wgmma_kernel, grid, dim3(kWgThreads), stream,
+                                "indexer score_wgmma_kernel", p);
+  } else {
+    *status = ukv::launch_early(device,
+                                p.format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>
+                                                             : score_mma_kernel<UKV_FP8_E4M3FN>,
+                                grid, dim3(kScoreThreads), stream, "indexer score_mma_kernel", p);
+  }
+  return true;
+}
+#endif
 
 }  // namespace
 
-extern "C" void unikv_gpu_test_indexer_scalar_scores(int on) { g_scalar_scores = on != 0; }
+extern "C" void unikv_gpu_test_indexer_score_kernel(int kernel) { g_score_kernel = kernel; }
 
 extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params* p, void* stream) {
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
     if (p->score) {
-      const unsigned pages = (unsigned)ukv::cdiv(p->logits_width, kPage);
       int r = UKV_SHIM_OK;
 #if !defined(__HIPCC__)
-      int cc_major = 0;
-      if (int e = ukv::compute_major(device, &cc_major)) return e;
-      if (cc_major >= 8 && !g_scalar_scores) {
-        r = ukv::launch_early(device,
-                              p->format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>
-                                                            : score_mma_kernel<UKV_FP8_E4M3FN>,
-                              dim3((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p->num_tokens),
-                              dim3(kScoreThreads), stream, "indexer score_mma_kernel", *p);
-        if (r != UKV_SHIM_OK) return r;
-        return launch_select(device, *p, stream);
-      }
+      const bool launched = launch_tensor_scores(device, *p, stream, &r);
+#else
+      const bool launched = false;
 #endif
-      const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
-      r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens), dim3(kScoreThreads), smem,
-                                 stream, "indexer score_kernel", *p);
+      if (!launched) {
+        const unsigned pages = (unsigned)ukv::cdiv(p->logits_width, kPage);
+        const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
+        r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens), dim3(kScoreThreads),
+                                   smem, stream, "indexer score_kernel", *p);
+      }
       if (r != UKV_SHIM_OK) return r;
     }
     return launch_select(device, *p, stream);

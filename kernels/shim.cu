@@ -12,23 +12,41 @@ thread_local std::string g_message;
 
 void set_error(const std::string& message) { g_message = message; }
 
-int compute_major(int device, int* major) {
-  // major + 1, or 0 when not read yet. Devices past the table are read every time.
+// 1 in the image built with wgmma (sm_90a), 0 in every other image.
+__device__ int g_wgmma_built =
+#if defined(UKV_HAS_WGMMA)
+    1;
+#else
+    0;
+#endif
+
+int device_facts(int device, DeviceFacts* facts) {
+  // Per device: 1 + (major << 1 | wgmma), or 0 when not read yet. Devices
+  // past the table are read every time.
   static std::atomic<int> known[64];
-  if (device >= 0 && device < 64 && known[device].load(std::memory_order_relaxed) != 0) {
-    *major = known[device].load(std::memory_order_relaxed) - 1;
-    return UKV_SHIM_OK;
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    if (const int v = known[device].load(std::memory_order_relaxed)) {
+      facts->major = (v - 1) >> 1;
+      facts->wgmma = ((v - 1) & 1) != 0;
+      return UKV_SHIM_OK;
+    }
   }
-  const ukv_error_t e = ukv_device_get_attribute(major, UKV_ATTR_CC_MAJOR, device);
+  int major = 0, wgmma = 0;
+  ukv_error_t e = ukv_device_get_attribute(&major, UKV_ATTR_CC_MAJOR, device);
   if (e != UKV_SUCCESS) return report(e, "device attribute");
-  if (device >= 0 && device < 64) known[device].store(*major + 1, std::memory_order_relaxed);
+  e = ukv_memcpy_from_symbol(&wgmma, g_wgmma_built, sizeof(wgmma));
+  if (e != UKV_SUCCESS) return report(e, "read the kernel image's features");
+  facts->major = major;
+  facts->wgmma = wgmma != 0 && major == 9;
+  if (cached) known[device].store(1 + (major << 1 | (facts->wgmma ? 1 : 0)), std::memory_order_relaxed);
   return UKV_SHIM_OK;
 }
 
 int pdl_supported(int device, bool* supported) {
-  int major = 0;
-  if (int r = compute_major(device, &major)) return r;
-  *supported = major >= 9;
+  DeviceFacts facts;
+  if (int r = device_facts(device, &facts)) return r;
+  *supported = facts.major >= 9;
   return UKV_SHIM_OK;
 }
 
@@ -99,6 +117,15 @@ int unikv_gpu_device_count(int* count) {
     return ukv::report(e, "device count");
   }
   return UKV_SHIM_OK;
+}
+
+// Reads what launch paths ask about `device` (ukv::device_facts) while no
+// stream is being captured: the backend calls it when it opens the device.
+int unikv_gpu_open_device(int device) {
+  UKV_ENTRY(device, {
+    ukv::DeviceFacts facts;
+    return ukv::device_facts(device, &facts);
+  })
 }
 
 int unikv_gpu_malloc(int device, size_t bytes, void** out) {

@@ -57,9 +57,14 @@ inline int check_launch(const char* kernel) {
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The device's compute capability major (on HIP, what the runtime reports);
-// read once per device, so launch paths may ask.
-int compute_major(int device, int* major);
+// What launch paths ask about a device, read once per device. The first read
+// copies a flag from the device, which a stream capture refuses, so the
+// backend makes it when it opens the device (unikv_gpu_open_device).
+struct DeviceFacts {
+  int major = 0;       // compute capability major (on HIP, what the runtime reports)
+  bool wgmma = false;  // sm_90 running the sm_90a image, whose kernels carry wgmma
+};
+int device_facts(int device, DeviceFacts* facts);
 
 // Whether `device` has programmatic dependent launch (sm_90+).
 int pdl_supported(int device, bool* supported);

@@ -11,5 +11,5 @@ use common::*;
 #[test]
 fn indexer_topk_feeds_csa_decode() {
     let (mut rng, _) = seeded("indexer_topk_feeds_csa_decode");
-    common::csa_pipeline::run(&Ctx::cpu(2), &mut rng);
+    common::csa_pipeline::run(&Ctx::cpu(2), &mut rng, 0.0);
 }

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::indexer::{hadamard_ref, KeyCase, QueryCase, TopkCase, DIM};
+use common::indexer::{hadamard_ref, KeyCase, QueryCase, ScoreTol, TopkCase, DIM};
 use common::*;
 use unikv::ffi::types::unikv_dtype;
 use unikv::fp8::Fp8Format;
@@ -247,7 +247,7 @@ fn indexer_topk_scores_match_reference() {
             let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, heads, fmt);
             let (status, logits, table) = case.run_host(&ctx, true, |_| {});
             ok(status);
-            case.check_logits(&logits, true);
+            case.check_logits(&logits, ScoreTol::EXACT);
             case.check_selection(&logits, &table);
         }
     }

@@ -49,13 +49,27 @@ pub fn gpu_plan_portable(kernel: PortableKernel) {
     unsafe { crate::backend::gpu::shim::unikv_gpu_test_plan_portable(kernel as std::ffi::c_int) }
 }
 
-/// Makes indexer scores computed afterwards on this thread use the CUDA-core
-/// kernel (the HIP build's) instead of the tensor-core one, so an NVIDIA run
-/// checks both.
+/// The indexer score kernel a test forces (gpu_indexer_score_kernel).
 #[cfg(unikv_gpu)]
-pub fn gpu_indexer_scalar_scores(on: bool) {
-    // SAFETY: sets a thread-local flag in the kernel shim.
-    unsafe { crate::backend::gpu::shim::unikv_gpu_test_indexer_scalar_scores(on.into()) }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerScoreKernel {
+    /// The launch's own choice: FP8 wgmma on sm_90a for e4m3fn, f16 mma.sync
+    /// on other NVIDIA GPUs and formats, CUDA cores on HIP.
+    Auto = 0,
+    /// The CUDA-core kernel (the HIP build's).
+    CudaCores = 1,
+    /// The f16 mma.sync kernel (sm_80+).
+    MmaSync = 2,
+}
+
+/// Makes indexer scores computed afterwards on this thread use `kernel`, so
+/// an NVIDIA run checks every score kernel.
+#[cfg(unikv_gpu)]
+pub fn gpu_indexer_score_kernel(kernel: IndexerScoreKernel) {
+    // SAFETY: sets a thread-local value in the kernel shim.
+    unsafe {
+        crate::backend::gpu::shim::unikv_gpu_test_indexer_score_kernel(kernel as std::ffi::c_int)
+    }
 }
 
 /// Runs the device FP8 codec (kernels/fp8.cuh) on device 0 over `n` values at

@@ -8,7 +8,8 @@
 
 use super::*;
 use common::indexer::{
-    KeyCase, KeyPointers, QueryCase, QueryPointers, TopkCase, TopkPointers, DIM, PAGE, PAGE_BYTES,
+    KeyCase, KeyPointers, QueryCase, QueryPointers, ScoreTol, TopkCase, TopkPointers, DIM,
+    FP8_TENSOR_CORE_EPS, PAGE, PAGE_BYTES,
 };
 use unikv::ffi::indexer::{
     unikv_indexer_prepare_k, unikv_indexer_prepare_q, unikv_indexer_topk,
@@ -232,23 +233,31 @@ fn indexer_topk_selection_matches_cpu_exactly() {
     }
 }
 
-/// The fused op on both score kernels (tensor cores; CUDA cores, the HIP
-/// build's): GPU scores against the float64 reference (f32 sums: 1e-5 of the
-/// terms' magnitude), and the GPU's table a correct top-k of its scores. A
-/// batch id past the page table makes the token padding on the GPU and fails
-/// with OUT_OF_RANGE, nothing written, under `validate`.
+/// The fused op on every score kernel (the launch's own choice: FP8 wgmma on
+/// sm_90a for e4m3fn; f16 mma.sync; CUDA cores, the HIP build's): GPU scores
+/// against the float64 reference (f32 sums: 1e-5 of the weighted terms; FP8
+/// tensor cores: plus FP8_TENSOR_CORE_EPS of each dot product's terms), and
+/// the GPU's table a correct top-k of its scores. A batch id past the page
+/// table makes the token padding on the GPU and fails with OUT_OF_RANGE,
+/// nothing written, under `validate`.
 #[cfg(feature = "test-hooks")]
 #[test]
 fn indexer_topk_scores_match_reference_on_gpu() {
-    for scalar in [false, true] {
-        unikv::ffi::test_hooks::gpu_indexer_scalar_scores(scalar);
-        scores_match_reference();
+    use unikv::ffi::test_hooks::{gpu_indexer_score_kernel, IndexerScoreKernel};
+    for kernel in [
+        IndexerScoreKernel::Auto,
+        IndexerScoreKernel::MmaSync,
+        IndexerScoreKernel::CudaCores,
+    ] {
+        gpu_indexer_score_kernel(kernel);
+        scores_match_reference(kernel);
     }
-    unikv::ffi::test_hooks::gpu_indexer_scalar_scores(false);
+    gpu_indexer_score_kernel(IndexerScoreKernel::Auto);
 }
 
 #[cfg(feature = "test-hooks")]
-fn scores_match_reference() {
+fn scores_match_reference(kernel: unikv::ffi::test_hooks::IndexerScoreKernel) {
+    use unikv::ffi::test_hooks::IndexerScoreKernel;
     let Some(s) = setup() else { return };
     let (mut rng, _) = seeded("indexer_topk_scores_match_reference_on_gpu");
     let strict = validating_gpu();
@@ -258,11 +267,17 @@ fn scores_match_reference() {
         &[(16, 4, 2048, 512), (5, 2, 700, 64), (2, 1, 64, 16)]
     };
     for fmt in [Fp8Format::E4m3Fn, Fp8Format::E4m3Fnuz] {
+        let tol = if kernel == IndexerScoreKernel::Auto && fmt == Fp8Format::E4m3Fn {
+            ScoreTol::FP8_TENSOR_CORE
+        } else {
+            ScoreTol::F32
+        };
+        let mut worst = 0f64;
         for &(t, requests, max_keys, topk) in cases {
             let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 64, fmt);
             let (status, logits, table) = topk_on(&s.gpu, &case, true);
             ok(status);
-            case.check_logits(&logits, false);
+            worst = worst.max(case.check_logits(&logits, tol));
             case.check_selection(&logits, &table);
 
             let mut bad = case.clone();
@@ -284,6 +299,9 @@ fn scores_match_reference() {
                 "validate wrote logits"
             );
         }
+        eprintln!(
+            "indexer scores, {kernel:?} kernel, {fmt:?}: largest error {worst:.3e} of the terms"
+        );
     }
 }
 
@@ -294,5 +312,5 @@ fn scores_match_reference() {
 fn indexer_topk_feeds_csa_decode_on_gpu() {
     let Some(s) = setup() else { return };
     let (mut rng, _) = seeded("indexer_topk_feeds_csa_decode_on_gpu");
-    common::csa_pipeline::run(&s.gpu, &mut rng);
+    common::csa_pipeline::run(&s.gpu, &mut rng, FP8_TENSOR_CORE_EPS);
 }

@@ -87,6 +87,15 @@ impl GpuBackend {
                 "device: {device} but only {count} CUDA devices are present"
             ));
         }
+        // SAFETY: a query of the device, writing nothing the caller owns.
+        let code = unsafe { shim::unikv_gpu_open_device(device) };
+        if code != shim::SHIM_OK {
+            return Err(err!(
+                BackendUnavailable,
+                "backend: CUDA device {device} unusable: {}",
+                last_error()
+            ));
+        }
         Ok(GpuBackend {
             device,
             fatal: AtomicBool::new(false),

@@ -433,6 +433,8 @@ extern "C" {
     pub fn unikv_gpu_last_error() -> *const c_char;
     pub fn unikv_gpu_params_size(which: c_int) -> usize;
     pub fn unikv_gpu_device_count(count: *mut c_int) -> c_int;
+    /// Reads what launch paths ask about the device, before any capture.
+    pub fn unikv_gpu_open_device(device: c_int) -> c_int;
     pub fn unikv_gpu_malloc(device: c_int, bytes: usize, out: *mut *mut c_void) -> c_int;
     pub fn unikv_gpu_free(device: c_int, ptr: *mut c_void) -> c_int;
     pub fn unikv_gpu_memcpy_async(
@@ -533,9 +535,10 @@ extern "C" {
     /// (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_test_plan_portable(variant: c_int);
-    /// Indexer scores on the CUDA-core kernel on this thread (test hook).
+    /// The indexer score kernel on this thread: the launch's own choice (0),
+    /// CUDA cores (1) or f16 mma.sync (2) (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
-    pub fn unikv_gpu_test_indexer_scalar_scores(on: c_int);
+    pub fn unikv_gpu_test_indexer_score_kernel(kernel: c_int);
     /// The device FP8 codec on `p.n` values (test hook; see ffi::test_hooks).
     #[cfg(feature = "test-hooks")]
     pub fn unikv_gpu_fp8_check(
