@@ -314,3 +314,62 @@ fn indexer_topk_feeds_csa_decode_on_gpu() {
     let (mut rng, _) = seeded("indexer_topk_feeds_csa_decode_on_gpu");
     common::csa_pipeline::run(&s.gpu, &mut rng, FP8_TENSOR_CORE_EPS);
 }
+
+/// `unikv_indexer_topk` captured into a CUDA graph once and replayed on new
+/// inputs written into the captured buffers (queries, weights, cache, page
+/// table, batch ids, positions): every replay's scores and table pass the
+/// checks of a direct call.
+#[test]
+fn indexer_topk_replays_in_a_cuda_graph() {
+    use unikv::backend::gpu::devtools::OwnedStream;
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_topk_replays_in_a_cuda_graph");
+    let g = &s.gpu;
+    let (t, requests, max_keys, topk) = (9, 3, 1500, 256);
+    let fmt = Fp8Format::E4m3Fn;
+    let first = TopkCase::random(&mut rng, t, requests, max_keys, topk, 64, fmt);
+    let q = Dev::upload(g, &first.q);
+    let w = Dev::upload(g, &first.weights);
+    let cache = Dev::upload(g, &first.cache);
+    let pt = Dev::upload(g, &first.page_table);
+    let b = Dev::upload(g, &first.batch_id);
+    let pos = Dev::upload(g, &first.positions_bytes());
+    let logits = Dev::zeroed(g, first.logits.len() * 4);
+    let out = Dev::zeroed(g, t * first.width * 4);
+    let args = first.args(&TopkPointers {
+        q: q.ptr,
+        weights: w.ptr,
+        cache: cache.ptr,
+        page_table: pt.ptr,
+        batch_id: b.ptr,
+        positions: pos.ptr,
+        logits: logits.ptr,
+        topk_indices: out.ptr,
+    });
+    let stream = OwnedStream::new(0).unwrap();
+    stream.begin_capture().unwrap();
+    ok(unsafe { unikv_indexer_topk(g.0, &args, stream.raw) });
+    let graph = stream.end_capture().unwrap();
+    for _ in 0..3 {
+        // Fresh values in the captured shapes.
+        let mut case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 64, fmt);
+        case.logits_width = first.logits_width;
+        case.logits = first.logits.clone();
+        case.width = first.width;
+        case.positions_i64 = first.positions_i64;
+        q.write(&case.q);
+        w.write(&case.weights);
+        cache.write(&case.cache);
+        pt.write(&case.page_table);
+        b.write(&case.batch_id);
+        pos.write(&case.positions_bytes());
+        logits.poison();
+        out.poison();
+        ok(unsafe { unikv_stream_synchronize(g.0, ptr::null_mut()) });
+        graph.launch(&stream).unwrap();
+        ok(unsafe { unikv_stream_synchronize(g.0, stream.raw) });
+        let (scores, table) = (logits.read::<f32>(), out.read::<i32>());
+        case.check_logits(&scores, ScoreTol::FP8_TENSOR_CORE);
+        case.check_selection(&scores, &table);
+    }
+}
