@@ -165,6 +165,28 @@ constexpr int kStages = 4;
 constexpr int kMmaHeads = 64;             // heads the fragments cover (zero past num_heads)
 constexpr int kRawRow = kDims + 16;       // a page row of codes in shared memory, padded
 
+// The pages a tensor-core score block covers: block (x, t) scores pages
+// [first, last) of token t's row, the x-th run of kRunPages; an empty range
+// for padding tokens and runs past the row.
+struct PageRun {
+  TokenKeys tk;
+  int first, last;
+  const int32_t* pages;  // the request's page-table row
+
+  __device__ __forceinline__ bool page_ok(const ukv_indexer_topk_params& p, int col) const {
+    const int64_t id = pages[col];
+    return id >= 0 && id < p.cache_pages;
+  }
+};
+
+__device__ __forceinline__ PageRun page_run(const ukv_indexer_topk_params& p, int t) {
+  const TokenKeys tk = token_keys(p, t);
+  const int first = (int)blockIdx.x * kRunPages;
+  if (tk.request < 0 || first * kPage >= tk.keys) return PageRun{tk, first, first, p.page_table};
+  return PageRun{tk, first, min(first + kRunPages, (tk.keys + kPage - 1) / kPage),
+                 p.page_table + tk.request * p.page_table_stride};
+}
+
 // Two codes (the first in the low byte) to an f16 pair: one conversion
 // instruction for e4m3fn on sm_89+, the software decoder otherwise.
 template <ukv_fp8_format F>
@@ -186,15 +208,12 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
-  const TokenKeys tk = token_keys(p, t);
-  const int first_page = blockIdx.x * kRunPages;
-  if (tk.request < 0 || first_page * kPage >= tk.keys) return;
-  const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
-  const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
-  const auto page_ok = [&](int col) {
-    const int64_t id = pages[col];
-    return id >= 0 && id < p.cache_pages;
-  };
+  const PageRun run = page_run(p, t);
+  if (run.first >= run.last) return;
+  const TokenKeys tk = run.tk;
+  const int first_page = run.first, last_page = run.last;
+  const int32_t* pages = run.pages;
+  const auto page_ok = [&](int col) { return run.page_ok(p, col); };
   // Page `col` into stage `stage`: 512 16-byte pieces of codes and 16 of
   // scales; an invalid page (or one past the run) lands as zeros.
   const auto issue = [&](int col, int stage) {
@@ -298,15 +317,12 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
-  const TokenKeys tk = token_keys(p, t);
-  const int first_page = blockIdx.x * kRunPages;
-  if (tk.request < 0 || first_page * kPage >= tk.keys) return;
-  const int last_page = min(first_page + kRunPages, (tk.keys + kPage - 1) / kPage);
-  const int32_t* pages = p.page_table + tk.request * p.page_table_stride;
-  const auto page_ok = [&](int col) {
-    const int64_t id = pages[col];
-    return id >= 0 && id < p.cache_pages;
-  };
+  const PageRun run = page_run(p, t);
+  if (run.first >= run.last) return;
+  const TokenKeys tk = run.tk;
+  const int first_page = run.first, last_page = run.last;
+  const int32_t* pages = run.pages;
+  const auto page_ok = [&](int col) { return run.page_ok(p, col); };
   // Page `col` into `stage` (an invalid page lands as zeros; nothing past the
   // run), then one commit group either way.
   const auto issue = [&](int col, int stage) {

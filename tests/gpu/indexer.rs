@@ -166,31 +166,66 @@ fn indexer_keys_match_cpu() {
     }
 }
 
+/// A case's buffers in `ctx`'s memory: inputs uploaded, logits and table
+/// sized for the case.
+struct TopkBuffers<'a> {
+    q: Dev<'a>,
+    weights: Dev<'a>,
+    cache: Dev<'a>,
+    page_table: Dev<'a>,
+    batch_id: Dev<'a>,
+    positions: Dev<'a>,
+    logits: Dev<'a>,
+    out: Dev<'a>,
+}
+
+impl<'a> TopkBuffers<'a> {
+    fn new(ctx: &'a Ctx, case: &TopkCase) -> Self {
+        TopkBuffers {
+            q: Dev::upload(ctx, &case.q),
+            weights: Dev::upload(ctx, &case.weights),
+            cache: Dev::upload(ctx, &case.cache),
+            page_table: Dev::upload(ctx, &case.page_table),
+            batch_id: Dev::upload(ctx, &case.batch_id),
+            positions: Dev::upload(ctx, &case.positions_bytes()),
+            logits: Dev::upload(ctx, &case.logits),
+            out: Dev::zeroed(ctx, case.tokens * case.width * 4),
+        }
+    }
+
+    /// Writes `case`'s inputs (the same shapes as the buffers were made for).
+    fn write(&self, case: &TopkCase) {
+        self.q.write(&case.q);
+        self.weights.write(&case.weights);
+        self.cache.write(&case.cache);
+        self.page_table.write(&case.page_table);
+        self.batch_id.write(&case.batch_id);
+        self.positions.write(&case.positions_bytes());
+    }
+
+    fn pointers(&self) -> TopkPointers {
+        TopkPointers {
+            q: self.q.ptr,
+            weights: self.weights.ptr,
+            cache: self.cache.ptr,
+            page_table: self.page_table.ptr,
+            batch_id: self.batch_id.ptr,
+            positions: self.positions.ptr,
+            logits: self.logits.ptr,
+            topk_indices: self.out.ptr,
+        }
+    }
+}
+
 /// Runs a top-k case on `ctx` (`score`: the fused op, else the selection from
 /// the case's logits); returns the status, the logits and the index table.
 fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, Vec<i32>) {
-    let q = Dev::upload(ctx, &case.q);
-    let w = Dev::upload(ctx, &case.weights);
-    let cache = Dev::upload(ctx, &case.cache);
-    let pt = Dev::upload(ctx, &case.page_table);
-    let b = Dev::upload(ctx, &case.batch_id);
-    let pos = Dev::upload(ctx, &case.positions_bytes());
-    let logits = Dev::upload(ctx, &case.logits);
+    let bufs = TopkBuffers::new(ctx, case);
     if score {
-        logits.poison();
+        bufs.logits.poison();
     }
-    let out = Dev::zeroed(ctx, case.tokens * case.width * 4);
-    out.poison();
-    let args = case.args(&TopkPointers {
-        q: q.ptr,
-        weights: w.ptr,
-        cache: cache.ptr,
-        page_table: pt.ptr,
-        batch_id: b.ptr,
-        positions: pos.ptr,
-        logits: logits.ptr,
-        topk_indices: out.ptr,
-    });
+    bufs.out.poison();
+    let args = case.args(&bufs.pointers());
     let status = unsafe {
         if score {
             unikv_indexer_topk(ctx.0, &args, ptr::null_mut())
@@ -198,7 +233,7 @@ fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, 
             unikv_indexer_topk_from_logits(ctx.0, &args, ptr::null_mut())
         }
     };
-    (status, logits.read(), out.read())
+    (status, bufs.logits.read(), bufs.out.read())
 }
 
 /// The selection alone on tie-heavy scores (±0, NaN, -inf, repeated values),
@@ -328,24 +363,8 @@ fn indexer_topk_replays_in_a_cuda_graph() {
     let (t, requests, max_keys, topk) = (9, 3, 1500, 256);
     let fmt = Fp8Format::E4m3Fn;
     let first = TopkCase::random(&mut rng, t, requests, max_keys, topk, 64, fmt);
-    let q = Dev::upload(g, &first.q);
-    let w = Dev::upload(g, &first.weights);
-    let cache = Dev::upload(g, &first.cache);
-    let pt = Dev::upload(g, &first.page_table);
-    let b = Dev::upload(g, &first.batch_id);
-    let pos = Dev::upload(g, &first.positions_bytes());
-    let logits = Dev::zeroed(g, first.logits.len() * 4);
-    let out = Dev::zeroed(g, t * first.width * 4);
-    let args = first.args(&TopkPointers {
-        q: q.ptr,
-        weights: w.ptr,
-        cache: cache.ptr,
-        page_table: pt.ptr,
-        batch_id: b.ptr,
-        positions: pos.ptr,
-        logits: logits.ptr,
-        topk_indices: out.ptr,
-    });
+    let bufs = TopkBuffers::new(g, &first);
+    let args = first.args(&bufs.pointers());
     let stream = OwnedStream::new(0).unwrap();
     stream.begin_capture().unwrap();
     ok(unsafe { unikv_indexer_topk(g.0, &args, stream.raw) });
@@ -357,18 +376,13 @@ fn indexer_topk_replays_in_a_cuda_graph() {
         case.logits = first.logits.clone();
         case.width = first.width;
         case.positions_i64 = first.positions_i64;
-        q.write(&case.q);
-        w.write(&case.weights);
-        cache.write(&case.cache);
-        pt.write(&case.page_table);
-        b.write(&case.batch_id);
-        pos.write(&case.positions_bytes());
-        logits.poison();
-        out.poison();
+        bufs.write(&case);
+        bufs.logits.poison();
+        bufs.out.poison();
         ok(unsafe { unikv_stream_synchronize(g.0, ptr::null_mut()) });
         graph.launch(&stream).unwrap();
         ok(unsafe { unikv_stream_synchronize(g.0, stream.raw) });
-        let (scores, table) = (logits.read::<f32>(), out.read::<i32>());
+        let (scores, table) = (bufs.logits.read::<f32>(), bufs.out.read::<i32>());
         case.check_logits(&scores, ScoreTol::FP8_TENSOR_CORE);
         case.check_selection(&scores, &table);
     }
