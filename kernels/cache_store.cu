@@ -5,8 +5,8 @@
 // Each lane owns 16 consecutive dims of a row: it reads them with 16-byte loads,
 // the amax of its 64-dim tile (FlashMLA, 4 lanes) or 128-dim key (indexer, 8
 // lanes) is a shuffle reduction inside its lane group, and it writes its 16
-// codes with one 16-byte store. One warp per FlashMLA token, four indexer keys
-// per warp; no shared memory. Byte offsets are 64-bit (caches pass 4 GiB). A
+// codes with one 16-byte store. Two FlashMLA tokens per warp (one at a time),
+// four indexer keys per warp; no shared memory. Byte offsets are 64-bit (caches pass 4 GiB). A
 // location that is negative or past the cache is skipped: nothing is written.
 #include "fp8.cuh"
 #include "shim.cuh"
@@ -100,25 +100,19 @@ __device__ __forceinline__ uint4 encode16(const float (&x)[kDimsPerLane], float 
   return out;
 }
 
-// One warp per token. Tile k is lanes 4k..4k+3; its scale is the UE8M0 byte of
-// the tile amax and codes are encode(x * 2^(127-byte)), which rounds like the
-// CPU's x / 2^(byte-127).
+// Tokens per warp of store_flashmla_kernel. At one token per warp the kernel
+// needed 38 registers per thread, room for 48 warps per SM, so a batch of 8192
+// tokens took 1.3 waves; at two it needs 59 (32 warps per SM) and 4096 warps
+// fit in one (bench/NOTES.md, version 18).
+constexpr int kFlashTokensPerWarp = 2;
+
+// One token (its row as two 16-byte vectors per lane, `loc` already
+// checked). Tile k is lanes 4k..4k+3; its scale is the UE8M0 byte of the tile
+// amax and codes are encode(x * 2^(127-byte)), which rounds like the CPU's
+// x / 2^(byte-127).
 template <ukv_fp8_format F>
-__global__ void __launch_bounds__(kThreads) store_flashmla_kernel(ukv_cache_store_params p) {
-  // The next kernel may be scheduled now; this one waits for its predecessor's
-  // writes (rows, locations) and reads of the cache.
-  ukv_pdl_launch_dependents();
-  ukv_pdl_wait();
-  const int lane = threadIdx.x % UKV_WARP;
-  const int64_t t = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / UKV_WARP;
-  if (t >= p.num_tokens) return;  // whole warps: the shuffles below see all lanes
-  // The row is loaded before the location is checked, so both loads are in
-  // flight at once.
-  const int64_t loc = location(p, t);
-  const uint4* src =
-      reinterpret_cast<const uint4*>(static_cast<const ukv_bf16*>(p.rows) + t * p.row_stride + lane * kDimsPerLane);
-  const uint4 a = src[0], b = src[1];
-  if (loc < 0 || loc >= p.token_slots) return;
+__device__ __forceinline__ void store_flashmla_token(const ukv_cache_store_params& p, int64_t loc, const uint4& a,
+                                                     const uint4& b, int lane) {
   float x[kDimsPerLane];
   unpack16(a, b, x);
   // Lanes 28..31 reduce among themselves too (the RoPE dims); unused.
@@ -139,6 +133,37 @@ __global__ void __launch_bounds__(kThreads) store_flashmla_kernel(ukv_cache_stor
     dst[0] = a;
     dst[1] = b;
   }
+}
+
+// kFlashTokensPerWarp consecutive tokens per warp.
+template <ukv_fp8_format F>
+__global__ void __launch_bounds__(kThreads) store_flashmla_kernel(ukv_cache_store_params p) {
+  // The next kernel may be scheduled now; this one waits for its predecessor's
+  // writes (rows, locations) and reads of the cache.
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int lane = threadIdx.x % UKV_WARP;
+  const int64_t first = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / UKV_WARP * kFlashTokensPerWarp;
+  // Every row and location of the warp is loaded before any is used, so all
+  // the loads are in flight at once.
+  int64_t loc[kFlashTokensPerWarp];
+  uint4 a[kFlashTokensPerWarp], b[kFlashTokensPerWarp];
+#pragma unroll
+  for (int j = 0; j < kFlashTokensPerWarp; ++j) {
+    const int64_t t = first + j;
+    loc[j] = -1;
+    if (t >= p.num_tokens) continue;
+    loc[j] = location(p, t);
+    const uint4* src =
+        reinterpret_cast<const uint4*>(static_cast<const ukv_bf16*>(p.rows) + t * p.row_stride + lane * kDimsPerLane);
+    a[j] = src[0];
+    b[j] = src[1];
+  }
+  // Whole warps skip a token (one token per warp at a time): the shuffles see
+  // all lanes.
+#pragma unroll
+  for (int j = 0; j < kFlashTokensPerWarp; ++j)
+    if (loc[j] >= 0 && loc[j] < p.token_slots) store_flashmla_token<F>(p, loc[j], a[j], b[j], lane);
 }
 
 // Eight lanes per key. scale = max(amax, 1e-4) / max (IEEE division),
@@ -183,7 +208,7 @@ int unikv_gpu_store_flashmla(int device, const ukv_cache_store_params* p, void* 
     if (p->num_tokens == 0) return UKV_SHIM_OK;
     const Kernel kernel = p->format == UKV_FP8_E4M3FNUZ ? store_flashmla_kernel<UKV_FP8_E4M3FNUZ>
                                                          : store_flashmla_kernel<UKV_FP8_E4M3FN>;
-    return launch(device, kernel, kThreads / UKV_WARP, *p, stream, "store_flashmla_kernel");
+    return launch(device, kernel, kThreads / UKV_WARP * kFlashTokensPerWarp, *p, stream, "store_flashmla_kernel");
   })
 }
 
