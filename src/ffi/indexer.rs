@@ -179,8 +179,12 @@ pub unsafe extern "C" fn unikv_indexer_prepare_k(
 /// are the first `n = (p + 1) / 4` of the request (complete 4-token groups).
 /// Key i's score is `k_scale[i] * sum_h weights[t][h] * relu(q_fp8[t][h] .
 /// k[i])`, each dot product exact, the head sum in double, rounded to f32
-/// once on the CPU backend; GPU backends sum in f32 and may differ in the
-/// last bits. The selected set is the n keys when `n <= topk`, else the
+/// once on the CPU backend. GPU backends differ: f32 sums of the exact
+/// products in the last bits, and on Hopper (sm_90a, e4m3fn) the dot
+/// products run on FP8 tensor cores, whose sums keep about 13 mantissa bits,
+/// so a score may differ by up to ~2^-9 of its dot products' term magnitudes
+/// and keys that close to the threshold may be selected differently than on
+/// the CPU backend. The selected set is the n keys when `n <= topk`, else the
 /// `topk` best by score, ties broken by the lower key index (-0 equals +0,
 /// NaN ranks below every number): identical on every backend for identical
 /// scores. `topk_indices[t]` receives their page indices in ascending key
