@@ -621,7 +621,7 @@ typedef struct unikv_indexer_prepare_k_args {
 // once on the CPU backend. GPU backends differ: f32 sums of the exact
 // products in the last bits, and on Hopper (sm_90a, e4m3fn) the dot
 // products run on FP8 tensor cores, whose sums keep about 13 mantissa bits,
-// so a score may differ by up to ~2^-9 of its dot products' term magnitudes
+// so a score may differ by up to ~2^-7 of its dot products' term magnitudes
 // and keys that close to the threshold may be selected differently than on
 // the CPU backend. The selected set is the n keys when `n <= topk`, else the
 // `topk` best by score, ties broken by the lower key index (-0 equals +0,

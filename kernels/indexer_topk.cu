@@ -166,7 +166,7 @@ constexpr int kMmaHeads = 64;             // heads the fragments cover (zero pas
 constexpr int kRawRow = kDims + 16;       // a page row of codes in shared memory, padded
 
 // The pages a tensor-core score block covers: block (x, t) scores pages
-// [first, last) of token t's row, the x-th run of kRunPages; an empty range
+// [first, last) of token t's row, the x-th run of `run` pages; an empty range
 // for padding tokens and runs past the row.
 struct PageRun {
   TokenKeys tk;
@@ -179,11 +179,11 @@ struct PageRun {
   }
 };
 
-__device__ __forceinline__ PageRun page_run(const ukv_indexer_topk_params& p, int t) {
+__device__ __forceinline__ PageRun page_run(const ukv_indexer_topk_params& p, int t, int run) {
   const TokenKeys tk = token_keys(p, t);
-  const int first = (int)blockIdx.x * kRunPages;
+  const int first = (int)blockIdx.x * run;
   if (tk.request < 0 || first * kPage >= tk.keys) return PageRun{tk, first, first, p.page_table};
-  return PageRun{tk, first, min(first + kRunPages, (tk.keys + kPage - 1) / kPage),
+  return PageRun{tk, first, min(first + run, (tk.keys + kPage - 1) / kPage),
                  p.page_table + tk.request * p.page_table_stride};
 }
 
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
-  const PageRun run = page_run(p, t);
+  const PageRun run = page_run(p, t, kRunPages);
   if (run.first >= run.last) return;
   const TokenKeys tk = run.tk;
   const int first_page = run.first, last_page = run.last;
@@ -296,7 +296,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
 }
 
 // The scores on Hopper's FP8 tensor cores (sm_90a, e4m3fn): one warpgroup per
-// (token, run of kRunPages pages). Per page one m64n64k32 wgmma chain of 4
+// (token, run of up to kRunPages pages; fewer for small batches, see
+// launch_tensor_scores). Per page one m64n64k32 wgmma chain of 4
 // k-steps multiplies the page's 64 keys (A, M = keys) by the token's 64 query
 // heads (B, N = heads) straight from the codes, so a thread's accumulators
 // hold 2 keys x 16 heads: the head sum is 16 weighted relus and two quad
@@ -306,8 +307,9 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
 // in flight per block and 5 blocks share an SM; the MMAs take about a quarter
 // of the time a page's bytes take at the copy rate.
 constexpr int kWgThreads = 128;
+constexpr int kWgBlocksPerSm = 5;  // 41 KB of shared memory per block
 
-__global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_topk_params p) {
+__global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_topk_params p, int run_pages) {
 #if defined(UKV_HAS_WGMMA)
   constexpr int kWgStages = 4;
   const auto swizzled_chunk = [](int row, int chunk) { return row * kDims + ((chunk ^ (row & 7)) << 4); };
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
-  const PageRun run = page_run(p, t);
+  const PageRun run = page_run(p, t, run_pages);
   if (run.first >= run.last) return;
   const TokenKeys tk = run.tk;
   const int first_page = run.first, last_page = run.last;
@@ -391,6 +393,7 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
   ukv_cp_async_wait<0>();
 #else
   (void)p;
+  (void)run_pages;
 #endif
 }
 #endif  // !__HIPCC__
@@ -565,10 +568,16 @@ bool launch_tensor_scores(int device, const ukv_indexer_topk_params& p, void* st
   ukv::DeviceFacts facts;
   if ((*status = ukv::device_facts(device, &facts)) != UKV_SHIM_OK) return true;
   if (facts.major < 8 || g_score_kernel == 1) return false;
-  const dim3 grid((unsigned)ukv::cdiv(ukv::cdiv(p.logits_width, kPage), kRunPages), (unsigned)p.num_tokens);
+  const int64_t pages = ukv::cdiv(p.logits_width, kPage);
+  const dim3 grid((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p.num_tokens);
   if (facts.wgmma && p.format == UKV_FP8_E4M3FN && g_score_kernel == 0) {
-    *status = ukv::launch_early(device, score_wgmma_kernel, grid, dim3(kWgThreads), stream,
-                                "indexer score_wgmma_kernel", p);
+    // Runs of 8 pages, halved while the batch would not fill one wave of
+    // blocks, so small batches spread their pages over more SMs
+    // (bench/NOTES.md, version 19).
+    int run = kRunPages;
+    while (run > 1 && p.num_tokens * ukv::cdiv(pages, run) < kWgBlocksPerSm * facts.sms) run /= 2;
+    *status = ukv::launch_early(device, score_wgmma_kernel, dim3((unsigned)ukv::cdiv(pages, run), grid.y),
+                                dim3(kWgThreads), stream, "indexer score_wgmma_kernel", p, run);
   } else {
     *status = ukv::launch_early(device,
                                 p.format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>

@@ -21,25 +21,31 @@ __device__ int g_wgmma_built =
 #endif
 
 int device_facts(int device, DeviceFacts* facts) {
-  // Per device: 1 + (major << 1 | wgmma), or 0 when not read yet. Devices
-  // past the table are read every time.
-  static std::atomic<int> known[64];
+  // Per device: bit 31 (read), SM count << 9, major << 1, wgmma; 0 when not
+  // read yet. Devices past the table are read every time.
+  static std::atomic<uint32_t> known[64];
   const bool cached = device >= 0 && device < 64;
   if (cached) {
-    if (const int v = known[device].load(std::memory_order_relaxed)) {
-      facts->major = (v - 1) >> 1;
-      facts->wgmma = ((v - 1) & 1) != 0;
+    if (const uint32_t v = known[device].load(std::memory_order_relaxed)) {
+      facts->sms = (int)((v >> 9) & 0xFFFFu);
+      facts->major = (int)((v >> 1) & 0xFFu);
+      facts->wgmma = (v & 1u) != 0;
       return UKV_SHIM_OK;
     }
   }
-  int major = 0, wgmma = 0;
+  int major = 0, sms = 0, wgmma = 0;
   ukv_error_t e = ukv_device_get_attribute(&major, UKV_ATTR_CC_MAJOR, device);
+  if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
   if (e != UKV_SUCCESS) return report(e, "device attribute");
   e = ukv_memcpy_from_symbol(&wgmma, g_wgmma_built, sizeof(wgmma));
   if (e != UKV_SUCCESS) return report(e, "read the kernel image's features");
   facts->major = major;
+  facts->sms = sms;
   facts->wgmma = wgmma != 0 && major == 9;
-  if (cached) known[device].store(1 + (major << 1 | (facts->wgmma ? 1 : 0)), std::memory_order_relaxed);
+  if (cached) {
+    known[device].store(1u << 31 | (uint32_t)(sms & 0xFFFF) << 9 | (uint32_t)(major & 0xFF) << 1 | (facts->wgmma ? 1u : 0u),
+                        std::memory_order_relaxed);
+  }
   return UKV_SHIM_OK;
 }
 

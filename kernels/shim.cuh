@@ -62,6 +62,7 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // backend makes it when it opens the device (unikv_gpu_open_device).
 struct DeviceFacts {
   int major = 0;       // compute capability major (on HIP, what the runtime reports)
+  int sms = 0;         // multiprocessors
   bool wgmma = false;  // sm_90 running the sm_90a image, whose kernels carry wgmma
 };
 int device_facts(int device, DeviceFacts* facts);

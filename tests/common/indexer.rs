@@ -23,13 +23,21 @@ pub const PAGE_BYTES: usize = 132 * PAGE;
 /// Spare elements past each output head / row, which must stay poisoned.
 const OUT_PAD: usize = 16;
 
-/// Error of an indexer dot product on Hopper's FP8 tensor cores, relative to
-/// the sum of its terms' magnitudes. The instruction keeps about 13 mantissa
-/// bits of its running sum (truncated) over 4 chained k-steps of 32 products;
-/// the largest error seen on the H200 was 1.7e-4 of the terms (a one-head
-/// case), 12x under this bound, while a wrong key or head misses by the order
-/// of the terms.
-pub const FP8_TENSOR_CORE_EPS: f64 = 1.0 / 512.0;
+/// Error bound of an indexer dot product on Hopper's FP8 tensor cores,
+/// relative to the sum of its terms' magnitudes. The instruction keeps about
+/// 13 mantissa bits: within a k-step each of the 32 products, aligned to the
+/// largest, may lose up to 2^-13 of it, and each of the 4 chained k-steps
+/// truncates the running sum once, so the error stays under
+/// (32 + 4) 2^-13 < 2^-7 of the terms. Largest seen on the H200: 4.7e-4 (a
+/// one-head case). A wrong key or head misses by about a tenth of the terms
+/// on these random inputs (a dot product's sum against its terms' sum).
+pub const FP8_TENSOR_CORE_EPS: f64 = 1.0 / 128.0;
+
+/// Error bound of a dot product of 128 exact products summed in f32, in any
+/// order, relative to its terms: 128 roundings of at most 2^-24 of a partial
+/// sum, at most 2^-17 (largest seen on the H200: 2.5e-7 of the terms, about
+/// 2^-22).
+pub const F32_DOT_EPS: f64 = 1.0 / 131_072.0;
 
 /// How closely a score must match the float64 reference: `rel` of the sum of
 /// the weighted dot products' magnitudes (f32 sums), plus `dot_eps` of each
@@ -46,10 +54,12 @@ impl ScoreTol {
         rel: 1e-6,
         dot_eps: 0.0,
     };
-    /// f32 sums of exact products (CUDA cores, f16 mma.sync).
+    /// f32 sums of exact products (CUDA cores, f16 mma.sync): a dot product
+    /// with cancelling terms keeps the sums' absolute error, not a relative
+    /// one.
     pub const F32: ScoreTol = ScoreTol {
         rel: 1e-5,
-        dot_eps: 0.0,
+        dot_eps: F32_DOT_EPS,
     };
     /// FP8 wgmma.
     pub const FP8_TENSOR_CORE: ScoreTol = ScoreTol {
