@@ -1766,13 +1766,12 @@ extern "C" {
 // kernels, and reports the workspace every launch through the plan needs.
 int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_fp8, ukv_attention_plan* plan) {
   UKV_ENTRY(device, {
-    int sms = 0, smem_optin = 0;
-    ukv_error_t e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
-    if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&smem_optin, UKV_ATTR_MAX_SMEM_OPTIN, device);
+    int smem_optin = 0;
+    const ukv_error_t e = ukv_device_get_attribute(&smem_optin, UKV_ATTR_MAX_SMEM_OPTIN, device);
     if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
     ukv::DeviceFacts facts;
     if (int r = ukv::device_facts(device, &facts)) return r;
-    const int cc_major = facts.major;
+    const int sms = facts.sms, cc_major = facts.major;
     ukv_attention_plan pl{};
     pl.max_tokens = max_tokens;
     pl.num_heads = num_heads;

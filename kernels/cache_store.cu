@@ -6,8 +6,9 @@
 // the amax of its 64-dim tile (FlashMLA, 4 lanes) or 128-dim key (indexer, 8
 // lanes) is a shuffle reduction inside its lane group, and it writes its 16
 // codes with one 16-byte store. Two FlashMLA tokens per warp (one at a time),
-// four indexer keys per warp; no shared memory. Byte offsets are 64-bit (caches pass 4 GiB). A
-// location that is negative or past the cache is skipped: nothing is written.
+// four indexer keys per warp; no shared memory. Byte offsets are 64-bit
+// (caches pass 4 GiB). A location that is negative or past the cache is
+// skipped: nothing is written.
 #include "fp8.cuh"
 #include "shim.cuh"
 

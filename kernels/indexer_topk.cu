@@ -177,6 +177,13 @@ struct PageRun {
     const int64_t id = pages[col];
     return id >= 0 && id < p.cache_pages;
   }
+  // Page `col`'s bytes (codes, then scales) and whether it is a page of the
+  // run in the cache; any other gives the cache's start, for zero-filled
+  // copies.
+  __device__ __forceinline__ const uint8_t* bytes(const ukv_indexer_topk_params& p, int col, bool& ok) const {
+    ok = col < last && page_ok(p, col);
+    return p.cache + (ok ? (int64_t)pages[col] * p.bytes_per_page : 0);
+  }
 };
 
 __device__ __forceinline__ PageRun page_run(const ukv_indexer_topk_params& p, int t, int run) {
@@ -210,15 +217,11 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
   const PageRun run = page_run(p, t, kRunPages);
   if (run.first >= run.last) return;
-  const TokenKeys tk = run.tk;
-  const int first_page = run.first, last_page = run.last;
-  const int32_t* pages = run.pages;
-  const auto page_ok = [&](int col) { return run.page_ok(p, col); };
   // Page `col` into stage `stage`: 512 16-byte pieces of codes and 16 of
   // scales; an invalid page (or one past the run) lands as zeros.
   const auto issue = [&](int col, int stage) {
-    const bool ok = col < last_page && page_ok(col);
-    const uint8_t* base = p.cache + (ok ? (int64_t)pages[col] * p.bytes_per_page : 0);
+    bool ok;
+    const uint8_t* base = run.bytes(p, col, ok);
     for (int i = tid; i < kPage * 8; i += kScoreThreads)
       ukv_cp_async16(raw_s[stage] + (i / 8) * kRawRow + (i % 8) * 16, base + (i / 8) * kDims + (i % 8) * 16, ok);
     if (tid < kPage / 4)
@@ -226,7 +229,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
     ukv_cp_async_commit();
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(first_page + s, s);
+  for (int s = 0; s < kStages - 1; ++s) issue(run.first + s, s);
 
   // B fragments (permuted k order), straight from the token's query codes:
   // head head0 + 8 n + g, dims 16 ks + 4 tq .. + 3 (zeros past num_heads).
@@ -253,8 +256,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
     wl[n][1] = w_s[head0 + 8 * n + 2 * tq + 1];
   }
 
-  for (int col = first_page; col < last_page; ++col) {
-    const int i = col - first_page, stage = i % kStages;
+  for (int col = run.first; col < run.last; ++col) {
+    const int i = col - run.first, stage = i % kStages;
     issue(col + kStages - 1, (i + kStages - 1) % kStages);
     ukv_cp_async_wait<kStages - 1>();
     __syncthreads();
@@ -283,8 +286,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_mma_kernel(ukv_indexer_to
       part_s[warp / 4][key0 + g + 8] = khi;
     }
     __syncthreads();
-    if (tid < kPage && col * kPage + tid < tk.keys) {
-      const float score = page_ok(col) ? scale_s[stage][tid] * (part_s[0][tid] + part_s[1][tid]) : -INFINITY;
+    if (tid < kPage && col * kPage + tid < run.tk.keys) {
+      const float score = run.page_ok(p, col) ? scale_s[stage][tid] * (part_s[0][tid] + part_s[1][tid]) : -INFINITY;
       p.logits[t * p.logits_stride + col * kPage + tid] = score;
     }
     // The stage and part_s are rewritten by the next iteration.
@@ -321,16 +324,12 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
   const PageRun run = page_run(p, t, run_pages);
   if (run.first >= run.last) return;
-  const TokenKeys tk = run.tk;
-  const int first_page = run.first, last_page = run.last;
-  const int32_t* pages = run.pages;
-  const auto page_ok = [&](int col) { return run.page_ok(p, col); };
   // Page `col` into `stage` (an invalid page lands as zeros; nothing past the
   // run), then one commit group either way.
   const auto issue = [&](int col, int stage) {
-    if (col < last_page) {
-      const bool ok = page_ok(col);
-      const uint8_t* base = p.cache + (ok ? (int64_t)pages[col] * p.bytes_per_page : 0);
+    if (col < run.last) {
+      bool ok;
+      const uint8_t* base = run.bytes(p, col, ok);
       for (int i = tid; i < kPage * 8; i += kWgThreads)
         ukv_cp_async16(keys_s[stage] + swizzled_chunk(i / 8, i % 8), base + i * 16, ok);
       if (tid < kPage / 4) ukv_cp_async16(&scale_s[stage][4 * tid], base + kDims * kPage + 16 * tid, ok);
@@ -345,7 +344,7 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
     ukv_cp_async16(q_s + swizzled_chunk(h, i % 8), q + (ok ? h * p.q_stride_head : 0) + (i % 8) * 16, ok);
   }
 #pragma unroll
-  for (int s = 0; s < kWgStages - 1; ++s) issue(first_page + s, s);
+  for (int s = 0; s < kWgStages - 1; ++s) issue(run.first + s, s);
 
   // This thread's accumulators: keys 16 warp + lane / 4 (+ 8), heads
   // 8 j + 2 (lane % 4) + {0, 1} for j < 8.
@@ -359,8 +358,8 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
     }
   const int key0 = 16 * warp + lane / 4;
 
-  for (int col = first_page; col < last_page; ++col) {
-    const int i = col - first_page, stage = i % kWgStages;
+  for (int col = run.first; col < run.last; ++col) {
+    const int i = col - run.first, stage = i % kWgStages;
     ukv_cp_async_wait<kWgStages - 2>();
     ukv_fence_async_shared();
     // Also: every thread is past the previous page, whose stage is refilled now.
@@ -384,10 +383,10 @@ __global__ void __launch_bounds__(kWgThreads) score_wgmma_kernel(ukv_indexer_top
     lo = ukv_xor_sum<1, 2>(lo);
     hi = ukv_xor_sum<1, 2>(hi);
     if (lane % 4 == 0) {
-      const bool ok = page_ok(col);
+      const bool ok = run.page_ok(p, col);
       float* out = p.logits + t * p.logits_stride + col * kPage;
-      if (col * kPage + key0 < tk.keys) out[key0] = ok ? scale_s[stage][key0] * lo : -INFINITY;
-      if (col * kPage + key0 + 8 < tk.keys) out[key0 + 8] = ok ? scale_s[stage][key0 + 8] * hi : -INFINITY;
+      if (col * kPage + key0 < run.tk.keys) out[key0] = ok ? scale_s[stage][key0] * lo : -INFINITY;
+      if (col * kPage + key0 + 8 < run.tk.keys) out[key0 + 8] = ok ? scale_s[stage][key0 + 8] * hi : -INFINITY;
     }
   }
   ukv_cp_async_wait<0>();
@@ -560,33 +559,36 @@ int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
 // H200 run checks every score kernel.
 thread_local int g_score_kernel = 0;
 
-// The tensor-core score launches: FP8 wgmma for e4m3fn on sm_90a, f16
-// mma.sync on other NVIDIA GPUs (sm_80+) and for e4m3fnuz, whose codes the
-// tensor cores do not read. Returns false when the device has neither.
-#if !defined(__HIPCC__)
-bool launch_tensor_scores(int device, const ukv_indexer_topk_params& p, void* stream, int* status) {
-  ukv::DeviceFacts facts;
-  if ((*status = ukv::device_facts(device, &facts)) != UKV_SHIM_OK) return true;
-  if (facts.major < 8 || g_score_kernel == 1) return false;
+// The score launch: FP8 wgmma for e4m3fn on sm_90a, f16 mma.sync on other
+// NVIDIA GPUs (sm_80+) and for e4m3fnuz, whose codes the tensor cores do not
+// read, CUDA cores on HIP and older GPUs.
+int launch_scores(int device, const ukv_indexer_topk_params& p, void* stream) {
   const int64_t pages = ukv::cdiv(p.logits_width, kPage);
-  const dim3 grid((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p.num_tokens);
-  if (facts.wgmma && p.format == UKV_FP8_E4M3FN && g_score_kernel == 0) {
-    // Runs of 8 pages, halved while the batch would not fill one wave of
-    // blocks, so small batches spread their pages over more SMs
-    // (bench/NOTES.md, version 19).
-    int run = kRunPages;
-    while (run > 1 && p.num_tokens * ukv::cdiv(pages, run) < kWgBlocksPerSm * facts.sms) run /= 2;
-    *status = ukv::launch_early(device, score_wgmma_kernel, dim3((unsigned)ukv::cdiv(pages, run), grid.y),
-                                dim3(kWgThreads), stream, "indexer score_wgmma_kernel", p, run);
-  } else {
-    *status = ukv::launch_early(device,
-                                p.format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>
-                                                             : score_mma_kernel<UKV_FP8_E4M3FN>,
-                                grid, dim3(kScoreThreads), stream, "indexer score_mma_kernel", p);
+#if !defined(__HIPCC__)
+  ukv::DeviceFacts facts;
+  if (int r = ukv::device_facts(device, &facts)) return r;
+  if (facts.major >= 8 && g_score_kernel != 1) {
+    if (facts.wgmma && p.format == UKV_FP8_E4M3FN && g_score_kernel == 0) {
+      // Runs of 8 pages, halved while the batch would not fill one wave of
+      // blocks, so small batches spread their pages over more SMs
+      // (bench/NOTES.md, version 19).
+      int run = kRunPages;
+      while (run > 1 && p.num_tokens * ukv::cdiv(pages, run) < kWgBlocksPerSm * facts.sms) run /= 2;
+      return ukv::launch_early(device, score_wgmma_kernel,
+                               dim3((unsigned)ukv::cdiv(pages, run), (unsigned)p.num_tokens), dim3(kWgThreads),
+                               stream, "indexer score_wgmma_kernel", p, run);
+    }
+    return ukv::launch_early(device,
+                             p.format == UKV_FP8_E4M3FNUZ ? score_mma_kernel<UKV_FP8_E4M3FNUZ>
+                                                          : score_mma_kernel<UKV_FP8_E4M3FN>,
+                             dim3((unsigned)ukv::cdiv(pages, kRunPages), (unsigned)p.num_tokens),
+                             dim3(kScoreThreads), stream, "indexer score_mma_kernel", p);
   }
-  return true;
-}
 #endif
+  const size_t smem = (size_t)(kPage + p.num_heads) * kRowBytes + (size_t)p.num_heads * 4;
+  return ukv::launch_early_smem(device, score_kernel, dim3((unsigned)pages, (unsigned)p.num_tokens),
+                                dim3(kScoreThreads), smem, stream, "indexer score_kernel", p);
+}
 
 }  // namespace
 
@@ -596,19 +598,7 @@ extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params*
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
     if (p->score) {
-      int r = UKV_SHIM_OK;
-#if !defined(__HIPCC__)
-      const bool launched = launch_tensor_scores(device, *p, stream, &r);
-#else
-      const bool launched = false;
-#endif
-      if (!launched) {
-        const unsigned pages = (unsigned)ukv::cdiv(p->logits_width, kPage);
-        const size_t smem = (size_t)(kPage + p->num_heads) * kRowBytes + (size_t)p->num_heads * 4;
-        r = ukv::launch_early_smem(device, score_kernel, dim3(pages, (unsigned)p->num_tokens), dim3(kScoreThreads),
-                                   smem, stream, "indexer score_kernel", *p);
-      }
-      if (r != UKV_SHIM_OK) return r;
+      if (int r = launch_scores(device, *p, stream)) return r;
     }
     return launch_select(device, *p, stream);
   })
