@@ -468,6 +468,10 @@ struct ProducerPipeline {
   uint64_t* ready;  // [kStages]
   uint64_t* empty;  // [kStages]
 
+  // bars: [3][kStages] mbarriers (full, ready, empty).
+  __device__ __forceinline__ ProducerPipeline(char* stages, int* valid, uint64_t* bars, int begin, int end)
+      : loads{stages, valid, bars, begin, end}, ready(bars + kStages), empty(bars + 2 * kStages) {}
+
   // Before the roles split; a __syncthreads must follow.
   __device__ __forceinline__ void init() const {
     if (threadIdx.x == 0) {
@@ -531,6 +535,112 @@ struct ProducerPipeline {
   // Consumers: this thread is done reading `stage` (its MMAs have completed).
   __device__ __forceinline__ void release(int stage) const { ukv_mbar_arrive(&empty[stage]); }
 };
+
+// The heads-on-N kernels' raw FP8 variant (bench/NOTES.md, version 20):
+// stages hold the rows as stored and the consumers build their MMA fragments
+// from them in registers, so no bf16 tile exists. Slot k of a stage (key k of
+// the tile) is 592 bytes: the stored nope row's 448 codes and scale bytes (s_j
+// at byte 448 + 2j; the rest of the 512 bytes is padding and not copied), then
+// the 64 bf16 rope dims. 592 = 80 mod 128, so slots 2 apart are 32 bytes of
+// banks apart and slots 4 apart 64: the fragment reads below pick their slots
+// to be conflict-free with that.
+struct RawTile {
+  static constexpr uint32_t kScales = 448;
+  static constexpr uint32_t kNope = kScales + 16;
+  static constexpr uint32_t kRowBytes = kNope + kFp8RopeBytes;
+  static constexpr size_t kTileBytes = (size_t)kBK * kRowBytes;
+};
+
+#if defined(UKV_HAS_WGMMA)
+__device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * RawTile::kRowBytes; }
+
+// The raw variant's pipeline: the producer warps only gather (two bulk copies
+// per key, or a zero row with in-range scale bytes for a key that names no
+// row); consumers wait for `full`, build fragments and release the stage with
+// `empty` as soon as their last read of it is done, before their MMAs finish.
+template <int kStages>
+struct RawPipeline {
+  char* stages;
+  int* valid;      // int [kStages][64]: slot holds a row
+  uint64_t* full;  // [kStages]: one arrival per key plus the copies' bytes
+  uint64_t* empty; // [kStages]: one arrival per consumer thread
+  int tile_begin, tile_end;
+
+  // bars: [2][kStages] mbarriers (full, empty).
+  __device__ __forceinline__ RawPipeline(char* stages_, int* valid_, uint64_t* bars, int begin, int end)
+      : stages(stages_), valid(valid_), full(bars), empty(bars + kStages), tile_begin(begin), tile_end(end) {}
+
+  __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * RawTile::kTileBytes; }
+  static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
+
+  // Before the roles split; a __syncthreads must follow.
+  __device__ __forceinline__ void init() const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ukv_mbar_init(&full[s], kBK);
+        ukv_mbar_init(&empty[s], kThreads);
+      }
+      ukv_mbar_init_fence();
+    }
+  }
+
+  __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, int stage, int slot) const {
+    char* row = tile(stage) + raw_row(slot);
+    const bool ok = key_valid(p, pk);
+    valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
+    if (ok) {
+      const ukv_kv_source& src = p.src[pk.source];
+      ukv_mbar_arrive_expect(&full[stage], RawTile::kRowBytes);
+      ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, RawTile::kNope,
+                    &full[stage]);
+      ukv_bulk_copy(row + RawTile::kNope, static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes,
+                    kFp8RopeBytes, &full[stage]);
+    } else {
+      // Zeros, and scale bytes 127 (factor 1) so the row takes the fast path.
+      for (uint32_t c = 0; c < RawTile::kRowBytes / 16; ++c) {
+        const uint32_t v = c == RawTile::kScales / 16 ? 0x7F7F7F7Fu : 0u;
+        *reinterpret_cast<uint4*>(row + 16 * c) = make_uint4(v, v, v, v);
+      }
+      ukv_fence_async_shared();  // before a later bulk copy into this slot
+      ukv_mbar_arrive(&full[stage]);
+    }
+  }
+
+  // The producer warps' share: lanes 0..15 of producer warp w issue keys
+  // 16w..16w+15 of each tile (indices loaded a tile ahead); a stage is
+  // refilled as soon as the consumers release it.
+  __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
+    constexpr int kKeysPerWarp = kBK / kProducerWarps;
+    const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
+    const int key = warp * kKeysPerWarp + lane;
+    if (lane >= kKeysPerWarp) return;
+    const auto fetch = [&](int t) { return fetch_key(keys, t * kBK + key); };
+    PendingKey first[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) first[i] = fetch(tile_begin + i);
+#pragma unroll
+    for (int i = 0; i < kStages; ++i)
+      if (tile_begin + i < tile_end) issue_row(p, first[i], i, key);
+    PendingKey next = fetch(tile_begin + kStages);
+    for (int tile = tile_begin + kStages; tile < tile_end; ++tile) {
+      const int i = tile - tile_begin, stage = i % kStages;
+      ukv_mbar_wait(&empty[stage], parity(i - kStages));
+      issue_row(p, next, stage, key);
+      next = fetch(tile + 1);
+    }
+  }
+
+  // Consumers: waits until tile `tile` has landed; returns its stage.
+  __device__ __forceinline__ int acquire(int tile) const {
+    const int i = tile - tile_begin;
+    ukv_mbar_wait(&full[i % kStages], parity(i));
+    return i % kStages;
+  }
+
+  // Consumers: this thread's reads of `stage` are done.
+  __device__ __forceinline__ void release(int stage) const { ukv_mbar_arrive(&empty[stage]); }
+};
+#endif  // UKV_HAS_WGMMA
 
 // Loads the block's kHb query rows (zeros past the last head).
 template <class Layout, int kHb>
@@ -1250,14 +1360,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 //        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
-template <int NH, int ST>
+template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
   static constexpr int kStages = ST;
   static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
+  static constexpr size_t kTileBytes = kRaw ? RawTile::kTileBytes : PadTile::kTileBytes;
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
-  static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile
-  static constexpr size_t kPT = (kK + kStages * PadTile::kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
+  static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
+  static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
   static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;  // f32 [4][NH] per-warp max / sum
   static constexpr size_t kHead = kWarp + (size_t)4 * NH * 4;       // f32 [4][NH]: m, l, alpha, scale
@@ -1282,11 +1393,176 @@ __device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)
 }
 #endif
 
-template <int NH, int ST, bool kFp8>
-__global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPerSm)
+#if defined(UKV_HAS_WGMMA)
+// Raw variant: fragments from stored FP8 rows. A code c placed as a 16-bit
+// half with bits (c & 0x80) << 8 | (c & 0x7F) << 4 is the bf16
+// e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16 subnormals); for
+// e4m3fnuz, whose value is half the e4m3fn value of the same bits (0x80
+// aside), 2^-121. One bf16x2 multiply by 2^(s - 7) (fnuz: 2^(s - 8)) then
+// gives the dequantized value rounded to bf16 (exact unless it is
+// subnormal), which is the value the in-place kernels put in their tiles, as
+// long as that factor is a bf16: scale bytes up to 134 (fnuz 135). A warp
+// whose fragments need a larger scale byte (no store writes one below amax
+// 57344) multiplies twice, by 2^127 and the rest; byte 255 gives NaN. NaN
+// codes come out finite, so QK also looks for them and makes the score of a
+// key that holds one NaN, which is what the decoded row gives.
+struct RawFormat {
+  uint32_t bias;                   // the factor's exponent field: s + bias
+  uint32_t nan_mask, nan_pattern;  // code c is NaN iff (c & mask) == pattern
+};
+
+__device__ __forceinline__ RawFormat raw_format(ukv_fp8_format fmt) {
+  const bool uz = fmt == UKV_FP8_E4M3FNUZ;
+  return {uz ? 119u : 120u, uz ? 0xFFFFFFFFu : 0x7F7F7F7Fu, uz ? 0x80808080u : 0x7F7F7F7Fu};
+}
+
+// Whether scale byte s takes one multiply.
+__device__ __forceinline__ bool raw_fast_scale(uint32_t s, const RawFormat& f) { return s + f.bias <= 254u; }
+
+// The factor bf16x2 for scale bytes s0 (low half) and s1 (one multiply).
+__device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1, const RawFormat& f) {
+  return ((s0 | s1 << 16) + f.bias * 0x00010001u) << 7;
+}
+
+// Two multiplies: the first and second factor of scale byte s as bf16 bits.
+__device__ __forceinline__ uint32_t raw_factor_first(uint32_t s, const RawFormat& f) {
+  const uint32_t e = s + f.bias;
+  return (e > 254u ? 254u : e) << 7;
+}
+__device__ __forceinline__ uint32_t raw_factor_second(uint32_t s, const RawFormat& f) {
+  const uint32_t e = s + f.bias;
+  return s == 255u ? 0x7FC0u : (e > 254u ? e - 127u : 127u) << 7;
+}
+
+// Two codes as sign-extended 16-bit halves -> their bf16 bits (see above).
+__device__ __forceinline__ uint32_t raw_bits(uint32_t sext_pair) { return (sext_pair << 4) & 0x87F087F0u; }
+
+// Bit 7 set in some byte iff one of the word's four codes is NaN.
+__device__ __forceinline__ uint32_t raw_nan_bits(uint32_t w, const RawFormat& f) {
+  const uint32_t v = (w & f.nan_mask) ^ f.nan_pattern;  // a zero byte where a code is NaN
+  return (v - 0x01010101u) & ~v;
+}
+
+// Bits from raw_bits times the factors of their scale bytes s0 (low half) and s1.
+template <bool kFast>
+__device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_factor, uint32_t s0, uint32_t s1,
+                                              const RawFormat& f) {
+  if constexpr (kFast) return ukv_bf16x2_mul(bits, fast_factor);
+  const uint32_t first = ukv_bf16x2_mul(bits, raw_factor_first(s0, f) | raw_factor_first(s1, f) << 16);
+  return ukv_bf16x2_mul(first, raw_factor_second(s0, f) | raw_factor_second(s1, f) << 16);
+}
+
+// Slot of the key in M row m of the QK MMA: rows g = 2i and 2i + 1 of a
+// group of 8, which a quarter warp reads together, sit 4 slots (64 bytes of
+// banks) apart.
+__device__ __forceinline__ int qk_slot(int m) { return (m & ~7) | ((m >> 1) & 3) | ((m & 1) << 2); }
+
+// The order of k inside each 64-dim block of QK: thread tq's four fragment
+// pairs of k-step kk are four consecutive dims, so one 16-byte read of a key
+// gives a block's fragments. Codes (blocks 0..6): thread tq holds dims
+// 16 tq .. 16 tq + 15, pair 2 kk + hi of them for k-step kk (hi: fragment
+// registers 2, 3). Rope dims (block 7, bf16, two reads): 8 tq .. 8 tq + 7 and
+// 32 + 8 tq .. +7, so a quarter warp's reads are conflict-free. Returns the
+// MMA's pair index (k / 2 within the block) of physical dim pair pp.
+__device__ __forceinline__ int qk_logical_pair(int block, int pp) {
+  const bool rope = block == kD / 64 - 1;
+  const int tq = rope ? (pp >> 2) & 3 : pp >> 3;
+  const int kk = rope ? 2 * (pp >> 4) + ((pp & 3) >> 1) : (pp & 7) >> 1;
+  return 8 * kk + 4 * (pp & 1) + tq;
+}
+
+// QK fragments of one 64-dim block (four k-steps) for this thread's keys in
+// slots slot[0] (M row 16q + g) and slot[1] (row + 8). a[kk] is k-step kk's
+// fragment: registers 0, 1 the pair hi = 0 of key 0, 1; 2, 3 the pair hi = 1.
+template <bool kFast>
+__device__ __forceinline__ void raw_qk_block(const char* tile, const int (&slot)[2], int block, int tq,
+                                             const RawFormat& f, uint32_t (&a)[4][4], uint32_t (&nan)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const char* row = tile + raw_row(slot[e]);
+    if (block == kD / 64 - 1) {
+      const uint4 x = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 16 * tq);
+      const uint4 y = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 64 + 16 * tq);
+      const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        a[kk][e] = w[2 * kk];
+        a[kk][2 + e] = w[2 * kk + 1];
+      }
+      continue;
+    }
+    const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
+    const uint32_t s = *reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    const uint32_t factor = raw_factor(s, s, f);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      nan[e] |= raw_nan_bits(w[kk], f);
+      a[kk][e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0x9180u)), factor, s, s, f);
+      a[kk][2 + e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0xB3A2u)), factor, s, s, f);
+    }
+  }
+}
+
+// The slot of PV k-step kk's key for fragment pair hi, key e of the pair (the
+// MMA's k order is the slot order, so P^T columns are slots).
+__device__ __forceinline__ int pv_slot(int kk, int tq, int hi, int e) { return 16 * kk + 2 * tq + 8 * hi + e; }
+
+// PV's V^T fragments of one 64-dim block mb for code warps. M rows map to
+// dims so that a thread's 16 rows (4 blocks x rows g, g + 8) are two 4-dim
+// words of one scale block: row 16q + g (+8) of block mb is dim
+// 64 (4 wg + q) + 32 (mb / 2) + 4g + 2 (mb % 2) (+1), so the 8 lanes g of
+// one key read 32 consecutive bytes (conflict-free across tq).
+// pv_code_offset is that word's offset in a slot; x[kk][hi][e] the word of
+// the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the pair's scale factors.
+__device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { return 64 * block + 32 * (mb / 2) + 4 * g; }
+
+template <bool kFast>
+__device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
+                                             const char* tile, int block, int tq, const RawFormat& f,
+                                             uint32_t (&a)[4][4]) {
+  const int j = 2 * (mb & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint32_t w0 = x[kk][hi][0], w1 = x[kk][hi][1];
+      // Byte j (j + 1) of each key as sign-extended halves: key e in half e.
+      const uint32_t even = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xC480u : 0xE6A2u));
+      const uint32_t odd = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xD591u : 0xF7B3u));
+      uint32_t s0 = 0, s1 = 0;
+      if constexpr (!kFast) {
+        s0 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + RawTile::kScales + 2 * block);
+        s1 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + RawTile::kScales + 2 * block);
+      }
+      a[kk][2 * hi] = raw_scale<kFast>(even, factor[kk][hi], s0, s1, f);
+      a[kk][2 * hi + 1] = raw_scale<kFast>(odd, factor[kk][hi], s0, s1, f);
+    }
+}
+
+// PV fragments of block mb for the rope warp (warpgroup 1, warp 3): row
+// 16q + g (+8) of block mb is rope dim 2 (g + 8 mb) (+1), one 4-byte read per
+// key whose 8 lanes g are 32 consecutive bytes (conflict-free across tq).
+__device__ __forceinline__ void raw_pv_rope(const char* tile, int mb, int g, int tq, uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint32_t off = RawTile::kNope + 4 * (g + 8 * mb);
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + off);
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + off);
+      a[kk][2 * hi] = ukv_byte_perm(w0, w1, 0x5410u);
+      a[kk][2 * hi + 1] = ukv_byte_perm(w0, w1, 0x7632u);
+    }
+}
+#endif  // UKV_HAS_WGMMA
+
+template <int NH, int ST, bool kFp8, bool kRaw>
+__global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kCtasPerSm)
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
-  using L = SwapSmem<NH, ST>;
+  static_assert(kFp8 || !kRaw, "the raw variant reads FP8 rows");
+  using L = SwapSmem<NH, ST, kRaw>;
   constexpr int kStages = L::kStages;
   constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
@@ -1294,7 +1570,11 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
   extern __shared__ __align__(1024) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
   const int h0 = hb * NH;
-  const int tid = threadIdx.x, lane = tid % UKV_WARP, wg = tid / 128, q = (tid / UKV_WARP) % 4;
+  // The warpgroup and warp indices through a shuffle from lane 0: the
+  // compiler then knows them warp-uniform and keeps the wgmma descriptors
+  // derived from them in uniform registers.
+  const int tid = threadIdx.x, lane = tid % UKV_WARP;
+  const int wg = ukv_shfl(tid / 128, 0, UKV_WARP), q = ukv_shfl((tid / UKV_WARP) % 4, 0, UKV_WARP);
   const int g = lane >> 2, tq = lane & 3;
   const int partner = tid ^ 128;
   int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
@@ -1328,13 +1608,22 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
 
   // bf16: all warps gather (TileLoads); FP8: the producer warps gather and
-  // dequantize (ProducerPipeline) and the consumers' barriers leave them out.
+  // dequantize (ProducerPipeline) or only gather (RawPipeline), and the
+  // consumers' barriers leave them out.
   static_assert(!kFp8 || ST > 1, "the FP8 pipeline keeps a tile in flight while it dequantizes another");
+  // (The raw variant names its RawPipeline twice, so that no TileLoads of
+  // PadTile stages exists in it.)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  TileLoads<kStages, PadTile, kFp8> loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
-  const ProducerPipeline<kStages> pipe{{smem + L::kK, valid_s, bars, tile_begin, tile_end},
-                                       bars + kStages,
-                                       bars + 2 * kStages};
+  using Loads = std::conditional_t<kRaw, RawPipeline<kStages>, TileLoads<kStages, PadTile, kFp8>>;
+  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages>, ProducerPipeline<kStages>>;
+  Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
+  const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
+  const RawFormat fmt = raw_format((ukv_fp8_format)p.src[0].kv.fp8_format);
+  // Raw variant: the slot of M row m's key, and this warp's PV rows (the rope
+  // dims for warpgroup 1's last warp, else codes of scale block 4 wg + q).
+  const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
+  const bool rope_warp = wg == 1 && q == 3;
+  const int pv_block = 4 * wg + q;
   const auto consumer_sync = [] {
     if constexpr (kFp8) {
       ukv_named_sync(1, kThreads);
@@ -1352,7 +1641,25 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
   // (rather than exiting: sanitizers wait for exited threads at them).
   const bool consumer = !kFp8 || tid < kThreads;
   if (!consumer) pipe.produce(p, keys);
-  if (consumer && tile_begin < tile_end) {
+  if (kRaw && consumer && tile_begin < tile_end) {
+    // Q in the raw variant's k order (qk_logical_pair), through registers.
+    for (int c = tid; c < NH * kChunks; c += kThreads) {
+      const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
+      const bool valid = h0 + r < p.num_heads;
+      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                             (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
+      const uint4 v = valid ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
+                            : make_uint4(0, 0, 0, 0);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
+        const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
+                            (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
+        *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
+      }
+    }
+  } else if (!kRaw && consumer && tile_begin < tile_end) {
     for (int c = tid; c < NH * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks;
       const bool valid = h0 + r < p.num_heads;
@@ -1386,19 +1693,43 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
     // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of
     // kGroup fragments double-buffered in registers (a group's registers are
     // reloaded only after the group two back has completed), which keeps the
-    // kernel within 128 registers for two CTAs per SM.
+    // kernel within 128 registers for two CTAs per SM. Raw variant: a group
+    // is one scale block, built from the keys' codes (raw_qk_block).
     float s[kRegs];
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
+    uint32_t nan[2] = {0u, 0u};  // raw variant: NaN codes in this thread's keys
     {
+      const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+      bool qk_fast = true;
+      if constexpr (kRaw) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (4 * wg + j < kD / 64 - 1)
+              qk_fast &= raw_fast_scale(
+                  *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 8 * wg + 2 * j),
+                  fmt);
+        qk_fast = ukv_warp_all(qk_fast);
+      }
       uint32_t a[2][kGroup][4];
 #pragma unroll
       for (int grp = 0; grp < 16 / kGroup; ++grp) {
         if (grp >= 2) ukv_wgmma_wait<1>();
+        if constexpr (kRaw) {
+          static_assert(kGroup == 4, "a raw fragment group is one 64-dim scale block");
+          if (qk_fast) {
+            raw_qk_block<true>(ks, qk_slots, 4 * wg + grp, tq, fmt, a[grp & 1], nan);
+          } else {
+            raw_qk_block<false>(ks, qk_slots, 4 * wg + grp, tq, fmt, a[grp & 1], nan);
+          }
+        } else {
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const int kstep = 16 * wg + grp * kGroup + j;
-          ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+          for (int j = 0; j < kGroup; ++j) {
+            const int kstep = 16 * wg + grp * kGroup + j;
+            ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+          }
         }
         ukv_wgmma_fence();
 #pragma unroll
@@ -1412,6 +1743,19 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
       ukv_wgmma_wait<0>();
       ukv_wgmma_fence_regs(s);
     }
+    if constexpr (kRaw) {
+      // A key holding a NaN code scores NaN, as its decoded row would; the
+      // key's codes are spread over the four lanes tq (and the warpgroups,
+      // whose partial scores add up below).
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 1, UKV_WARP);
+        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 2, UKV_WARP);
+      }
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i)
+        if ((nan[(i & 2) ? 1 : 0] & 0x80808080u) != 0u) s[i] = __int_as_float(0x7FC00000);
+    }
 
     // The other warpgroup's heads go to it; this one's come back.
     float x[kOwn];
@@ -1422,7 +1766,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
     }
     consumer_sync();
     const int* valid = valid_s + stage * kBK;
-    const bool v_lo = valid[16 * q + g] != 0, v_hi = valid[16 * q + g + 8] != 0;
+    const bool v_lo = valid[slot_of(16 * q + g)] != 0, v_hi = valid[slot_of(16 * q + g + 8)] != 0;
     float mx[kOwn / 2];
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
@@ -1462,7 +1806,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
       const int c = (j / 4) * 2 + (j & 1);
       const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
       sum[c] += ukv_bf16_to_float(pb);
-      const int h = own_head(j), key = 16 * q + g + ((j & 2) ? 8 : 0);
+      const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
       *reinterpret_cast<ukv_bf16*>(pt + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
     }
 #pragma unroll
@@ -1477,31 +1821,79 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
       for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
     {
       // One commit group per 64-dim block: its four key steps' V^T fragments.
+      // Raw variant: code warps read their 16 keys' scale bytes up front and
+      // their codes one word per key for blocks 0, 1 and again for 2, 3; the
+      // rope warp reads per block.
+      uint32_t x[4][2][2];
+      uint32_t factor[4][2];
+      bool pv_fast = true;
+      const auto load_codes = [&](int mb) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
+                                                                pv_code_offset(pv_block, mb, g));
+      };
+      if constexpr (kRaw) {
+        if (!rope_warp) {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              uint32_t sc[2];
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                sc[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
+                                                          RawTile::kScales + 2 * pv_block);
+                pv_fast &= raw_fast_scale(sc[e], fmt);
+              }
+              factor[kk][hi] = raw_factor(sc[0], sc[1], fmt);
+            }
+        }
+        pv_fast = ukv_warp_all(pv_fast);
+      }
       uint32_t a[2][4][4];
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) {
         if (mb >= 2) ukv_wgmma_wait<1>();
+        if constexpr (kRaw) {
+          if (!rope_warp && mb % 2 == 0) load_codes(mb);
+          if (rope_warp) {
+            raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
+          } else if (pv_fast) {
+            raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, fmt, a[mb & 1]);
+          } else {
+            raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, fmt, a[mb & 1]);
+          }
+        } else {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
-          const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
-          ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
+          for (int k = 0; k < 4; ++k) {
+            const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
+            const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
+            ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
+          }
         }
         ukv_wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
         ukv_wgmma_commit();
       }
+      // Raw variant: every read of the stage is done (the MMAs read registers
+      // and P^T), so the producers may refill it while the MMAs run.
+      if constexpr (kRaw) pipe.release(stage);
       ukv_wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
     }
-    if constexpr (kFp8) {
-      // The producers may refill the stage. P^T and the exchange buffers are
-      // rewritten next tile only past barriers every warp reaches after its
-      // last read of them.
+    // FP8: the producers may refill the stage (raw variant: released above).
+    // P^T and the exchange buffers are rewritten next tile only past barriers
+    // every warp reaches after its last read of them.
+    if constexpr (kFp8 && !kRaw) {
       pipe.release(stage);
-    } else {
+    } else if constexpr (!kFp8) {
       __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
     }
   }
@@ -1525,11 +1917,18 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
   }
   __syncthreads();
 
-  // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1).
-  const auto dim_of = [&](int mb, int i) { return 64 * (4 * wg + mb) + 16 * q + g + ((i & 2) ? 8 : 0); };
+  // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
+  // raw variant: see raw_pv_codes and raw_pv_rope.
+  const auto dim_of = [&](int mb, int i) {
+    const int hi = (i & 2) ? 1 : 0;
+    if constexpr (kRaw) {
+      return rope_warp ? 64 * pv_block + 2 * (g + 8 * mb) + hi : (int)pv_code_offset(pv_block, mb, g) + 2 * (mb % 2) + hi;
+    }
+    return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
+  };
   const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
   if (!direct && cfg.cluster != 0) {
-    static_assert(NH * kD * 4 <= kStages * PadTile::kTileBytes, "the partial fits in the key stages");
+    static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
     ukv_cp_async_wait<0>();
     float* acc_s = reinterpret_cast<float*>(smem + L::kK);
     if (consumer) {
@@ -1551,10 +1950,11 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST>::kCtasPer
       for (int i = 0; i < kRegs; ++i) {
         const int h = head_of(i);
         float v = o[mb][i] * scale_h[h];
-        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane ^ 4
-        // (g +- 1, same head); every lane takes part in the shuffle.
-        if (cs != nullptr && wg == 1 && mb == 3) {
-          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
+        // Rope dims: a pair's other dim is fragment i ^ 2 of the same thread
+        // (raw variant's rope warp), or else (warpgroup 1, mb 3) held by lane
+        // ^ 4 (g +- 1, same head), and every lane takes part in the shuffle.
+        if (kRaw ? cs != nullptr && rope_warp : cs != nullptr && wg == 1 && mb == 3) {
+          const float other = kRaw ? o[mb][i ^ 2] * scale_h[h] : ukv_shfl_xor(v, 4, UKV_WARP);
           const int d = dim_of(mb, i);
           const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
           v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
@@ -1709,9 +2109,11 @@ int portable_variant(int device, int* variant) {
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
 // The kernel instantiation a plan names for bf16 or FP8 pools, its dynamic
-// shared memory and its threads per block.
+// shared memory and its threads per block. `raw`: every key source is an FP8
+// pool, so the heads-on-N kernels may take their raw variant.
 template <bool kFp8>
-int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
+int plan_kernel_for(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, AttentionKernel* kernel, size_t* smem,
+                    int* threads) {
   *threads = kThreads;
   if (plan.portable != 0) {
     *kernel = plan.portable == 2 ? attention_portable_kernel<kFp8, true> : attention_portable_kernel<kFp8, false>;
@@ -1724,19 +2126,28 @@ int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, siz
     case 64: *kernel = attention_wgmma_kernel<kFp8>; *smem = WgSmem::kBytes; return UKV_SHIM_OK;
     case 16:
       *threads = swap_threads(kFp8);
-      // FP8 plans always take three stages (the producer pipeline).
-      if (!kFp8 && plan.stages == 1) {
-        *kernel = attention_swap_kernel<16, 1, false>;
+      // FP8 plans take the raw variant with five stages, or three (the
+      // in-place producer pipeline) when a source holds bf16 rows.
+      if (kFp8 && raw) {
+        *kernel = attention_swap_kernel<16, 5, true, true>;
+        *smem = SwapSmem<16, 5, true>::kBytes;
+      } else if (!kFp8 && plan.stages == 1) {
+        *kernel = attention_swap_kernel<16, 1, false, false>;
         *smem = SwapSmem<16, 1>::kBytes;
       } else {
-        *kernel = attention_swap_kernel<16, 3, kFp8>;
+        *kernel = attention_swap_kernel<16, 3, kFp8, false>;
         *smem = SwapSmem<16, 3>::kBytes;
       }
       return UKV_SHIM_OK;
     case 32:
       *threads = swap_threads(kFp8);
-      *kernel = attention_swap_kernel<32, 2, kFp8>;
-      *smem = SwapSmem<32, 2>::kBytes;
+      if (kFp8 && raw) {
+        *kernel = attention_swap_kernel<32, 4, true, true>;
+        *smem = SwapSmem<32, 4, true>::kBytes;
+      } else {
+        *kernel = attention_swap_kernel<32, 2, kFp8, false>;
+        *smem = SwapSmem<32, 2>::kBytes;
+      }
       return UKV_SHIM_OK;
     default: break;
   }
@@ -1753,9 +2164,17 @@ int plan_kernel_for(const ukv_attention_plan& plan, AttentionKernel* kernel, siz
   return UKV_SHIM_INVALID;
 }
 
-int plan_kernel(const ukv_attention_plan& plan, AttentionKernel* kernel, size_t* smem, int* threads) {
-  return plan.kv_fp8 ? plan_kernel_for<true>(plan, kernel, smem, threads)
-                     : plan_kernel_for<false>(plan, kernel, smem, threads);
+int plan_kernel(const ukv_attention_plan& plan, bool raw, AttentionKernel* kernel, size_t* smem, int* threads) {
+  return plan.kv_fp8 ? plan_kernel_for<true>(plan, raw, kernel, smem, threads)
+                     : plan_kernel_for<false>(plan, raw, kernel, smem, threads);
+}
+
+// Whether every key source of a call is an FP8 pool (host-side arguments, so
+// the kernel choice still depends only on what a graph captures).
+bool all_sources_fp8(const ukv_attention_params& p) {
+  for (int s = 0; s < p.num_sources; ++s)
+    if (p.src[s].kv.fp8 == 0) return false;
+  return true;
 }
 
 }  // namespace
@@ -1800,16 +2219,24 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // three stages at any batch (bench/NOTES.md, version 15).
     if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
-    AttentionKernel kernel = nullptr;
-    size_t smem = 0;
-    int threads = 0;
-    if (int r = plan_kernel(pl, &kernel, &smem, &threads)) return r;
-    if ((int)smem > smem_optin) {
-      ukv::set_error("attention needs " + std::to_string(smem) + " bytes of shared memory per block, the device allows " +
-                     std::to_string(smem_optin));
-      return UKV_SHIM_INVALID;
+    // FP8 plans configure both kernels a call may take (all_sources_fp8);
+    // the cluster choice below holds for each.
+    struct Variant {
+      AttentionKernel kernel = nullptr;
+      size_t smem = 0;
+      int threads = 0;
+    } variants[2];
+    const int num_variants = pl.kv_fp8 ? 2 : 1;
+    for (int v = 0; v < num_variants; ++v) {
+      Variant& x = variants[v];
+      if (int r = plan_kernel(pl, v == 1, &x.kernel, &x.smem, &x.threads)) return r;
+      if ((int)x.smem > smem_optin) {
+        ukv::set_error("attention needs " + std::to_string(x.smem) +
+                       " bytes of shared memory per block, the device allows " + std::to_string(smem_optin));
+        return UKV_SHIM_INVALID;
+      }
+      if (int r = configure(x.kernel, x.smem)) return r;
     }
-    if (int r = configure(kernel, smem)) return r;
     // Blocks of the portable kernel (52 or 59 KB of shared memory) fit two per SM.
     const int resident = sms * (pl.portable != 0 ? 2 : pl.stages == 1 ? 2 : 1);
     // sm_90+: a token's splits form one thread-block cluster and merge through
@@ -1823,13 +2250,18 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       // is resident at once: a cluster needs its blocks on one GPC, so fewer
       // fit than resident / S (16-block clusters fit about one per GPC).
       const int want = split_cap(max_tokens, pl.head_blocks, resident, kMaxClusterSplits);
-      const ukv_error_t le = want > 1 ? ukv_func_allow_large_clusters(kernel) : UKV_SUCCESS;
-      if (le != UKV_SUCCESS) return ukv::report(le, "attention clusters");
+      for (int v = 0; v < num_variants && want > 1; ++v) {
+        const ukv_error_t le = ukv_func_allow_large_clusters(variants[v].kernel);
+        if (le != UKV_SUCCESS) return ukv::report(le, "attention clusters");
+      }
       for (int splits = want; splits >= 1; --splits) {
         int clusters = max_tokens * pl.head_blocks;
-        if (splits > 1) {
-          const ukv_error_t ce = ukv_max_active_clusters(kernel, dim3(threads), smem, splits, &clusters);
+        for (int v = 0; v < num_variants && splits > 1; ++v) {
+          int fit = 0;
+          const Variant& x = variants[v];
+          const ukv_error_t ce = ukv_max_active_clusters(x.kernel, dim3(x.threads), x.smem, splits, &fit);
           if (ce != UKV_SUCCESS) return ukv::report(ce, "attention cluster occupancy");
+          clusters = fit < clusters ? fit : clusters;
         }
         if (clusters >= max_tokens * pl.head_blocks) {
           pl.cluster = 1;
@@ -1858,7 +2290,7 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
     int threads = 0;
-    if (int r = plan_kernel(*plan, &kernel, &smem, &threads)) return r;
+    if (int r = plan_kernel(*plan, all_sources_fp8(*p), &kernel, &smem, &threads)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;
     // it waits for that kernel's memory before reading any input.
     const bool early = plan->dependent_launch != 0;

@@ -724,6 +724,13 @@ fn decode_inverse_rope_epilogue_matches_cpu() {
     }
     #[cfg(feature = "test-hooks")]
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
+    // FP8 pools: the heads-on-N kernels' raw variant keeps a rope pair in one
+    // thread (direct writes at T = 64, the cluster merge at T = 1 and 3).
+    let (pc, pg, rows) = attention_pools_of(&s, &mut rng, unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN);
+    for (t, h) in [(1, 16), (3, 32), (64, 16), (64, 32)] {
+        let what = format!("inverse-RoPE epilogue, FP8 pool, T={t} H={h}");
+        check_rope_epilogue(&s, (&pc, &pg, rows), t, h, (&table, max_pos), &what);
+    }
 }
 
 /// A random prefill chunk (pool rows and the chunk's own rows), GPU against CPU.
@@ -768,8 +775,9 @@ fn check_rope_epilogue(
         .map(|_| rng.random_range(0..i64::from(max_pos)))
         .collect();
     c.rope = Some((table.to_vec(), pos));
-    let want = run_attention(&s.cpu, pc, 1, &c, &plan(&s.cpu, true, t, h));
-    let got = run_attention(&s.gpu, pg, 1, &c, &plan(&s.gpu, true, t, h));
+    let kv = pc.info().kv_dtype;
+    let want = run_attention(&s.cpu, pc, 1, &c, &plan_kv(&s.cpu, true, t, h, kv));
+    let got = run_attention(&s.gpu, pg, 1, &c, &plan_kv(&s.gpu, true, t, h, kv));
     compare((t, h), &got, &want, what);
 }
 
