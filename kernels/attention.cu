@@ -558,12 +558,12 @@ __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * 
 // per key, or a zero row with in-range scale bytes for a key that names no
 // row); consumers wait for `full`, build fragments and release the stage with
 // `empty` as soon as their last read of it is done, before their MMAs finish.
-template <int kStages>
+template <int kStages, int kConsumers>
 struct RawPipeline {
   char* stages;
   int* valid;      // int [kStages][64]: slot holds a row
   uint64_t* full;  // [kStages]: one arrival per key plus the copies' bytes
-  uint64_t* empty; // [kStages]: one arrival per consumer thread
+  uint64_t* empty; // [kStages]: one arrival per consumer thread of the tile
   int tile_begin, tile_end;
 
   // bars: [2][kStages] mbarriers (full, empty).
@@ -578,7 +578,7 @@ struct RawPipeline {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         ukv_mbar_init(&full[s], kBK);
-        ukv_mbar_init(&empty[s], kThreads);
+        ukv_mbar_init(&empty[s], kConsumers);
       }
       ukv_mbar_init_fence();
     }
@@ -1370,8 +1370,9 @@ struct SwapSmem {
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
   static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
-  static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;  // f32 [4][NH] per-warp max / sum
-  static constexpr size_t kHead = kWarp + (size_t)4 * NH * 4;       // f32 [4][NH]: m, l, alpha, scale
+  // f32 [4][NH] per-warp max / sum; [2][4][NH] in the raw variant (per warpgroup)
+  static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
+  static constexpr size_t kHead = kWarp + (size_t)(kRaw ? 2 : 1) * 4 * NH * 4;  // f32 [4][NH]: m, l, alpha, scale
   static constexpr size_t kValid = kHead + (size_t)4 * NH * 4;      // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
   static constexpr size_t kBytes = kBar + 3 * kStages * 8;
@@ -1418,6 +1419,16 @@ __device__ __forceinline__ RawFormat raw_format(ukv_fp8_format fmt) {
 
 // Whether scale byte s takes one multiply.
 __device__ __forceinline__ bool raw_fast_scale(uint32_t s, const RawFormat& f) { return s + f.bias <= 254u; }
+
+// Whether all seven scale bytes of a stage row take one multiply.
+__device__ __forceinline__ bool raw_row_fast(const char* row, const RawFormat& f) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + RawTile::kScales);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  bool ok = true;
+#pragma unroll
+  for (int j = 0; j < 7; ++j) ok &= raw_fast_scale((w[j / 2] >> (16 * (j % 2))) & 0xFFu, f);
+  return ok;
+}
 
 // The factor bf16x2 for scale bytes s0 (low half) and s1 (one multiply).
 __device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1, const RawFormat& f) {
@@ -1563,6 +1574,12 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #if defined(UKV_HAS_WGMMA)
   static_assert(kFp8 || !kRaw, "the raw variant reads FP8 rows");
   using L = SwapSmem<NH, ST, kRaw>;
+  // Raw variant at 16 heads: each warpgroup takes every other tile whole
+  // (all 512 dims), so the two never wait for each other within a tile and
+  // one's softmax and barriers overlap the other's fragment building and MMAs;
+  // they merge once at the end. (At 32 heads the accumulators of all 512
+  // dims do not fit the registers: the warpgroups split the dims of a tile.)
+  constexpr bool kAlt = kRaw && NH == 16;
   constexpr int kStages = L::kStages;
   constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
@@ -1601,11 +1618,18 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     m_run[c] = -INFINITY;
     l_run[c] = 0.f;
   }
-  float o[4][kRegs];
+  float o[kAlt ? 8 : 4][kRegs];
 #pragma unroll
-  for (int mb = 0; mb < 4; ++mb)
+  for (int mb = 0; mb < (kAlt ? 8 : 4); ++mb)
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
+  // kAlt: running (m, l) of this thread's head columns c (fragment i: c = (i / 4) * 2 + (i & 1)).
+  float alt_m[kRegs / 2], alt_l[kRegs / 2];
+#pragma unroll
+  for (int c = 0; c < kRegs / 2; ++c) {
+    alt_m[c] = -INFINITY;
+    alt_l[c] = 0.f;
+  }
 
   // bf16: all warps gather (TileLoads); FP8: the producer warps gather and
   // dequantize (ProducerPipeline) or only gather (RawPipeline), and the
@@ -1614,8 +1638,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // (The raw variant names its RawPipeline twice, so that no TileLoads of
   // PadTile stages exists in it.)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  using Loads = std::conditional_t<kRaw, RawPipeline<kStages>, TileLoads<kStages, PadTile, kFp8>>;
-  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages>, ProducerPipeline<kStages>>;
+  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages, kAlt ? 128 : kThreads>, ProducerPipeline<kStages>>;
+  using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const RawFormat fmt = raw_format((ukv_fp8_format)p.src[0].kv.fp8_format);
@@ -1679,7 +1703,158 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   }
   const float qk_scale = p.softmax_scale * kLog2e;
 
-  for (int tile = tile_begin; tile < (consumer ? tile_end : tile_begin); ++tile) {
+  if constexpr (kAlt) {
+    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T and barrier.
+    char* pt_w = pt + wg * NH * 128;
+    float* warp_w = warp_s + wg * 4 * NH;
+    const int bar_w = 1 + wg;
+    const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+    const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
+    for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
+      const int stage = pipe.acquire(tile);
+      const char* ks = loads.tile(stage);
+
+      // QK over all 32 k-steps, one scale block per commit group.
+      float s[kRegs];
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
+      uint32_t nan[2] = {0u, 0u};
+      const bool qk_fast =
+          ukv_warp_all(raw_row_fast(ks + raw_row(qk_slots[0]), fmt) && raw_row_fast(ks + raw_row(qk_slots[1]), fmt));
+      {
+        uint32_t a[2][4][4];
+#pragma unroll
+        for (int grp = 0; grp < kD / 64; ++grp) {
+          if (grp >= 2) ukv_wgmma_wait<1>();
+          if (qk_fast) {
+            raw_qk_block<true>(ks, qk_slots, grp, tq, fmt, a[grp & 1], nan);
+          } else {
+            raw_qk_block<false>(ks, qk_slots, grp, tq, fmt, a[grp & 1], nan);
+          }
+          ukv_wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(smem + L::kQ + (size_t)grp * L::kAtomCol + j * 32, 16, 1024));
+          ukv_wgmma_commit();
+        }
+        ukv_wgmma_wait<0>();
+        ukv_wgmma_fence_regs(s);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 1, UKV_WARP);
+        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 2, UKV_WARP);
+      }
+
+      // Softmax of the tile within the warpgroup: the head max over the
+      // warp's 16 keys (lanes g), then its 4 warps through shared memory.
+      const int* valid = valid_s + stage * kBK;
+      const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+      float mx[kRegs / 2];
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
+        // A key holding a NaN code scores NaN, as its decoded row would.
+        const float v = (nan[e] & 0x80808080u) != 0u ? __int_as_float(0x7FC00000) : s[i] * qk_scale;
+        s[i] = v_key[e] ? v : -INFINITY;
+        mx[c] = fmaxf(mx[c], s[i]);
+      }
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) {
+        mx[c] = ukv_xor_max<4, 16>(mx[c]);
+        if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+      }
+      ukv_named_sync(bar_w, 128);
+      float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) {
+        const int h = head_of_c(c);
+        const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
+        const float m_new = fmaxf(alt_m[c], m_tile);
+        base[c] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[c] = exp2f(alt_m[c] - base[c]);
+        alt_m[c] = m_new;
+        sum[c] = 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const int c = (i / 4) * 2 + (i & 1), h = head_of_c(c), key = qk_slots[(i & 2) ? 1 : 0];
+        const ukv_bf16 pb = ukv_float_to_bf16(exp2f(s[i] - base[c]));
+        sum[c] += ukv_bf16_to_float(pb);
+        *reinterpret_cast<ukv_bf16*>(pt_w + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
+      }
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) alt_l[c] = alt_l[c] * alpha[c] + sum[c];
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha[(i / 4) * 2 + (i & 1)];
+      ukv_fence_async_shared();  // P^T before wgmma reads it
+      ukv_named_sync(bar_w, 128);
+
+      // PV over all 512 dims: blocks mb 0..3 are scale block q, 4..7 block
+      // q + 4 (the rope dims for warp 3).
+      {
+        uint32_t x[4][2][2];
+        uint32_t factor[4][2];
+        bool pv_fast = true;
+        uint32_t a[2][4][4];
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          const int block = q + 4 * (mb / 4);
+          const bool rope = block == kD / 64 - 1;
+          if (mb >= 2) ukv_wgmma_wait<1>();
+          if (mb % 4 == 0 && !rope) {
+            bool fast = true;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi) {
+                uint32_t sc[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  sc[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
+                                                            2 * block);
+                  fast &= raw_fast_scale(sc[e], fmt);
+                }
+                factor[kk][hi] = raw_factor(sc[0], sc[1], fmt);
+              }
+            pv_fast = ukv_warp_all(fast);
+          }
+          if (mb % 2 == 0 && !rope) {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+              for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                  x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
+                                                                    pv_code_offset(block, mb % 4, g));
+          }
+          if (rope) {
+            raw_pv_rope(ks, mb % 4, g, tq, a[mb & 1]);
+          } else if (pv_fast) {
+            raw_pv_codes<true>(x, factor, mb % 4, ks, block, tq, fmt, a[mb & 1]);
+          } else {
+            raw_pv_codes<false>(x, factor, mb % 4, ks, block, tq, fmt, a[mb & 1]);
+          }
+          ukv_wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt_w + k * 32, 16, 1024));
+          ukv_wgmma_commit();
+        }
+        // Every read of the stage is done (the MMAs read registers and P^T).
+        pipe.release(stage);
+        ukv_wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+      }
+    }
+  }
+
+  for (int tile = tile_begin; tile < (consumer && !kAlt ? tile_end : tile_begin); ++tile) {
     int stage;
     if constexpr (kFp8) {
       stage = pipe.acquire(tile);
@@ -1899,18 +2074,85 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   }
 
   // Per-head (m, l): the row sums over lanes and warps, in a fixed order.
-  if (consumer) {
+  if constexpr (kAlt) {
+    // Both warpgroups' (m, l) meet in shared memory; each rescales its
+    // accumulators to the merged max, then warpgroup w keeps blocks mb
+    // 4w..4w+3 (the split layout the writes below expect: scale block
+    // 4 wg + q) and adds the other's values for them.
+    float* wg_ml = reinterpret_cast<float*>(smem + L::kX + NH * 128);  // [2 warpgroups][m, l][NH]
+    float* warp_w = warp_s + wg * 4 * NH;
+    const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
+    if (consumer) {
 #pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) {
-      l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
-      const int h = own_head(c / 2 * 4 + (c & 1));
-      if (g == 0) warp_s[q * NH + h] = l_run[c];
-      if (q == 0 && g == 0) m_h[h] = m_run[c];
+      for (int c = 0; c < kRegs / 2; ++c) {
+        alt_l[c] = ukv_xor_sum<4, 16>(alt_l[c]);
+        if (g == 0) warp_w[q * NH + head_of_c(c)] = alt_l[c];
+      }
+      ukv_named_sync(1 + wg, 128);
+      if (q == 0 && g == 0) {
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) {
+          const int h = head_of_c(c);
+          wg_ml[2 * wg * NH + h] = alt_m[c];
+          wg_ml[(2 * wg + 1) * NH + h] = ((warp_w[h] + warp_w[NH + h]) + warp_w[2 * NH + h]) + warp_w[3 * NH + h];
+        }
+      }
     }
+    __syncthreads();
+    // The other warpgroup's blocks go through the (drained) key stages.
+    float* xbuf = reinterpret_cast<float*>(smem + L::kK);  // [2][4][kRegs][128]
+    const auto merged = [&](int h, float* m, float* f0, float* f1) {
+      const float m0 = wg_ml[h], m1 = wg_ml[2 * NH + h];
+      *m = fmaxf(m0, m1);
+      *f0 = *m == -INFINITY ? 0.f : exp2f(m0 - *m);
+      *f1 = *m == -INFINITY ? 0.f : exp2f(m1 - *m);
+    };
+    if (consumer) {
+      float f_own[kRegs / 2];
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) {
+        float m, f0, f1;
+        merged(head_of_c(c), &m, &f0, &f1);
+        f_own[c] = wg == 0 ? f0 : f1;
+      }
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i)
+          xbuf[(((1 - wg) * 4 + j) * kRegs + i) * 128 + tid % 128] = wg == 0 ? o[4 + j][i] : o[j][i];
+    }
+    __syncthreads();
+    if (consumer) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i)
+          o[j][i] = (wg == 0 ? o[j][i] : o[4 + j][i]) + xbuf[((wg * 4 + j) * kRegs + i) * 128 + tid % 128];
+    }
+    if (tid < NH) {
+      float m, f0, f1;
+      merged(tid, &m, &f0, &f1);
+      m_h[tid] = m;
+      l_h[tid] = wg_ml[NH + tid] * f0 + wg_ml[3 * NH + tid] * f1;
+    }
+  } else {
+    if (consumer) {
+#pragma unroll
+      for (int c = 0; c < kOwn / 2; ++c) {
+        l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
+        const int h = own_head(c / 2 * 4 + (c & 1));
+        if (g == 0) warp_s[q * NH + h] = l_run[c];
+        if (q == 0 && g == 0) m_h[h] = m_run[c];
+      }
+    }
+    __syncthreads();
+    if (tid < NH) l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
   }
-  __syncthreads();
   if (tid < NH) {
-    l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
     float lse = -INFINITY;
     scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
     if (direct && p.lse != nullptr && h0 + tid < p.num_heads) p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
