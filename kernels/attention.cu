@@ -608,24 +608,25 @@ struct RawPipeline {
 
   // The producer warps' share: lanes 0..15 of producer warp w issue keys
   // 16w..16w+15 of each tile (indices loaded a tile ahead); a stage is
-  // refilled as soon as the consumers release it.
+  // refilled as soon as the consumers release it. The other lanes follow the
+  // loop, so each warp reaches the epilogue's barriers converged.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
     constexpr int kKeysPerWarp = kBK / kProducerWarps;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const int key = warp * kKeysPerWarp + lane;
-    if (lane >= kKeysPerWarp) return;
-    const auto fetch = [&](int t) { return fetch_key(keys, t * kBK + key); };
+    const bool issuer = lane < kKeysPerWarp;
+    const auto fetch = [&](int t) { return issuer ? fetch_key(keys, t * kBK + key) : PendingKey{-1, -1}; };
     PendingKey first[kStages];
 #pragma unroll
     for (int i = 0; i < kStages; ++i) first[i] = fetch(tile_begin + i);
 #pragma unroll
     for (int i = 0; i < kStages; ++i)
-      if (tile_begin + i < tile_end) issue_row(p, first[i], i, key);
+      if (issuer && tile_begin + i < tile_end) issue_row(p, first[i], i, key);
     PendingKey next = fetch(tile_begin + kStages);
     for (int tile = tile_begin + kStages; tile < tile_end; ++tile) {
       const int i = tile - tile_begin, stage = i % kStages;
       ukv_mbar_wait(&empty[stage], parity(i - kStages));
-      issue_row(p, next, stage, key);
+      if (issuer) issue_row(p, next, stage, key);
       next = fetch(tile + 1);
     }
   }
@@ -1648,9 +1649,20 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
   const bool rope_warp = wg == 1 && q == 3;
   const int pv_block = 4 * wg + q;
+  // kAlt: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
+  // (constant ids: with an id in a register ptxas reserves all 16 barriers).
+  const auto wg_sync = [wg] {
+    if (wg == 0) {
+      ukv_named_sync(1, 128);
+    } else {
+      ukv_named_sync(2, 128);
+    }
+  };
+  // (kAlt: barrier 3, since 1 and 2 are the warpgroups' own: every named
+  // barrier keeps one thread count.)
   const auto consumer_sync = [] {
     if constexpr (kFp8) {
-      ukv_named_sync(1, kThreads);
+      ukv_named_sync(kAlt ? 3 : 1, kThreads);
     } else {
       __syncthreads();
     }
@@ -1707,9 +1719,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T and barrier.
     char* pt_w = pt + wg * NH * 128;
     float* warp_w = warp_s + wg * 4 * NH;
-    const int bar_w = 1 + wg;
     const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
     const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
+    // Descriptors of Q's first k-step and of P^T; a step adds its byte offset / 16.
+    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024), pt_desc = ukv_wgmma_desc(pt_w, 16, 1024);
     for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
       const int stage = pipe.acquire(tile);
       const char* ks = loads.tile(stage);
@@ -1734,7 +1747,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           ukv_wgmma_fence();
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(smem + L::kQ + (size_t)grp * L::kAtomCol + j * 32, 16, 1024));
+            swap_mma<NH>(s, a[grp & 1][j], q_desc + (uint64_t)((grp * L::kAtomCol + j * 32) >> 4));
           ukv_wgmma_commit();
         }
         ukv_wgmma_wait<0>();
@@ -1766,7 +1779,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         mx[c] = ukv_xor_max<4, 16>(mx[c]);
         if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
       }
-      ukv_named_sync(bar_w, 128);
+      wg_sync();
       float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) {
@@ -1792,7 +1805,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha[(i / 4) * 2 + (i & 1)];
       ukv_fence_async_shared();  // P^T before wgmma reads it
-      ukv_named_sync(bar_w, 128);
+      wg_sync();
 
       // PV over all 512 dims: blocks mb 0..3 are scale block q, 4..7 block
       // q + 4 (the rope dims for warp 3).
@@ -1842,7 +1855,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           }
           ukv_wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt_w + k * 32, 16, 1024));
+          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], pt_desc + (uint64_t)(k * 2));
           ukv_wgmma_commit();
         }
         // Every read of the stage is done (the MMAs read registers and P^T).
@@ -2088,7 +2101,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         alt_l[c] = ukv_xor_sum<4, 16>(alt_l[c]);
         if (g == 0) warp_w[q * NH + head_of_c(c)] = alt_l[c];
       }
-      ukv_named_sync(1 + wg, 128);
+      wg_sync();
       if (q == 0 && g == 0) {
 #pragma unroll
         for (int c = 0; c < kRegs / 2; ++c) {
