@@ -1529,6 +1529,40 @@ __device__ __forceinline__ int pv_slot(int kk, int tq, int hi, int e) { return 1
 // the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the pair's scale factors.
 __device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { return 64 * block + 32 * (mb / 2) + 4 * g; }
 
+// The scale factors of this thread's 16 PV keys in scale block `block`;
+// returns whether every one takes a single multiply.
+__device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int tq, const RawFormat& f,
+                                               uint32_t (&factor)[4][2]) {
+  bool fast = true;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      uint32_t sc[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[e] = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
+                                                  2 * block);
+        fast &= raw_fast_scale(sc[e], f);
+      }
+      factor[kk][hi] = raw_factor(sc[0], sc[1], f);
+    }
+  return fast;
+}
+
+// The code words of this thread's 16 PV keys for blocks mb and mb + 1 (mb even).
+__device__ __forceinline__ void raw_pv_load(const char* tile, int block, int mb, int g, int tq,
+                                            uint32_t (&x)[4][2][2]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) +
+                                                          pv_code_offset(block, mb, g));
+}
+
 template <bool kFast>
 __device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
                                              const char* tile, int block, int tq, const RawFormat& f,
@@ -1819,33 +1853,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           const int block = q + 4 * (mb / 4);
           const bool rope = block == kD / 64 - 1;
           if (mb >= 2) ukv_wgmma_wait<1>();
-          if (mb % 4 == 0 && !rope) {
-            bool fast = true;
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-              for (int hi = 0; hi < 2; ++hi) {
-                uint32_t sc[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  sc[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
-                                                            2 * block);
-                  fast &= raw_fast_scale(sc[e], fmt);
-                }
-                factor[kk][hi] = raw_factor(sc[0], sc[1], fmt);
-              }
-            pv_fast = ukv_warp_all(fast);
-          }
-          if (mb % 2 == 0 && !rope) {
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-              for (int hi = 0; hi < 2; ++hi)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                  x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
-                                                                    pv_code_offset(block, mb % 4, g));
-          }
+          if (mb % 4 == 0 && !rope) pv_fast = ukv_warp_all(raw_pv_factors(ks, block, tq, fmt, factor));
+          if (mb % 2 == 0 && !rope) raw_pv_load(ks, block, mb % 4, g, tq, x);
           if (rope) {
             raw_pv_rope(ks, mb % 4, g, tq, a[mb & 1]);
           } else if (pv_fast) {
@@ -2015,32 +2024,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       uint32_t x[4][2][2];
       uint32_t factor[4][2];
       bool pv_fast = true;
-      const auto load_codes = [&](int mb) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int hi = 0; hi < 2; ++hi)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
-                                                                pv_code_offset(pv_block, mb, g));
-      };
       if constexpr (kRaw) {
-        if (!rope_warp) {
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-              uint32_t sc[2];
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                sc[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(pv_slot(kk, tq, hi, e)) +
-                                                          RawTile::kScales + 2 * pv_block);
-                pv_fast &= raw_fast_scale(sc[e], fmt);
-              }
-              factor[kk][hi] = raw_factor(sc[0], sc[1], fmt);
-            }
-        }
+        if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, fmt, factor);
         pv_fast = ukv_warp_all(pv_fast);
       }
       uint32_t a[2][4][4];
@@ -2048,7 +2033,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int mb = 0; mb < 4; ++mb) {
         if (mb >= 2) ukv_wgmma_wait<1>();
         if constexpr (kRaw) {
-          if (!rope_warp && mb % 2 == 0) load_codes(mb);
+          if (!rope_warp && mb % 2 == 0) raw_pv_load(ks, pv_block, mb, g, tq, x);
           if (rope_warp) {
             raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
           } else if (pv_fast) {
