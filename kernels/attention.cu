@@ -1520,13 +1520,11 @@ __device__ __forceinline__ void raw_qk_block(const char* tile, const int (&slot)
 // MMA's k order is the slot order, so P^T columns are slots).
 __device__ __forceinline__ int pv_slot(int kk, int tq, int hi, int e) { return 16 * kk + 2 * tq + 8 * hi + e; }
 
-// PV's V^T fragments of one 64-dim block mb for code warps. M rows map to
-// dims so that a thread's 16 rows (4 blocks x rows g, g + 8) are two 4-dim
-// words of one scale block: row 16q + g (+8) of block mb is dim
-// 64 (4 wg + q) + 32 (mb / 2) + 4g + 2 (mb % 2) (+1), so the 8 lanes g of
-// one key read 32 consecutive bytes (conflict-free across tq).
-// pv_code_offset is that word's offset in a slot; x[kk][hi][e] the word of
-// the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the pair's scale factors.
+// PV's M rows map to dims so that a thread's 16 rows (4 blocks x rows g,
+// g + 8) are two 4-dim words of one scale block: row 16q + g (+8) of block mb
+// is dim 64 (4 wg + q) + 32 (mb / 2) + 4g + 2 (mb % 2) (+1), so the 8 lanes g
+// of one key read 32 consecutive bytes (conflict-free across tq). The offset
+// in a slot of the word holding blocks mb and mb + 1 (mb even):
 __device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { return 64 * block + 32 * (mb / 2) + 4 * g; }
 
 // The scale factors of this thread's 16 PV keys in scale block `block`;
@@ -1563,6 +1561,9 @@ __device__ __forceinline__ void raw_pv_load(const char* tile, int block, int mb,
                                                           pv_code_offset(block, mb, g));
 }
 
+// PV's V^T fragments of block mb for code warps: x[kk][hi][e] is the word
+// (raw_pv_load) of the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the
+// pair's scale factors (raw_pv_factors).
 template <bool kFast>
 __device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
                                              const char* tile, int block, int tq, const RawFormat& f,
