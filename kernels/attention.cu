@@ -1640,6 +1640,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   char* pt = smem + L::kPT;
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
+  // kAlt: head of this thread's S^T column c (fragment i: c = (i / 4) * 2 + (i & 1)).
+  const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
 
   SplitWork work;
   if (!split_work(p, t, split, cfg, work)) return;
@@ -1648,9 +1650,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
-  float m_run[kOwn / 2], l_run[kOwn / 2];  // per own head column (both rows of the pair share it)
+  // Running (m, l) per head column of this thread (both rows of the pair
+  // share it): its own heads after the exchange, or with kAlt all its S^T
+  // columns (head_of_c).
+  constexpr int kCols = kAlt ? kRegs / 2 : kOwn / 2;
+  float m_run[kCols], l_run[kCols];
 #pragma unroll
-  for (int c = 0; c < kOwn / 2; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     m_run[c] = -INFINITY;
     l_run[c] = 0.f;
   }
@@ -1659,13 +1665,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   for (int mb = 0; mb < (kAlt ? 8 : 4); ++mb)
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
-  // kAlt: running (m, l) of this thread's head columns c (fragment i: c = (i / 4) * 2 + (i & 1)).
-  float alt_m[kRegs / 2], alt_l[kRegs / 2];
-#pragma unroll
-  for (int c = 0; c < kRegs / 2; ++c) {
-    alt_m[c] = -INFINITY;
-    alt_l[c] = 0.f;
-  }
 
   // bf16: all warps gather (TileLoads); FP8: the producer warps gather and
   // dequantize (ProducerPipeline) or only gather (RawPipeline), and the
@@ -1755,7 +1754,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     char* pt_w = pt + wg * NH * 128;
     float* warp_w = warp_s + wg * 4 * NH;
     const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-    const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
     // Descriptors of Q's first k-step and of P^T; a step adds its byte offset / 16.
     const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024), pt_desc = ukv_wgmma_desc(pt_w, 16, 1024);
     for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
@@ -1820,10 +1818,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int c = 0; c < kRegs / 2; ++c) {
         const int h = head_of_c(c);
         const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
-        const float m_new = fmaxf(alt_m[c], m_tile);
+        const float m_new = fmaxf(m_run[c], m_tile);
         base[c] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[c] = exp2f(alt_m[c] - base[c]);
-        alt_m[c] = m_new;
+        alpha[c] = exp2f(m_run[c] - base[c]);
+        m_run[c] = m_new;
         sum[c] = 0.f;
       }
 #pragma unroll
@@ -1834,7 +1832,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         *reinterpret_cast<ukv_bf16*>(pt_w + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
       }
 #pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) alt_l[c] = alt_l[c] * alpha[c] + sum[c];
+      for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
@@ -2080,19 +2078,18 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     // 4 wg + q) and adds the other's values for them.
     float* wg_ml = reinterpret_cast<float*>(smem + L::kX + NH * 128);  // [2 warpgroups][m, l][NH]
     float* warp_w = warp_s + wg * 4 * NH;
-    const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
     if (consumer) {
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) {
-        alt_l[c] = ukv_xor_sum<4, 16>(alt_l[c]);
-        if (g == 0) warp_w[q * NH + head_of_c(c)] = alt_l[c];
+        l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
+        if (g == 0) warp_w[q * NH + head_of_c(c)] = l_run[c];
       }
       wg_sync();
       if (q == 0 && g == 0) {
 #pragma unroll
         for (int c = 0; c < kRegs / 2; ++c) {
           const int h = head_of_c(c);
-          wg_ml[2 * wg * NH + h] = alt_m[c];
+          wg_ml[2 * wg * NH + h] = m_run[c];
           wg_ml[(2 * wg + 1) * NH + h] = ((warp_w[h] + warp_w[NH + h]) + warp_w[2 * NH + h]) + warp_w[3 * NH + h];
         }
       }

@@ -147,17 +147,6 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
   return ukv_pack_bf16x2(lo, hi);
 }
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
-// As ukv_byte_perm, except that where bit 3 of a selector nibble is set the
-// result byte is the selected byte's sign bit replicated.
-__device__ __forceinline__ uint32_t ukv_byte_perm_sext(uint32_t a, uint32_t b, uint32_t sel) {
-  const uint64_t bytes = (uint64_t)b << 32 | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t nib = (sel >> (4 * i)) & 0xFu, byte = (uint32_t)(bytes >> (8 * (nib & 7u))) & 0xFFu;
-    r |= ((nib & 8u) ? ((byte & 0x80u) ? 0xFFu : 0u) : byte) << (8 * i);
-  }
-  return r;
-}
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -341,7 +330,8 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 // As ukv_byte_perm, except that where bit 3 of a selector nibble is set the
 // result byte is the selected byte's sign bit replicated (prmt's default
-// mode; __byte_perm ignores that bit).
+// mode; __byte_perm ignores that bit). NVIDIA only: its one user is the raw
+// FP8 attention variant (sm_90a).
 __device__ __forceinline__ uint32_t ukv_byte_perm_sext(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
