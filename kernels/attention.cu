@@ -1373,8 +1373,10 @@ struct SwapSmem {
   static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] in the raw variant (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
-  static constexpr size_t kHead = kWarp + (size_t)(kRaw ? 2 : 1) * 4 * NH * 4;  // f32 [4][NH]: m, l, alpha, scale
-  static constexpr size_t kValid = kHead + (size_t)4 * NH * 4;      // int [stages][64]
+  // f32 [6][NH]: m, l, alpha, scale; the 16-head raw variant's query factor
+  // and score factor (attention_swap_kernel)
+  static constexpr size_t kHead = kWarp + (size_t)(kRaw ? 2 : 1) * 4 * NH * 4;
+  static constexpr size_t kValid = kHead + (size_t)6 * NH * 4;      // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
   static constexpr size_t kBytes = kBar + 3 * kStages * 8;
 };
@@ -1396,53 +1398,35 @@ __device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)
 #endif
 
 #if defined(UKV_HAS_WGMMA)
-// Raw variant: fragments from stored FP8 rows. A code c placed as a 16-bit
-// half with bits (c & 0x80) << 8 | (c & 0x7F) << 4 is the bf16
-// e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16 subnormals); for
-// e4m3fnuz, whose value is half the e4m3fn value of the same bits (0x80
-// aside), 2^-121. One bf16x2 multiply by 2^(s - 7) (fnuz: 2^(s - 8)) then
-// gives the dequantized value rounded to bf16 (exact unless it is
-// subnormal), which is the value the in-place kernels put in their tiles, as
-// long as that factor is a bf16: scale bytes up to 134 (fnuz 135). A warp
-// whose fragments need a larger scale byte (no store writes one below amax
-// 57344) multiplies twice, by 2^127 and the rest; byte 255 gives NaN. NaN
-// codes come out finite, so QK also looks for them and makes the score of a
-// key that holds one NaN, which is what the decoded row gives.
-struct RawFormat {
-  uint32_t bias;                   // the factor's exponent field: s + bias
-  uint32_t nan_mask, nan_pattern;  // code c is NaN iff (c & mask) == pattern
-};
-
-__device__ __forceinline__ RawFormat raw_format(ukv_fp8_format fmt) {
-  const bool uz = fmt == UKV_FP8_E4M3FNUZ;
-  return {uz ? 119u : 120u, uz ? 0xFFFFFFFFu : 0x7F7F7F7Fu, uz ? 0x80808080u : 0x7F7F7F7Fu};
-}
+// Raw variant: fragments from stored e4m3fn rows (raw_variant_applies). A
+// code c placed as a 16-bit half with bits (c & 0x80) << 8 | (c & 0x7F) << 4
+// is the bf16 e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16
+// subnormals). One bf16x2 multiply by 2^(s - 7) then gives the dequantized
+// value rounded to bf16 (exact unless it is subnormal), which is the value
+// the in-place kernels put in their tiles, as long as that factor is a bf16:
+// scale bytes up to 134. A warp whose fragments need a larger scale byte (no
+// store writes one below amax 57344) multiplies twice, by 2^127 and the rest;
+// byte 255 gives NaN. NaN codes come out finite, so the 32-head kernel's QK
+// also looks for them and makes the score of a key that holds one NaN, which
+// is what the decoded row gives. (The 16-head kernel's QK converts codes to
+// f16 instead: raw_qk_block_f16.)
+constexpr uint32_t kRawBias = 120;  // the factor's exponent field: s + kRawBias
 
 // Whether scale byte s takes one multiply.
-__device__ __forceinline__ bool raw_fast_scale(uint32_t s, const RawFormat& f) { return s + f.bias <= 254u; }
-
-// Whether all seven scale bytes of a stage row take one multiply.
-__device__ __forceinline__ bool raw_row_fast(const char* row, const RawFormat& f) {
-  const uint4 v = *reinterpret_cast<const uint4*>(row + RawTile::kScales);
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  bool ok = true;
-#pragma unroll
-  for (int j = 0; j < 7; ++j) ok &= raw_fast_scale((w[j / 2] >> (16 * (j % 2))) & 0xFFu, f);
-  return ok;
-}
+__device__ __forceinline__ bool raw_fast_scale(uint32_t s) { return s + kRawBias <= 254u; }
 
 // The factor bf16x2 for scale bytes s0 (low half) and s1 (one multiply).
-__device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1, const RawFormat& f) {
-  return ((s0 | s1 << 16) + f.bias * 0x00010001u) << 7;
+__device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1) {
+  return ((s0 | s1 << 16) + kRawBias * 0x00010001u) << 7;
 }
 
 // Two multiplies: the first and second factor of scale byte s as bf16 bits.
-__device__ __forceinline__ uint32_t raw_factor_first(uint32_t s, const RawFormat& f) {
-  const uint32_t e = s + f.bias;
+__device__ __forceinline__ uint32_t raw_factor_first(uint32_t s) {
+  const uint32_t e = s + kRawBias;
   return (e > 254u ? 254u : e) << 7;
 }
-__device__ __forceinline__ uint32_t raw_factor_second(uint32_t s, const RawFormat& f) {
-  const uint32_t e = s + f.bias;
+__device__ __forceinline__ uint32_t raw_factor_second(uint32_t s) {
+  const uint32_t e = s + kRawBias;
   return s == 255u ? 0x7FC0u : (e > 254u ? e - 127u : 127u) << 7;
 }
 
@@ -1450,18 +1434,17 @@ __device__ __forceinline__ uint32_t raw_factor_second(uint32_t s, const RawForma
 __device__ __forceinline__ uint32_t raw_bits(uint32_t sext_pair) { return (sext_pair << 4) & 0x87F087F0u; }
 
 // Bit 7 set in some byte iff one of the word's four codes is NaN.
-__device__ __forceinline__ uint32_t raw_nan_bits(uint32_t w, const RawFormat& f) {
-  const uint32_t v = (w & f.nan_mask) ^ f.nan_pattern;  // a zero byte where a code is NaN
+__device__ __forceinline__ uint32_t raw_nan_bits(uint32_t w) {
+  const uint32_t v = ~w & 0x7F7F7F7Fu;  // a zero byte where a code is NaN (low 7 bits set)
   return (v - 0x01010101u) & ~v;
 }
 
 // Bits from raw_bits times the factors of their scale bytes s0 (low half) and s1.
 template <bool kFast>
-__device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_factor, uint32_t s0, uint32_t s1,
-                                              const RawFormat& f) {
+__device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_factor, uint32_t s0, uint32_t s1) {
   if constexpr (kFast) return ukv_bf16x2_mul(bits, fast_factor);
-  const uint32_t first = ukv_bf16x2_mul(bits, raw_factor_first(s0, f) | raw_factor_first(s1, f) << 16);
-  return ukv_bf16x2_mul(first, raw_factor_second(s0, f) | raw_factor_second(s1, f) << 16);
+  const uint32_t first = ukv_bf16x2_mul(bits, raw_factor_first(s0) | raw_factor_first(s1) << 16);
+  return ukv_bf16x2_mul(first, raw_factor_second(s0) | raw_factor_second(s1) << 16);
 }
 
 // Slot of the key in M row m of the QK MMA: rows g = 2i and 2i + 1 of a
@@ -1483,35 +1466,72 @@ __device__ __forceinline__ int qk_logical_pair(int block, int pp) {
   return 8 * kk + 4 * (pp & 1) + tq;
 }
 
-// QK fragments of one 64-dim block (four k-steps) for this thread's keys in
+// QK fragments of the rope block (bf16 as stored) for this thread's keys in
 // slots slot[0] (M row 16q + g) and slot[1] (row + 8). a[kk] is k-step kk's
 // fragment: registers 0, 1 the pair hi = 0 of key 0, 1; 2, 3 the pair hi = 1.
-template <bool kFast>
-__device__ __forceinline__ void raw_qk_block(const char* tile, const int (&slot)[2], int block, int tq,
-                                             const RawFormat& f, uint32_t (&a)[4][4], uint32_t (&nan)[2]) {
+__device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[2], int tq, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const char* row = tile + raw_row(slot[e]);
-    if (block == kD / 64 - 1) {
-      const uint4 x = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 16 * tq);
-      const uint4 y = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 64 + 16 * tq);
-      const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    const uint4 x = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 16 * tq);
+    const uint4 y = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 64 + 16 * tq);
+    const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        a[kk][e] = w[2 * kk];
-        a[kk][2 + e] = w[2 * kk + 1];
-      }
-      continue;
+    for (int kk = 0; kk < 4; ++kk) {
+      a[kk][e] = w[2 * kk];
+      a[kk][2 + e] = w[2 * kk + 1];
     }
+  }
+}
+
+// QK fragments of one 64-dim block (four k-steps), as raw_qk_rope; code
+// blocks as bf16 scaled by their factors.
+template <bool kFast>
+__device__ __forceinline__ void raw_qk_block(const char* tile, const int (&slot)[2], int block, int tq, uint32_t (&a)[4][4], uint32_t (&nan)[2]) {
+  if (block == kD / 64 - 1) {
+    raw_qk_rope(tile, slot, tq, a);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const char* row = tile + raw_row(slot[e]);
     const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
     const uint32_t s = *reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block);
     const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    const uint32_t factor = raw_factor(s, s, f);
+    const uint32_t factor = raw_factor(s, s);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      nan[e] |= raw_nan_bits(w[kk], f);
-      a[kk][e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0x9180u)), factor, s, s, f);
-      a[kk][2 + e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0xB3A2u)), factor, s, s, f);
+      nan[e] |= raw_nan_bits(w[kk]);
+      a[kk][e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0x9180u)), factor, s, s);
+      a[kk][2 + e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0xB3A2u)), factor, s, s);
+    }
+  }
+}
+
+// The 16-head kernel's QK code blocks on f16 MMAs: a pair of e4m3fn codes
+// converts to f16 exactly in one instruction (NaN stays NaN), the query is
+// in f16 (scaled per head, see the kernel), and the key's scale factor
+// multiplies the block's partial scores in f32 afterwards (raw_scale_f32):
+// no bf16 multiplies, no range limits on the scale byte, no NaN test.
+__device__ __forceinline__ float raw_scale_f32(uint32_t s) {
+  // 2^(s - 127); byte 0 is the subnormal 2^-127 and byte 255 NaN (UE8M0).
+  return __uint_as_float(s == 0u ? 0x00400000u : s == 255u ? 0x7FC00000u : s << 23);
+}
+
+// Fragments of code block `block` in f16 (layout as raw_qk_rope) and the two
+// keys' factors for it.
+__device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&slot)[2], int block, int tq,
+                                                 uint32_t (&a)[4][4], float (&factor)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const char* row = tile + raw_row(slot[e]);
+    const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
+    factor[e] = raw_scale_f32(*reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block));
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      a[kk][e] = ukv_cvt_e4m3x2_to_half2((uint16_t)w[kk]);
+      a[kk][2 + e] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[kk] >> 16));
     }
   }
 }
@@ -1529,7 +1549,7 @@ __device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { r
 
 // The scale factors of this thread's 16 PV keys in scale block `block`;
 // returns whether every one takes a single multiply.
-__device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int tq, const RawFormat& f,
+__device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int tq,
                                                uint32_t (&factor)[4][2]) {
   bool fast = true;
 #pragma unroll
@@ -1541,9 +1561,9 @@ __device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int 
       for (int e = 0; e < 2; ++e) {
         sc[e] = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
                                                   2 * block);
-        fast &= raw_fast_scale(sc[e], f);
+        fast &= raw_fast_scale(sc[e]);
       }
-      factor[kk][hi] = raw_factor(sc[0], sc[1], f);
+      factor[kk][hi] = raw_factor(sc[0], sc[1]);
     }
   return fast;
 }
@@ -1566,7 +1586,7 @@ __device__ __forceinline__ void raw_pv_load(const char* tile, int block, int mb,
 // pair's scale factors (raw_pv_factors).
 template <bool kFast>
 __device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
-                                             const char* tile, int block, int tq, const RawFormat& f,
+                                             const char* tile, int block, int tq,
                                              uint32_t (&a)[4][4]) {
   const int j = 2 * (mb & 1);
 #pragma unroll
@@ -1582,8 +1602,8 @@ __device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const
         s0 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + RawTile::kScales + 2 * block);
         s1 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + RawTile::kScales + 2 * block);
       }
-      a[kk][2 * hi] = raw_scale<kFast>(even, factor[kk][hi], s0, s1, f);
-      a[kk][2 * hi + 1] = raw_scale<kFast>(odd, factor[kk][hi], s0, s1, f);
+      a[kk][2 * hi] = raw_scale<kFast>(even, factor[kk][hi], s0, s1);
+      a[kk][2 * hi + 1] = raw_scale<kFast>(odd, factor[kk][hi], s0, s1);
     }
 }
 
@@ -1637,6 +1657,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   float* l_h = m_h + NH;
   float* alpha_h = l_h + NH;
   float* scale_h = alpha_h + NH;
+  float* q_mul_h = scale_h + NH;
+  float* qk_h = q_mul_h + NH;
   char* pt = smem + L::kPT;
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
@@ -1677,7 +1699,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
-  const RawFormat fmt = raw_format((ukv_fp8_format)p.src[0].kv.fp8_format);
   // Raw variant: the slot of M row m's key, and this warp's PV rows (the rope
   // dims for warpgroup 1's last warp, else codes of scale block 4 wg + q).
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
@@ -1711,16 +1732,54 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // (rather than exiting: sanitizers wait for exited threads at them).
   const bool consumer = !kFp8 || tid < kThreads;
   if (!consumer) pipe.produce(p, keys);
+  const float qk_scale = p.softmax_scale * kLog2e;
+  // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
+  const auto q_chunk = [&](int r, int chunk) {
+    const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                           (int64_t)(h0 + r < p.num_heads ? h0 + r : 0) * p.q_stride_head;
+    return h0 + r < p.num_heads ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
+                                : make_uint4(0, 0, 0, 0);
+  };
+  const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+  const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+  if (kAlt && consumer && tile_begin < tile_end) {
+    // The 16-head kernel's QK code blocks run on f16 MMAs (raw_qk_block_f16):
+    // head h's query is scaled by 2^e so that its largest |q| lies in
+    // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
+    // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
+    for (int r = tid / UKV_WARP; r < NH; r += kWarps) {
+      float m = 0.f;
+      for (int chunk = lane; chunk < kChunks; chunk += UKV_WARP) {
+        const uint4 v = q_chunk(r, chunk);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
+      }
+      m = ukv_xor_max<1, 16>(m);
+      if (lane == 0) {
+        const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
+        const int e = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
+        q_mul_h[r] = __uint_as_float((uint32_t)(e + 127) << 23);
+        qk_h[r] = ldexpf(qk_scale, -e);
+      }
+    }
+    consumer_sync();
+  }
   if (kRaw && consumer && tile_begin < tile_end) {
-    // Q in the raw variant's k order (qk_logical_pair), through registers.
+    // Q in the raw variant's k order (qk_logical_pair), through registers
+    // (16 heads: the code blocks in f16 and the rope block in bf16, scaled).
     for (int c = tid; c < NH * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
-      const bool valid = h0 + r < p.num_heads;
-      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
-                             (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
-      const uint4 v = valid ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
-                            : make_uint4(0, 0, 0, 0);
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      const uint4 v = q_chunk(r, chunk);
+      uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      if constexpr (kAlt) {
+        const float mul = q_mul_h[r];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
+          w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
@@ -1747,7 +1806,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   } else {
     loads.start(p, keys);
   }
-  const float qk_scale = p.softmax_scale * kLog2e;
 
   if constexpr (kAlt) {
     // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T and barrier.
@@ -1760,36 +1818,45 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       const int stage = pipe.acquire(tile);
       const char* ks = loads.tile(stage);
 
-      // QK over all 32 k-steps, one scale block per commit group.
+      // QK: one commit group per 64-dim block into its own accumulators,
+      // added to s with the keys' scale factors once complete; the next
+      // block's fragments (double-buffered) are built while it runs. Code
+      // blocks run on f16 MMAs, the rope block on bf16.
       float s[kRegs];
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-      uint32_t nan[2] = {0u, 0u};
-      const bool qk_fast =
-          ukv_warp_all(raw_row_fast(ks + raw_row(qk_slots[0]), fmt) && raw_row_fast(ks + raw_row(qk_slots[1]), fmt));
       {
         uint32_t a[2][4][4];
+        float part[kRegs], factor[2][2];
+        const auto build = [&](int grp) {
+          if (grp == kD / 64 - 1) {
+            raw_qk_rope(ks, qk_slots, tq, a[grp & 1]);
+            factor[grp & 1][0] = factor[grp & 1][1] = 1.f;
+          } else {
+            raw_qk_block_f16(ks, qk_slots, grp, tq, a[grp & 1], factor[grp & 1]);
+          }
+        };
+        build(0);
 #pragma unroll
         for (int grp = 0; grp < kD / 64; ++grp) {
-          if (grp >= 2) ukv_wgmma_wait<1>();
-          if (qk_fast) {
-            raw_qk_block<true>(ks, qk_slots, grp, tq, fmt, a[grp & 1], nan);
-          } else {
-            raw_qk_block<false>(ks, qk_slots, grp, tq, fmt, a[grp & 1], nan);
-          }
+          const int b = grp & 1;
           ukv_wgmma_fence();
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            swap_mma<NH>(s, a[grp & 1][j], q_desc + (uint64_t)((grp * L::kAtomCol + j * 32) >> 4));
+          for (int j = 0; j < 4; ++j) {
+            const uint64_t q_step = q_desc + (uint64_t)((grp * L::kAtomCol + j * 32) >> 4);
+            if (grp == kD / 64 - 1) {
+              ukv_wgmma_m64n16k16_ra(part, a[b][j], q_step, j);
+            } else {
+              ukv_wgmma_m64n16k16_ra_f16(part, a[b][j], q_step, j);
+            }
+          }
           ukv_wgmma_commit();
-        }
-        ukv_wgmma_wait<0>();
-        ukv_wgmma_fence_regs(s);
-      }
+          if (grp + 1 < kD / 64) build(grp + 1);
+          ukv_wgmma_wait<0>();
+          ukv_wgmma_fence_regs(part);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 1, UKV_WARP);
-        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 2, UKV_WARP);
+          for (int i = 0; i < kRegs; ++i) s[i] = fmaf(part[i], factor[b][(i & 2) ? 1 : 0], s[i]);
+        }
       }
 
       // Softmax of the tile within the warpgroup: the head max over the
@@ -1802,9 +1869,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) {
         const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
-        // A key holding a NaN code scores NaN, as its decoded row would.
-        const float v = (nan[e] & 0x80808080u) != 0u ? __int_as_float(0x7FC00000) : s[i] * qk_scale;
-        s[i] = v_key[e] ? v : -INFINITY;
+        s[i] = v_key[e] ? s[i] * qk_h[head_of_c(c)] : -INFINITY;
         mx[c] = fmaxf(mx[c], s[i]);
       }
 #pragma unroll
@@ -1852,14 +1917,14 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           const int block = q + 4 * (mb / 4);
           const bool rope = block == kD / 64 - 1;
           if (mb >= 2) ukv_wgmma_wait<1>();
-          if (mb % 4 == 0 && !rope) pv_fast = ukv_warp_all(raw_pv_factors(ks, block, tq, fmt, factor));
+          if (mb % 4 == 0 && !rope) pv_fast = ukv_warp_all(raw_pv_factors(ks, block, tq, factor));
           if (mb % 2 == 0 && !rope) raw_pv_load(ks, block, mb % 4, g, tq, x);
           if (rope) {
             raw_pv_rope(ks, mb % 4, g, tq, a[mb & 1]);
           } else if (pv_fast) {
-            raw_pv_codes<true>(x, factor, mb % 4, ks, block, tq, fmt, a[mb & 1]);
+            raw_pv_codes<true>(x, factor, mb % 4, ks, block, tq, a[mb & 1]);
           } else {
-            raw_pv_codes<false>(x, factor, mb % 4, ks, block, tq, fmt, a[mb & 1]);
+            raw_pv_codes<false>(x, factor, mb % 4, ks, block, tq, a[mb & 1]);
           }
           ukv_wgmma_fence();
 #pragma unroll
@@ -1914,8 +1979,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           for (int e = 0; e < 2; ++e)
             if (4 * wg + j < kD / 64 - 1)
               qk_fast &= raw_fast_scale(
-                  *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 8 * wg + 2 * j),
-                  fmt);
+                  *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 8 * wg + 2 * j));
         qk_fast = ukv_warp_all(qk_fast);
       }
       uint32_t a[2][kGroup][4];
@@ -1925,9 +1989,9 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         if constexpr (kRaw) {
           static_assert(kGroup == 4, "a raw fragment group is one 64-dim scale block");
           if (qk_fast) {
-            raw_qk_block<true>(ks, qk_slots, 4 * wg + grp, tq, fmt, a[grp & 1], nan);
+            raw_qk_block<true>(ks, qk_slots, 4 * wg + grp, tq, a[grp & 1], nan);
           } else {
-            raw_qk_block<false>(ks, qk_slots, 4 * wg + grp, tq, fmt, a[grp & 1], nan);
+            raw_qk_block<false>(ks, qk_slots, 4 * wg + grp, tq, a[grp & 1], nan);
           }
         } else {
 #pragma unroll
@@ -2033,7 +2097,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       uint32_t factor[4][2];
       bool pv_fast = true;
       if constexpr (kRaw) {
-        if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, fmt, factor);
+        if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, factor);
         pv_fast = ukv_warp_all(pv_fast);
       }
       uint32_t a[2][4][4];
@@ -2045,9 +2109,9 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           if (rope_warp) {
             raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
           } else if (pv_fast) {
-            raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, fmt, a[mb & 1]);
+            raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
           } else {
-            raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, fmt, a[mb & 1]);
+            raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
           }
         } else {
 #pragma unroll
@@ -2356,8 +2420,8 @@ int portable_variant(int device, int* variant) {
 using AttentionKernel = void (*)(ukv_attention_params, SplitConfig);
 
 // The kernel instantiation a plan names for bf16 or FP8 pools, its dynamic
-// shared memory and its threads per block. `raw`: every key source is an FP8
-// pool, so the heads-on-N kernels may take their raw variant.
+// shared memory and its threads per block. `raw`: the heads-on-N kernels may
+// take their raw variant (raw_variant_applies).
 template <bool kFp8>
 int plan_kernel_for(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, AttentionKernel* kernel, size_t* smem,
                     int* threads) {
@@ -2416,11 +2480,13 @@ int plan_kernel(const ukv_attention_plan& plan, bool raw, AttentionKernel* kerne
                      : plan_kernel_for<false>(plan, raw, kernel, smem, threads);
 }
 
-// Whether every key source of a call is an FP8 pool (host-side arguments, so
-// the kernel choice still depends only on what a graph captures).
-bool all_sources_fp8(const ukv_attention_params& p) {
+// Whether every key source of a call is an e4m3fn pool, the rows the raw
+// variant reads (host-side arguments, so the kernel choice still depends only
+// on what a graph captures). e4m3fnuz pools, the AMD format, take the
+// in-place kernels, which decode either format.
+bool raw_variant_applies(const ukv_attention_params& p) {
   for (int s = 0; s < p.num_sources; ++s)
-    if (p.src[s].kv.fp8 == 0) return false;
+    if (p.src[s].kv.fp8 == 0 || p.src[s].kv.fp8_format != UKV_FP8_E4M3FN) return false;
   return true;
 }
 
@@ -2466,7 +2532,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // three stages at any batch (bench/NOTES.md, version 15).
     if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
-    // FP8 plans configure both kernels a call may take (all_sources_fp8);
+    // FP8 plans configure both kernels a call may take (raw_variant_applies);
     // the cluster choice below holds for each.
     struct Variant {
       AttentionKernel kernel = nullptr;
@@ -2537,7 +2603,7 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     AttentionKernel kernel = nullptr;
     size_t smem = 0;
     int threads = 0;
-    if (int r = plan_kernel(*plan, all_sources_fp8(*p), &kernel, &smem, &threads)) return r;
+    if (int r = plan_kernel(*plan, raw_variant_applies(*p), &kernel, &smem, &threads)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;
     // it waits for that kernel's memory before reading any input.
     const bool early = plan->dependent_launch != 0;
