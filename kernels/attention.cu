@@ -1385,15 +1385,21 @@ struct SwapSmem {
 __host__ __device__ constexpr int swap_threads(bool fp8) { return kThreads + (fp8 ? kProducerWarps * UKV_WARP : 0); }
 
 #if defined(UKV_HAS_WGMMA)
-template <int NH>
-__device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)[4], uint64_t b);
-template <>
-__device__ __forceinline__ void swap_mma<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
-  ukv_wgmma_m64n16k16_ra(d, a, b);
-}
-template <>
-__device__ __forceinline__ void swap_mma<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
-  ukv_wgmma_m64n32k16_ra(d, a, b);
+// D[64 x NH] (+)= A . B^T of the heads-on-N kernels, on bf16 or f16 operands.
+template <int NH, bool kF16 = false>
+__device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)[4], uint64_t b, int accumulate = 1) {
+  static_assert(NH == 16 || NH == 32, "heads-on-N blocks hold 16 or 32 heads");
+  if constexpr (NH == 16) {
+    if constexpr (kF16) {
+      ukv_wgmma_m64n16k16_ra_f16(d, a, b, accumulate);
+    } else {
+      ukv_wgmma_m64n16k16_ra(d, a, b, accumulate);
+    }
+  } else if constexpr (kF16) {
+    ukv_wgmma_m64n32k16_ra_f16(d, a, b, accumulate);
+  } else {
+    ukv_wgmma_m64n32k16_ra(d, a, b, accumulate);
+  }
 }
 #endif
 
@@ -1432,12 +1438,6 @@ __device__ __forceinline__ uint32_t raw_factor_second(uint32_t s) {
 
 // Two codes as sign-extended 16-bit halves -> their bf16 bits (see above).
 __device__ __forceinline__ uint32_t raw_bits(uint32_t sext_pair) { return (sext_pair << 4) & 0x87F087F0u; }
-
-// Bit 7 set in some byte iff one of the word's four codes is NaN.
-__device__ __forceinline__ uint32_t raw_nan_bits(uint32_t w) {
-  const uint32_t v = ~w & 0x7F7F7F7Fu;  // a zero byte where a code is NaN (low 7 bits set)
-  return (v - 0x01010101u) & ~v;
-}
 
 // Bits from raw_bits times the factors of their scale bytes s0 (low half) and s1.
 template <bool kFast>
@@ -1484,30 +1484,6 @@ __device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[
   }
 }
 
-// QK fragments of one 64-dim block (four k-steps), as raw_qk_rope; code
-// blocks as bf16 scaled by their factors.
-template <bool kFast>
-__device__ __forceinline__ void raw_qk_block(const char* tile, const int (&slot)[2], int block, int tq, uint32_t (&a)[4][4], uint32_t (&nan)[2]) {
-  if (block == kD / 64 - 1) {
-    raw_qk_rope(tile, slot, tq, a);
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const char* row = tile + raw_row(slot[e]);
-    const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
-    const uint32_t s = *reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block);
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-    const uint32_t factor = raw_factor(s, s);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      nan[e] |= raw_nan_bits(w[kk]);
-      a[kk][e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0x9180u)), factor, s, s);
-      a[kk][2 + e] = raw_scale<kFast>(raw_bits(ukv_byte_perm_sext(w[kk], 0u, 0xB3A2u)), factor, s, s);
-    }
-  }
-}
-
 // The 16-head kernel's QK code blocks on f16 MMAs: a pair of e4m3fn codes
 // converts to f16 exactly in one instruction (NaN stays NaN), the query is
 // in f16 (scaled per head, see the kernel), and the key's scale factor
@@ -1533,6 +1509,48 @@ __device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&s
       a[kk][e] = ukv_cvt_e4m3x2_to_half2((uint16_t)w[kk]);
       a[kk][2 + e] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[kk] >> 16));
     }
+  }
+}
+
+// QK of the raw variant over scale blocks kFirst .. kFirst + kBlocks - 1: one
+// commit group per block into its own accumulators, added to s with the
+// keys' scale factors once complete, while the next block's fragments
+// (double-buffered) are built. Code blocks run on f16 MMAs
+// (raw_qk_block_f16), the rope block on bf16. q_desc is the descriptor of
+// the query's first k-step; blocks sit atom_col bytes apart, k-steps 32.
+template <int NH, int kFirst, int kBlocks>
+__device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], int tq, uint64_t q_desc,
+                                       uint32_t atom_col, float (&s)[NH / 2]) {
+  uint32_t a[2][4][4];
+  float part[NH / 2], factor[2][2];
+  const auto build = [&](int i) {
+    if (kFirst + i == kD / 64 - 1) {
+      raw_qk_rope(ks, slots, tq, a[i & 1]);
+      factor[i & 1][0] = factor[i & 1][1] = 1.f;
+    } else {
+      raw_qk_block_f16(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
+    }
+  };
+  build(0);
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    const int block = kFirst + i;
+    ukv_wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t step = q_desc + (uint64_t)((block * atom_col + j * 32) >> 4);
+      if (block == kD / 64 - 1) {
+        swap_mma<NH>(part, a[i & 1][j], step, j);
+      } else {
+        swap_mma<NH, true>(part, a[i & 1][j], step, j);
+      }
+    }
+    ukv_wgmma_commit();
+    if (i + 1 < kBlocks) build(i + 1);
+    ukv_wgmma_wait<0>();
+    ukv_wgmma_fence_regs(part);
+#pragma unroll
+    for (int r = 0; r < NH / 2; ++r) s[r] = fmaf(part[r], factor[i & 1][(r & 2) ? 1 : 0], s[r]);
   }
 }
 
@@ -1742,8 +1760,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   };
   const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
   const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
-  if (kAlt && consumer && tile_begin < tile_end) {
-    // The 16-head kernel's QK code blocks run on f16 MMAs (raw_qk_block_f16):
+  if (kRaw && consumer && tile_begin < tile_end) {
+    // The raw variant's QK code blocks run on f16 MMAs (raw_qk_block_f16):
     // head h's query is scaled by 2^e so that its largest |q| lies in
     // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
     // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
@@ -1766,19 +1784,17 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     consumer_sync();
   }
   if (kRaw && consumer && tile_begin < tile_end) {
-    // Q in the raw variant's k order (qk_logical_pair), through registers
-    // (16 heads: the code blocks in f16 and the rope block in bf16, scaled).
+    // Q in the raw variant's k order (qk_logical_pair), through registers,
+    // scaled: the code blocks in f16, the rope block in bf16.
     for (int c = tid; c < NH * kChunks; c += kThreads) {
       const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
       const uint4 v = q_chunk(r, chunk);
       uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      if constexpr (kAlt) {
-        const float mul = q_mul_h[r];
+      const float mul = q_mul_h[r];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
-          w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
-        }
+      for (int e = 0; e < 4; ++e) {
+        const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
+        w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -1818,46 +1834,11 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       const int stage = pipe.acquire(tile);
       const char* ks = loads.tile(stage);
 
-      // QK: one commit group per 64-dim block into its own accumulators,
-      // added to s with the keys' scale factors once complete; the next
-      // block's fragments (double-buffered) are built while it runs. Code
-      // blocks run on f16 MMAs, the rope block on bf16.
+      // QK over all eight blocks (raw_qk).
       float s[kRegs];
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-      {
-        uint32_t a[2][4][4];
-        float part[kRegs], factor[2][2];
-        const auto build = [&](int grp) {
-          if (grp == kD / 64 - 1) {
-            raw_qk_rope(ks, qk_slots, tq, a[grp & 1]);
-            factor[grp & 1][0] = factor[grp & 1][1] = 1.f;
-          } else {
-            raw_qk_block_f16(ks, qk_slots, grp, tq, a[grp & 1], factor[grp & 1]);
-          }
-        };
-        build(0);
-#pragma unroll
-        for (int grp = 0; grp < kD / 64; ++grp) {
-          const int b = grp & 1;
-          ukv_wgmma_fence();
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint64_t q_step = q_desc + (uint64_t)((grp * L::kAtomCol + j * 32) >> 4);
-            if (grp == kD / 64 - 1) {
-              ukv_wgmma_m64n16k16_ra(part, a[b][j], q_step, j);
-            } else {
-              ukv_wgmma_m64n16k16_ra_f16(part, a[b][j], q_step, j);
-            }
-          }
-          ukv_wgmma_commit();
-          if (grp + 1 < kD / 64) build(grp + 1);
-          ukv_wgmma_wait<0>();
-          ukv_wgmma_fence_regs(part);
-#pragma unroll
-          for (int i = 0; i < kRegs; ++i) s[i] = fmaf(part[i], factor[b][(i & 2) ? 1 : 0], s[i]);
-        }
-      }
+      raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
 
       // Softmax of the tile within the warpgroup: the head max over the
       // warp's 16 keys (lanes g), then its 4 warps through shared memory.
@@ -1960,45 +1941,31 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     }
     const char* ks = loads.tile(stage);
 
-    // QK over this warpgroup's 16 k-steps of 16 dims, in commit groups of
-    // kGroup fragments double-buffered in registers (a group's registers are
-    // reloaded only after the group two back has completed), which keeps the
-    // kernel within 128 registers for two CTAs per SM. Raw variant: a group
-    // is one scale block, built from the keys' codes (raw_qk_block).
+    // QK over this warpgroup's 16 k-steps of 16 dims (blocks 4 wg .. 4 wg + 3).
+    // bf16: in commit groups of kGroup fragments double-buffered in
+    // registers (a group's registers are reloaded only after the group two
+    // back has completed), which keeps the kernel within 128 registers for
+    // two CTAs per SM. Raw variant: raw_qk.
     float s[kRegs];
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-    uint32_t nan[2] = {0u, 0u};  // raw variant: NaN codes in this thread's keys
-    {
+    if constexpr (kRaw) {
       const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-      bool qk_fast = true;
-      if constexpr (kRaw) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (4 * wg + j < kD / 64 - 1)
-              qk_fast &= raw_fast_scale(
-                  *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 8 * wg + 2 * j));
-        qk_fast = ukv_warp_all(qk_fast);
+      const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+      if (wg == 0) {
+        raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+      } else {
+        raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
       }
+    } else {
       uint32_t a[2][kGroup][4];
 #pragma unroll
       for (int grp = 0; grp < 16 / kGroup; ++grp) {
         if (grp >= 2) ukv_wgmma_wait<1>();
-        if constexpr (kRaw) {
-          static_assert(kGroup == 4, "a raw fragment group is one 64-dim scale block");
-          if (qk_fast) {
-            raw_qk_block<true>(ks, qk_slots, 4 * wg + grp, tq, a[grp & 1], nan);
-          } else {
-            raw_qk_block<false>(ks, qk_slots, 4 * wg + grp, tq, a[grp & 1], nan);
-          }
-        } else {
 #pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            const int kstep = 16 * wg + grp * kGroup + j;
-            ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
-          }
+        for (int j = 0; j < kGroup; ++j) {
+          const int kstep = 16 * wg + grp * kGroup + j;
+          ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
         }
         ukv_wgmma_fence();
 #pragma unroll
@@ -2011,19 +1978,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       }
       ukv_wgmma_wait<0>();
       ukv_wgmma_fence_regs(s);
-    }
-    if constexpr (kRaw) {
-      // A key holding a NaN code scores NaN, as its decoded row would; the
-      // key's codes are spread over the four lanes tq (and the warpgroups,
-      // whose partial scores add up below).
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 1, UKV_WARP);
-        nan[e] |= (uint32_t)ukv_shfl_xor((int)nan[e], 2, UKV_WARP);
-      }
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i)
-        if ((nan[(i & 2) ? 1 : 0] & 0x80808080u) != 0u) s[i] = __int_as_float(0x7FC00000);
     }
 
     // The other warpgroup's heads go to it; this one's come back.
@@ -2041,7 +1995,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kOwn; ++j) {
-      const float v = (x[j] + xs[j * kThreads + partner]) * qk_scale;
+      const float v = (x[j] + xs[j * kThreads + partner]) * (kRaw ? qk_h[own_head(j)] : qk_scale);
       const bool key_ok = (j & 2) ? v_hi : v_lo;
       x[j] = key_ok ? v : -INFINITY;
       const int c = (j / 4) * 2 + (j & 1);
