@@ -1373,8 +1373,8 @@ struct SwapSmem {
   static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] in the raw variant (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
-  // f32 [6][NH]: m, l, alpha, scale; the 16-head raw variant's query factor
-  // and score factor (attention_swap_kernel)
+  // f32 [6][NH]: m, l, alpha, scale; the raw variant's query factor and
+  // score factor (attention_swap_kernel)
   static constexpr size_t kHead = kWarp + (size_t)(kRaw ? 2 : 1) * 4 * NH * 4;
   static constexpr size_t kValid = kHead + (size_t)6 * NH * 4;      // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
@@ -1404,18 +1404,17 @@ __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)
 #endif
 
 #if defined(UKV_HAS_WGMMA)
-// Raw variant: fragments from stored e4m3fn rows (raw_variant_applies). A
-// code c placed as a 16-bit half with bits (c & 0x80) << 8 | (c & 0x7F) << 4
+// Raw variant: fragments from stored e4m3fn rows (raw_variant_applies). PV:
+// a code c placed as a 16-bit half with bits (c & 0x80) << 8 | (c & 0x7F) << 4
 // is the bf16 e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16
 // subnormals). One bf16x2 multiply by 2^(s - 7) then gives the dequantized
 // value rounded to bf16 (exact unless it is subnormal), which is the value
 // the in-place kernels put in their tiles, as long as that factor is a bf16:
 // scale bytes up to 134. A warp whose fragments need a larger scale byte (no
 // store writes one below amax 57344) multiplies twice, by 2^127 and the rest;
-// byte 255 gives NaN. NaN codes come out finite, so the 32-head kernel's QK
-// also looks for them and makes the score of a key that holds one NaN, which
-// is what the decoded row gives. (The 16-head kernel's QK converts codes to
-// f16 instead: raw_qk_block_f16.)
+// byte 255 gives NaN. NaN codes come out finite here, but QK's conversion
+// (raw_qk_block_f16) keeps them NaN, so a key holding one scores NaN and its
+// weight is NaN, which is what the decoded row gives.
 constexpr uint32_t kRawBias = 120;  // the factor's exponent field: s + kRawBias
 
 // Whether scale byte s takes one multiply.
@@ -1484,7 +1483,7 @@ __device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[
   }
 }
 
-// The 16-head kernel's QK code blocks on f16 MMAs: a pair of e4m3fn codes
+// The raw variant's QK code blocks on f16 MMAs: a pair of e4m3fn codes
 // converts to f16 exactly in one instruction (NaN stays NaN), the query is
 // in f16 (scaled per head, see the kernel), and the key's scale factor
 // multiplies the block's partial scores in f32 afterwards (raw_scale_f32):
@@ -1782,8 +1781,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       }
     }
     consumer_sync();
-  }
-  if (kRaw && consumer && tile_begin < tile_end) {
     // Q in the raw variant's k order (qk_logical_pair), through registers,
     // scaled: the code blocks in f16, the rope block in bf16.
     for (int c = tid; c < NH * kChunks; c += kThreads) {
