@@ -1365,18 +1365,20 @@ template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
   static constexpr int kStages = ST;
   static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
+  // The 16-head raw variant's warpgroups take turns at whole tiles (kernel's kAlt).
+  static constexpr bool kAlt = kRaw && NH == 16;
   static constexpr size_t kTileBytes = kRaw ? RawTile::kTileBytes : PadTile::kTileBytes;
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
   static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
-  // f32 [4][NH] per-warp max / sum; [2][4][NH] in the raw variant (per warpgroup)
+  // f32 [4][NH] per-warp max / sum; [2][4][NH] with kAlt (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
-  // f32 [6][NH]: m, l, alpha, scale; the raw variant's query factor and
-  // score factor (attention_swap_kernel)
-  static constexpr size_t kHead = kWarp + (size_t)(kRaw ? 2 : 1) * 4 * NH * 4;
-  static constexpr size_t kValid = kHead + (size_t)6 * NH * 4;      // int [stages][64]
+  // f32 [4][NH]: m, l, alpha, scale; [6][NH] in the raw variant, adding the
+  // query factor and the score factor
+  static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
+  static constexpr size_t kValid = kHead + (size_t)(kRaw ? 6 : 4) * NH * 4;  // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
   static constexpr size_t kBytes = kBar + 3 * kStages * 8;
 };
@@ -1385,6 +1387,12 @@ struct SwapSmem {
 __host__ __device__ constexpr int swap_threads(bool fp8) { return kThreads + (fp8 ? kProducerWarps * UKV_WARP : 0); }
 
 #if defined(UKV_HAS_WGMMA)
+// Byte offset of P^T[h][key] in a swap kernel's P^T buffer: 128-byte rows of
+// 64 bf16, 16-byte chunks XOR-swizzled by h & 7.
+__device__ __forceinline__ uint32_t pt_at(int h, int key) {
+  return (uint32_t)(h * 128 + (((key >> 3) ^ (h & 7)) << 4) + (key & 7) * 2);
+}
+
 // D[64 x NH] (+)= A . B^T of the heads-on-N kernels, on bf16 or f16 operands.
 template <int NH, bool kF16 = false>
 __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)[4], uint64_t b, int accumulate = 1) {
@@ -1652,7 +1660,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // one's softmax and barriers overlap the other's fragment building and MMAs;
   // they merge once at the end. (At 32 heads the accumulators of all 512
   // dims do not fit the registers: the warpgroups split the dims of a tile.)
-  constexpr bool kAlt = kRaw && NH == 16;
+  constexpr bool kAlt = L::kAlt;
   constexpr int kStages = L::kStages;
   constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
@@ -1679,8 +1687,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   char* pt = smem + L::kPT;
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
-  // kAlt: head of this thread's S^T column c (fragment i: c = (i / 4) * 2 + (i & 1)).
+  // Head of this thread's accumulator column c (S^T or O^T fragment register
+  // i: c = (i / 4) * 2 + (i & 1), head_of).
   const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
+  const auto head_of = [&](int i) { return head_of_c((i / 4) * 2 + (i & 1)); };
 
   SplitWork work;
   if (!split_work(p, t, split, cfg, work)) return;
@@ -1872,7 +1882,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         const int c = (i / 4) * 2 + (i & 1), h = head_of_c(c), key = qk_slots[(i & 2) ? 1 : 0];
         const ukv_bf16 pb = ukv_float_to_bf16(exp2f(s[i] - base[c]));
         sum[c] += ukv_bf16_to_float(pb);
-        *reinterpret_cast<ukv_bf16*>(pt_w + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
+        *reinterpret_cast<ukv_bf16*>(pt_w + pt_at(h, key)) = pb;
       }
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
@@ -2027,7 +2037,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
       sum[c] += ukv_bf16_to_float(pb);
       const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
-      *reinterpret_cast<ukv_bf16*>(pt + h * 128 + ((((key >> 3) ^ (h & 7))) << 4) + (key & 7) * 2) = pb;
+      *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
     }
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
@@ -2188,7 +2198,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     }
     return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
   };
-  const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
   if (!direct && cfg.cluster != 0) {
     static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
     ukv_cp_async_wait<0>();
