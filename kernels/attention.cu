@@ -1398,15 +1398,9 @@ template <int NH, bool kF16 = false>
 __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)[4], uint64_t b, int accumulate = 1) {
   static_assert(NH == 16 || NH == 32, "heads-on-N blocks hold 16 or 32 heads");
   if constexpr (NH == 16) {
-    if constexpr (kF16) {
-      ukv_wgmma_m64n16k16_ra_f16(d, a, b, accumulate);
-    } else {
-      ukv_wgmma_m64n16k16_ra(d, a, b, accumulate);
-    }
-  } else if constexpr (kF16) {
-    ukv_wgmma_m64n32k16_ra_f16(d, a, b, accumulate);
+    ukv_wgmma_m64n16k16_ra<kF16>(d, a, b, accumulate);
   } else {
-    ukv_wgmma_m64n32k16_ra(d, a, b, accumulate);
+    ukv_wgmma_m64n32k16_ra<kF16>(d, a, b, accumulate);
   }
 }
 #endif

@@ -619,51 +619,47 @@ __device__ __forceinline__ void ukv_wgmma_m64n128k16_bt(float (&d)[64], uint64_t
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #endif
 }
-// D[64 x 16] (+)= A[64 x 16] . B[16 x 16]^T: A in registers (each warp's 16
-// rows as the mma.sync m16k16 fragment), B K-major in shared memory.
+// D[64 x N] (+)= A[64 x 16] . B[N x 16]^T, N = 16 or 32: A in registers
+// (each warp's 16 rows as the mma.sync m16k16 fragment), B K-major in shared
+// memory; bf16 operands, or f16 with kF16. (The operand type is part of the
+// instruction's text, hence one asm statement per type from one macro.)
+#define UKV_WGMMA_RA_M64N16(type)                                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." type "." type                                  \
+               " {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                         \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+#define UKV_WGMMA_RA_M64N32(type)                                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                  \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type                                    \
+               " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),   \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),        \
+                 "+f"(d[15])                                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+template <bool kF16 = false>
 __device__ __forceinline__ void ukv_wgmma_m64n16k16_ra(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b,
                                                        int accumulate = 1) {
 #if defined(UKV_HAS_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  if constexpr (kF16) {
+    UKV_WGMMA_RA_M64N16("f16");
+  } else {
+    UKV_WGMMA_RA_M64N16("bf16");
+  }
 #endif
 }
-// The same on f16 operands.
-__device__ __forceinline__ void ukv_wgmma_m64n16k16_ra_f16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b,
-                                                           int accumulate) {
-#if defined(UKV_HAS_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// D[64 x 32] (+)= A[64 x 16] . B[32 x 16]^T: A in registers (each warp's 16
-// rows as the mma.sync m16k16 fragment), B K-major in shared memory.
+template <bool kF16 = false>
 __device__ __forceinline__ void ukv_wgmma_m64n32k16_ra(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
                                                        int accumulate = 1) {
 #if defined(UKV_HAS_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  if constexpr (kF16) {
+    UKV_WGMMA_RA_M64N32("f16");
+  } else {
+    UKV_WGMMA_RA_M64N32("bf16");
+  }
 #endif
 }
-// The same on f16 operands.
-__device__ __forceinline__ void ukv_wgmma_m64n32k16_ra_f16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b,
-                                                           int accumulate) {
-#if defined(UKV_HAS_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
+#undef UKV_WGMMA_RA_M64N16
+#undef UKV_WGMMA_RA_M64N32
 #endif  // !__HIPCC__
 #endif  // !UKV_WAVE_EMULATION
