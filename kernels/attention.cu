@@ -1361,6 +1361,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 //        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
+// The 16-head raw kernel's PV factor words per warpgroup: f16 pairs
+// [7 code blocks][4 tq][4 k-steps][2 halves] (alt_fac_at).
+constexpr int kAltFacWords = 7 * 32;
+
 template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
   static constexpr int kStages = ST;
@@ -1371,8 +1375,11 @@ struct SwapSmem {
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
-  static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;  // [NH][64] bf16
-  static constexpr size_t kX = kPT + (size_t)NH * 128;              // f32 [NH/4][threads]
+  // P^T, [NH][64] 16-bit: one buffer, or with kAlt two per warpgroup (f16
+  // for the code blocks, bf16 for the rope block).
+  static constexpr size_t kPTBytes = (size_t)NH * 128;
+  static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kX = kPT + (kAlt ? 4 : 1) * kPTBytes;    // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] with kAlt (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
   // f32 [4][NH]: m, l, alpha, scale; [6][NH] in the raw variant, adding the
@@ -1380,7 +1387,11 @@ struct SwapSmem {
   static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
   static constexpr size_t kValid = kHead + (size_t)(kRaw ? 6 : 4) * NH * 4;  // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
-  static constexpr size_t kBytes = kBar + 3 * kStages * 8;
+  // kAlt, per warpgroup: the PV factor words (alt_fac_at), then the warps'
+  // scale maxima, u16x2 [4 warps][4].
+  static constexpr size_t kFac = (kBar + 3 * kStages * 8 + 15) / 16 * 16;
+  static constexpr size_t kSmax = kFac + (kAlt ? 2 * kAltFacWords * 4 : 0);
+  static constexpr size_t kBytes = kSmax + (kAlt ? 2 * 16 * 4 : 0);
 };
 
 // Threads of a swap kernel block: the FP8 instantiations add the producer warps.
@@ -1448,10 +1459,15 @@ __device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_facto
   return ukv_bf16x2_mul(first, raw_factor_second(s0) | raw_factor_second(s1) << 16);
 }
 
-// Slot of the key in M row m of the QK MMA: rows g = 2i and 2i + 1 of a
-// group of 8, which a quarter warp reads together, sit 4 slots (64 bytes of
-// banks) apart.
-__device__ __forceinline__ int qk_slot(int m) { return (m & ~7) | ((m >> 1) & 3) | ((m & 1) << 2); }
+// Slot of the key in M row m of the QK MMA. Within a warp's 16 rows, bit 0
+// of m is slot bit 2, bit 1 bit 0, bit 2 bit 3 and bit 3 bit 1: rows 2i and
+// 2i + 1, which a quarter warp reads together, sit 4 slots (64 bytes of
+// banks) apart, and the 16-head kernel's PV reads the keys of rows
+// {g, g + 8 : g in 4h .. 4h + 3} in one 8-row ldmatrix phase, whose slots
+// then differ mod 8 (conflict-free: a slot is 80 bytes mod 128).
+__device__ __forceinline__ int qk_slot(int m) {
+  return (m & ~15) | ((m & 1) << 2) | ((m >> 1) & 1) | ((m & 4) << 1) | ((m >> 2) & 2);
+}
 
 // The order of k inside each 64-dim block of QK: thread tq's four fragment
 // pairs of k-step kk are four consecutive dims, so one 16-byte read of a key
@@ -1507,8 +1523,8 @@ __device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&s
     const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      a[kk][e] = ukv_cvt_e4m3x2_to_half2((uint16_t)w[kk]);
-      a[kk][2 + e] = ukv_cvt_e4m3x2_to_half2((uint16_t)(w[kk] >> 16));
+      a[kk][e] = ukv_cvt_e4m3x2_to_half2<0>(w[kk]);
+      a[kk][2 + e] = ukv_cvt_e4m3x2_to_half2<1>(w[kk]);
     }
   }
 }
@@ -1640,6 +1656,68 @@ __device__ __forceinline__ void raw_pv_rope(const char* tile, int mb, int g, int
       a[kk][2 * hi] = ukv_byte_perm(w0, w1, 0x5410u);
       a[kk][2 * hi + 1] = ukv_byte_perm(w0, w1, 0x7632u);
     }
+}
+
+// The 16-head raw kernel's PV (kAlt). M tile mb is scale block mb (the rope
+// dims for mb = 7) and k position 16 kk + 2 j + e within the tile is the key
+// of QK row 16 kk + j + 8 e (j = g of that row's warp kk), so a softmax
+// thread's two keys are adjacent in P^T and its P^T words hold both.
+// Code blocks run on f16 MMAs: ldmatrix.trans of the codes as 16-bit pairs
+// gives a thread the dim pair 2g, 2g + 1 of two keys, one byte permute and
+// two conversions (exact) make rows g (dim 2g) and g + 8 (dim 2g + 1), and an
+// f16x2 multiply applies each key's factor 2^(s - ref): ref is the running
+// maximum of the block's scale bytes over the warpgroup's valid keys, so
+// the factors stay at most 1 and the accumulators hold the values over
+// 2^(ref - 127) (rescaled when ref grows, converted after the last tile).
+// A value below 2^-24 of its block's largest scale loses precision (f16
+// subnormals), far below the output's bf16 rounding unless one tile mixes
+// keys whose scales differ by 2^20 and more.
+
+// Index of the factor word of (block, tq, k-step kk, half hh): the keys at
+// k positions 16 kk + 8 hh + 2 tq, + 1.
+__device__ __forceinline__ int alt_fac_at(int block, int tq, int kk, int hh) {
+  return ((block * 4 + tq) * 4 + kk) * 2 + hh;
+}
+
+// 2^d for d <= 0 as an f32 (0 below 2^-126).
+__device__ __forceinline__ float alt_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
+
+// The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
+__device__ __forceinline__ int alt_pv_slot(int kk, int hh, int i) {
+  return qk_slot(16 * kk + 4 * hh + (i >> 1) + 8 * (i & 1));
+}
+
+// V^T fragments of code block `block` for k-steps 0..3 (warp q: dims 16 q ..
+// 16 q + 15 of the block); fac: this thread's 8 factor words of the block.
+__device__ __forceinline__ void alt_pv_codes(const char* tile, int block, int q, int lane, const uint32_t* fac,
+                                             uint32_t (&a)[4][4]) {
+  const uint4 f0 = *reinterpret_cast<const uint4*>(fac), f1 = *reinterpret_cast<const uint4*>(fac + 4);
+  const uint32_t f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+  // Lanes 8 m .. 8 m + 7 address matrix m: k-step 2 pp + m / 2, keys 8 (m & 1) + i.
+  const int m = lane >> 3;
+#pragma unroll
+  for (int pp = 0; pp < 2; ++pp) {
+    uint32_t r[4];
+    ukv_ldmatrix_x4_trans(r, tile + raw_row(alt_pv_slot(2 * pp + (m >> 1), m & 1, lane & 7)) + 64 * block + 16 * q);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int kk = 2 * pp + (j >> 1), hh = j & 1;
+      // r[j]: key 2 tq's codes of dims 2g, 2g + 1, then key 2 tq + 1's.
+      const uint32_t x = ukv_byte_perm(r[j], 0u, 0x3120u);
+      a[kk][2 * hh] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<0>(x), f[2 * kk + hh]);
+      a[kk][2 * hh + 1] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<1>(x), f[2 * kk + hh]);
+    }
+  }
+}
+
+// V^T fragments of the rope block (bf16 as stored): row g (+8) of warp q is
+// rope dim 16 q + g (+8), matrices (keys 0..7, 8..15) x (dims +0, +8).
+__device__ __forceinline__ void alt_pv_rope(const char* tile, int q, int lane, uint32_t (&a)[4][4]) {
+  const int m = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(alt_pv_slot(kk, m >> 1, lane & 7)) + RawTile::kNope + 32 * q +
+                                     16 * (m & 1));
 }
 #endif  // UKV_HAS_WGMMA
 
@@ -1824,13 +1902,25 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     loads.start(p, keys);
   }
 
+  // kAlt: per code block, the largest scale byte of this warpgroup's valid
+  // keys so far (alt_pv_codes); word j holds blocks j (low half) and j + 4.
+  uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
   if constexpr (kAlt) {
-    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T and barrier.
-    char* pt_w = pt + wg * NH * 128;
+    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
+    // words and barrier.
+    char* pt16_w = pt + 2 * wg * L::kPTBytes;
+    char* ptbf_w = pt16_w + L::kPTBytes;
+    uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + wg * kAltFacWords;
+    uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
     float* warp_w = warp_s + wg * 4 * NH;
     const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-    // Descriptors of Q's first k-step and of P^T; a step adds its byte offset / 16.
-    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024), pt_desc = ukv_wgmma_desc(pt_w, 16, 1024);
+    // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
+    // byte offset / 16.
+    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+    const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
+    // This lane's code blocks for the scale maxima and factor words: tq and
+    // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
+    const int blk[2] = {tq, tq + 4};
     for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
       const int stage = pipe.acquire(tile);
       const char* ks = loads.tile(stage);
@@ -1842,9 +1932,22 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
 
       // Softmax of the tile within the warpgroup: the head max over the
-      // warp's 16 keys (lanes g), then its 4 warps through shared memory.
+      // warp's 16 keys (lanes g), then its 4 warps through shared memory;
+      // the scale maxima of this lane's blocks go the same way.
       const int* valid = valid_s + stage * kBK;
       const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+      uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
+                         ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                         : 0u;
+      uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
+#pragma unroll
+      for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+      if (g == 0) smax_w[4 * q + tq] = smax;
       float mx[kRegs / 2];
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
@@ -1871,46 +1974,77 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         m_run[c] = m_new;
         sum[c] = 0.f;
       }
+      // The running scale maxima; the code blocks' accumulators rescale by
+      // 2^(old - new), and this lane writes the factor words 2^(s - max) of
+      // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
+      uint32_t ref_old[4];
 #pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        const int c = (i / 4) * 2 + (i & 1), h = head_of_c(c), key = qk_slots[(i & 2) ? 1 : 0];
-        const ukv_bf16 pb = ukv_float_to_bf16(exp2f(s[i] - base[c]));
-        sum[c] += ukv_bf16_to_float(pb);
-        *reinterpret_cast<ukv_bf16*>(pt_w + pt_at(h, key)) = pb;
+      for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+        ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
+        ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
+        ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
+        ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
+      }
+      // (Word tq through selects: an index in a register would put ref_s on the stack.)
+      const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (blk[j] >= kD / 64 - 1) continue;
+        const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
+        fac_w[alt_fac_at(blk[j], g & 3, q, g >> 2)] =
+            ukv_pack_half2(alt_pow2((int)sb[j][0] - ref), alt_pow2((int)sb[j][1] - ref));
+      }
+      // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
+      // f16 for the code blocks, bf16 for the rope block.
+#pragma unroll
+      for (int c = 0; c < kRegs / 2; ++c) {
+        const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
+        const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
+        sum[c] += p0 + p1;
+        *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
+        *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
       }
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
+      for (int mb = 0; mb < 8; ++mb) {
+        float f[kRegs / 2];
+        const float beta =
+            mb < kD / 64 - 1
+                ? alt_pow2((int)(ref_old[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF) - (int)(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF))
+                : 1.f;
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha[(i / 4) * 2 + (i & 1)];
+        for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
+      }
       ukv_fence_async_shared();  // P^T before wgmma reads it
       wg_sync();
 
-      // PV over all 512 dims: blocks mb 0..3 are scale block q, 4..7 block
-      // q + 4 (the rope dims for warp 3).
+      // PV: M tile mb is block mb, f16 for the codes (alt_pv_codes), bf16 for
+      // the rope dims (alt_pv_rope).
       {
-        uint32_t x[4][2][2];
-        uint32_t factor[4][2];
-        bool pv_fast = true;
         uint32_t a[2][4][4];
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb) {
-          const int block = q + 4 * (mb / 4);
-          const bool rope = block == kD / 64 - 1;
           if (mb >= 2) ukv_wgmma_wait<1>();
-          if (mb % 4 == 0 && !rope) pv_fast = ukv_warp_all(raw_pv_factors(ks, block, tq, factor));
-          if (mb % 2 == 0 && !rope) raw_pv_load(ks, block, mb % 4, g, tq, x);
-          if (rope) {
-            raw_pv_rope(ks, mb % 4, g, tq, a[mb & 1]);
-          } else if (pv_fast) {
-            raw_pv_codes<true>(x, factor, mb % 4, ks, block, tq, a[mb & 1]);
+          if (mb < kD / 64 - 1) {
+            alt_pv_codes(ks, mb, q, lane, fac_w + alt_fac_at(mb, tq, 0, 0), a[mb & 1]);
           } else {
-            raw_pv_codes<false>(x, factor, mb % 4, ks, block, tq, a[mb & 1]);
+            alt_pv_rope(ks, q, lane, a[mb & 1]);
           }
           ukv_wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], pt_desc + (uint64_t)(k * 2));
+          for (int k = 0; k < 4; ++k) {
+            if (mb < kD / 64 - 1) {
+              swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
+            } else {
+              swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
+            }
+          }
           ukv_wgmma_commit();
         }
         // Every read of the stage is done (the MMAs read registers and P^T).
@@ -2140,9 +2274,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         f_own[c] = wg == 0 ? f0 : f1;
       }
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
+      for (int mb = 0; mb < 8; ++mb) {
+        // A code block's accumulators hold its values over 2^(ref - 127),
+        // ref its running scale maximum (alt_pv_codes).
+        const float unit = mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFFu) : 1.f;
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)];
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -2184,10 +2322,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   __syncthreads();
 
   // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
-  // raw variant: see raw_pv_codes and raw_pv_rope.
+  // kAlt code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (alt_pv_codes); the
+  // 32-head raw variant: see raw_pv_codes and raw_pv_rope.
   const auto dim_of = [&](int mb, int i) {
     const int hi = (i & 2) ? 1 : 0;
-    if constexpr (kRaw) {
+    if constexpr (kAlt) {
+      if (4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
+    } else if constexpr (kRaw) {
       return rope_warp ? 64 * pv_block + 2 * (g + 8 * mb) + hi : (int)pv_code_offset(pv_block, mb, g) + 2 * (mb % 2) + hi;
     }
     return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
@@ -2216,10 +2357,12 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         const int h = head_of(i);
         float v = o[mb][i] * scale_h[h];
         // Rope dims: a pair's other dim is fragment i ^ 2 of the same thread
-        // (raw variant's rope warp), or else (warpgroup 1, mb 3) held by lane
-        // ^ 4 (g +- 1, same head), and every lane takes part in the shuffle.
-        if (kRaw ? cs != nullptr && rope_warp : cs != nullptr && wg == 1 && mb == 3) {
-          const float other = kRaw ? o[mb][i ^ 2] * scale_h[h] : ukv_shfl_xor(v, 4, UKV_WARP);
+        // (the 32-head raw variant's rope warp), or else (warpgroup 1, mb 3)
+        // held by lane ^ 4 (g +- 1, same head), and every lane takes part in
+        // the shuffle.
+        constexpr bool kRopeWarp = kRaw && !kAlt;
+        if (kRopeWarp ? cs != nullptr && rope_warp : cs != nullptr && wg == 1 && mb == 3) {
+          const float other = kRopeWarp ? o[mb][i ^ 2] * scale_h[h] : ukv_shfl_xor(v, 4, UKV_WARP);
           const int d = dim_of(mb, i);
           const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
           v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;

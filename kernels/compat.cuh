@@ -457,11 +457,27 @@ __device__ __forceinline__ uint16_t ukv_cvt_e4m3x2(float lo, float hi) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(packed) : "f"(hi), "f"(lo));
   return packed;
 }
-// Two e4m3fn codes (`lo` in the low byte) to their exact f16 values.
-__device__ __forceinline__ uint32_t ukv_cvt_e4m3x2_to_half2(uint16_t codes) {
+// The two e4m3fn codes in half kHalf of w (0: bits 0..15, 1: bits 16..31;
+// the lower byte goes to the low half) to their exact f16 values. The half is
+// an operand of the instruction: taking the upper one costs no shift.
+template <int kHalf = 0>
+__device__ __forceinline__ uint32_t ukv_cvt_e4m3x2_to_half2(uint32_t w) {
+  static_assert(kHalf == 0 || kHalf == 1, "a 32-bit word has two halves");
   uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(codes));
+  if constexpr (kHalf == 0) {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(halves) : "r"(w));
+  } else {
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(halves) : "r"(w));
+  }
   return halves;
+}
+// Per-half maximum of two pairs of unsigned 16-bit integers.
+__device__ __forceinline__ uint32_t ukv_max_u16x2(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+// f16x2 products, rounded to nearest.
+__device__ __forceinline__ uint32_t ukv_f16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
 }
 // Two e4m3fn codes (`lo` in the low byte) to their exact values: e4m3 -> f16
 // is exact (NaN stays NaN), and so is f16 -> f32.

@@ -199,7 +199,7 @@ __device__ __forceinline__ PageRun page_run(const ukv_indexer_topk_params& p, in
 template <ukv_fp8_format F>
 __device__ __forceinline__ uint32_t codes_to_half2(uint32_t codes) {
 #if defined(UKV_HAS_E4M3_CVT)
-  if (F == UKV_FP8_E4M3FN) return ukv_cvt_e4m3x2_to_half2((uint16_t)codes);
+  if (F == UKV_FP8_E4M3FN) return ukv_cvt_e4m3x2_to_half2(codes);
 #endif
   return ukv_pack_half2(ukv_fp8_decode((uint8_t)codes, F), ukv_fp8_decode((uint8_t)(codes >> 8), F));
 }
