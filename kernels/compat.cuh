@@ -328,6 +328,15 @@ __device__ __forceinline__ uint32_t ukv_bf16x2_mul(uint32_t a, uint32_t b) {
 }
 // Byte permute: byte i of the result is byte (sel >> 4i) & 7 of {b:a}.
 __device__ __forceinline__ uint32_t ukv_byte_perm(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+// As ukv_byte_perm, except that where bit 3 of a selector nibble is set the
+// result byte is the selected byte's sign bit replicated (prmt's default
+// mode; __byte_perm ignores that bit). NVIDIA only: its one user is the raw
+// FP8 attention variant (sm_90a).
+__device__ __forceinline__ uint32_t ukv_byte_perm_sext(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
 #endif
 
 #if !defined(UKV_WAVE_EMULATION)
