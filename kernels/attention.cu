@@ -1361,9 +1361,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 //        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
-// The raw variant's PV factor words (per warpgroup at 16 heads): f16 pairs
-// [7 code blocks][4 tq][4 k-steps][2 halves] (raw_fac_at).
-constexpr int kRawFacWords = 7 * 32;
+// The 16-head raw kernel's PV factor words per warpgroup: f16 pairs
+// [7 code blocks][4 tq][4 k-steps][2 halves] (alt_fac_at).
+constexpr int kAltFacWords = 7 * 32;
 
 template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
@@ -1375,11 +1375,11 @@ struct SwapSmem {
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
-  // P^T, [NH][64] 16-bit: one buffer, or in the raw variant an f16 one for
-  // the code blocks and a bf16 one for the rope block (per warpgroup with kAlt).
+  // P^T, [NH][64] 16-bit: one buffer, or with kAlt two per warpgroup (f16
+  // for the code blocks, bf16 for the rope block).
   static constexpr size_t kPTBytes = (size_t)NH * 128;
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kX = kPT + (kAlt ? 4 : kRaw ? 2 : 1) * kPTBytes;  // f32 [NH/4][threads]
+  static constexpr size_t kX = kPT + (kAlt ? 4 : 1) * kPTBytes;    // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] with kAlt (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
   // f32 [4][NH]: m, l, alpha, scale; [6][NH] in the raw variant, adding the
@@ -1387,14 +1387,11 @@ struct SwapSmem {
   static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
   static constexpr size_t kValid = kHead + (size_t)(kRaw ? 6 : 4) * NH * 4;  // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
-  // Raw variant: the PV factor words (raw_fac_at; one set per warpgroup with
-  // kAlt), then per warpgroup its warps' scale maxima, u16x2 [4 warps][4].
+  // kAlt, per warpgroup: the PV factor words (alt_fac_at), then the warps'
+  // scale maxima, u16x2 [4 warps][4].
   static constexpr size_t kFac = (kBar + 3 * kStages * 8 + 15) / 16 * 16;
-  static constexpr size_t kSmax = kFac + (size_t)(kAlt ? 2 : kRaw ? 1 : 0) * kRawFacWords * 4;
-  // Raw variant, per warpgroup: its running scale maxima (raw_pv), u16x2
-  // [2 tile parities][4]: a tile reads the previous one's and writes its own.
-  static constexpr size_t kRef = kSmax + (kRaw ? 2 * 16 * 4 : 0);
-  static constexpr size_t kBytes = kRef + (kRaw ? 2 * 8 * 4 : 0);
+  static constexpr size_t kSmax = kFac + (kAlt ? 2 * kAltFacWords * 4 : 0);
+  static constexpr size_t kBytes = kSmax + (kAlt ? 2 * 16 * 4 : 0);
 };
 
 // Threads of a swap kernel block: the FP8 instantiations add the producer warps.
@@ -1420,13 +1417,52 @@ __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)
 #endif
 
 #if defined(UKV_HAS_WGMMA)
-// Raw variant: fragments built from the stored e4m3fn rows
-// (raw_variant_applies). QK: raw_qk; PV: raw_pv.
+// Raw variant: fragments from stored e4m3fn rows (raw_variant_applies). PV:
+// a code c placed as a 16-bit half with bits (c & 0x80) << 8 | (c & 0x7F) << 4
+// is the bf16 e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16
+// subnormals). One bf16x2 multiply by 2^(s - 7) then gives the dequantized
+// value rounded to bf16 (exact unless it is subnormal), which is the value
+// the in-place kernels put in their tiles, as long as that factor is a bf16:
+// scale bytes up to 134. A warp whose fragments need a larger scale byte (no
+// store writes one below amax 57344) multiplies twice, by 2^127 and the rest;
+// byte 255 gives NaN. NaN codes come out finite here, but QK's conversion
+// (raw_qk_block_f16) keeps them NaN, so a key holding one scores NaN and its
+// weight is NaN, which is what the decoded row gives.
+constexpr uint32_t kRawBias = 120;  // the factor's exponent field: s + kRawBias
+
+// Whether scale byte s takes one multiply.
+__device__ __forceinline__ bool raw_fast_scale(uint32_t s) { return s + kRawBias <= 254u; }
+
+// The factor bf16x2 for scale bytes s0 (low half) and s1 (one multiply).
+__device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1) {
+  return ((s0 | s1 << 16) + kRawBias * 0x00010001u) << 7;
+}
+
+// Two multiplies: the first and second factor of scale byte s as bf16 bits.
+__device__ __forceinline__ uint32_t raw_factor_first(uint32_t s) {
+  const uint32_t e = s + kRawBias;
+  return (e > 254u ? 254u : e) << 7;
+}
+__device__ __forceinline__ uint32_t raw_factor_second(uint32_t s) {
+  const uint32_t e = s + kRawBias;
+  return s == 255u ? 0x7FC0u : (e > 254u ? e - 127u : 127u) << 7;
+}
+
+// Two codes as sign-extended 16-bit halves -> their bf16 bits (see above).
+__device__ __forceinline__ uint32_t raw_bits(uint32_t sext_pair) { return (sext_pair << 4) & 0x87F087F0u; }
+
+// Bits from raw_bits times the factors of their scale bytes s0 (low half) and s1.
+template <bool kFast>
+__device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_factor, uint32_t s0, uint32_t s1) {
+  if constexpr (kFast) return ukv_bf16x2_mul(bits, fast_factor);
+  const uint32_t first = ukv_bf16x2_mul(bits, raw_factor_first(s0) | raw_factor_first(s1) << 16);
+  return ukv_bf16x2_mul(first, raw_factor_second(s0) | raw_factor_second(s1) << 16);
+}
 
 // Slot of the key in M row m of the QK MMA. Within a warp's 16 rows, bit 0
 // of m is slot bit 2, bit 1 bit 0, bit 2 bit 3 and bit 3 bit 1: rows 2i and
 // 2i + 1, which a quarter warp reads together, sit 4 slots (64 bytes of
-// banks) apart, and PV reads the keys of rows
+// banks) apart, and the 16-head kernel's PV reads the keys of rows
 // {g, g + 8 : g in 4h .. 4h + 3} in one 8-row ldmatrix phase, whose slots
 // then differ mod 8 (conflict-free: a slot is 80 bytes mod 128).
 __device__ __forceinline__ int qk_slot(int m) {
@@ -1448,26 +1484,17 @@ __device__ __forceinline__ int qk_logical_pair(int block, int pp) {
 }
 
 // QK fragments of the rope block (bf16 as stored) for this thread's keys in
-// slots slot[0] (M row 16q + g) and slot[1] (row + 8), k-steps kSteps h ..
-// kSteps h + kSteps - 1. a[kk] is k-step kk's fragment: registers 0, 1 the
-// pair hi = 0 of key 0, 1; 2, 3 the pair hi = 1.
-template <int kSteps>
-__device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[2], int tq, int h,
-                                            uint32_t (&a)[kSteps][4]) {
+// slots slot[0] (M row 16q + g) and slot[1] (row + 8). a[kk] is k-step kk's
+// fragment: registers 0, 1 the pair hi = 0 of key 0, 1; 2, 3 the pair hi = 1.
+__device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[2], int tq, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const char* row = tile + raw_row(slot[e]) + RawTile::kNope + 16 * tq;
-    uint32_t w[8];
+    const char* row = tile + raw_row(slot[e]);
+    const uint4 x = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 16 * tq);
+    const uint4 y = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 64 + 16 * tq);
+    const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
-    for (int c = 0; c < kSteps / 2; ++c) {
-      const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * (c + (kSteps / 2) * h));
-      w[4 * c] = x.x;
-      w[4 * c + 1] = x.y;
-      w[4 * c + 2] = x.z;
-      w[4 * c + 3] = x.w;
-    }
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
+    for (int kk = 0; kk < 4; ++kk) {
       a[kk][e] = w[2 * kk];
       a[kk][2 + e] = w[2 * kk + 1];
     }
@@ -1484,259 +1511,213 @@ __device__ __forceinline__ float raw_scale_f32(uint32_t s) {
   return __uint_as_float(s == 0u ? 0x00400000u : s == 255u ? 0x7FC00000u : s << 23);
 }
 
-// Fragments of code block `block` in f16 (layout as raw_qk_rope), k-steps
-// kSteps h .. kSteps h + kSteps - 1.
-template <int kSteps>
-__device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&slot)[2], int block, int tq, int h,
-                                                 uint32_t (&a)[kSteps][4]) {
+// Fragments of code block `block` in f16 (layout as raw_qk_rope) and the two
+// keys' factors for it.
+__device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&slot)[2], int block, int tq,
+                                                 uint32_t (&a)[4][4], float (&factor)[2]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const char* row = tile + raw_row(slot[e]) + 64 * block + 16 * tq + 4 * kSteps * h;
-    uint32_t w[4];
-    if constexpr (kSteps == 4) {
-      const uint4 x = *reinterpret_cast<const uint4*>(row);
-      w[0] = x.x;
-      w[1] = x.y;
-      w[2] = x.z;
-      w[3] = x.w;
-    } else {
-      const uint2 x = *reinterpret_cast<const uint2*>(row);
-      w[0] = x.x;
-      w[1] = x.y;
-    }
+    const char* row = tile + raw_row(slot[e]);
+    const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
+    factor[e] = raw_scale_f32(*reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block));
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
+    for (int kk = 0; kk < 4; ++kk) {
       a[kk][e] = ukv_cvt_e4m3x2_to_half2<0>(w[kk]);
       a[kk][2 + e] = ukv_cvt_e4m3x2_to_half2<1>(w[kk]);
     }
   }
 }
 
-// QK of the raw variant over scale blocks kFirst .. kFirst + kBlocks - 1 into
-// per-block accumulators, added to s with the keys' scale factors once the
-// block completes, while the next fragments (double-buffered) are built.
-// Commit groups of a block (16 heads) or half a block (32 heads: fragments
-// of a whole block there would spill). Code blocks run on f16 MMAs
+// QK of the raw variant over scale blocks kFirst .. kFirst + kBlocks - 1: one
+// commit group per block into its own accumulators, added to s with the
+// keys' scale factors once complete, while the next block's fragments
+// (double-buffered) are built. Code blocks run on f16 MMAs
 // (raw_qk_block_f16), the rope block on bf16. q_desc is the descriptor of
 // the query's first k-step; blocks sit atom_col bytes apart, k-steps 32.
 template <int NH, int kFirst, int kBlocks>
 __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], int tq, uint64_t q_desc,
                                        uint32_t atom_col, float (&s)[NH / 2]) {
-  constexpr int kParts = NH == 32 ? 2 : 1, kSteps = 4 / kParts, kRope = kD / 64 - 1;
-  uint32_t a[2][kSteps][4];
+  uint32_t a[2][4][4];
   float part[NH / 2], factor[2][2];
-  // Group gi: part gi % kParts of block kFirst + gi / kParts.
-  const auto build = [&](int gi) {
-    const int i = gi / kParts, h = gi % kParts, block = kFirst + i;
-    if (block == kRope) {
-      raw_qk_rope<kSteps>(ks, slots, tq, h, a[gi & 1]);
+  const auto build = [&](int i) {
+    if (kFirst + i == kD / 64 - 1) {
+      raw_qk_rope(ks, slots, tq, a[i & 1]);
       factor[i & 1][0] = factor[i & 1][1] = 1.f;
     } else {
-      raw_qk_block_f16<kSteps>(ks, slots, block, tq, h, a[gi & 1]);
-      if (h == 0) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          factor[i & 1][e] = raw_scale_f32(
-              *reinterpret_cast<const uint8_t*>(ks + raw_row(slots[e]) + RawTile::kScales + 2 * block));
-      }
+      raw_qk_block_f16(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
     }
   };
   build(0);
 #pragma unroll
-  for (int gi = 0; gi < kBlocks * kParts; ++gi) {
-    const int i = gi / kParts, h = gi % kParts, block = kFirst + i;
+  for (int i = 0; i < kBlocks; ++i) {
+    const int block = kFirst + i;
     ukv_wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const int kk = kSteps * h + j;
-      const uint64_t step = q_desc + (uint64_t)((block * atom_col + kk * 32) >> 4);
-      if (block == kRope) {
-        swap_mma<NH>(part, a[gi & 1][j], step, kk);
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t step = q_desc + (uint64_t)((block * atom_col + j * 32) >> 4);
+      if (block == kD / 64 - 1) {
+        swap_mma<NH>(part, a[i & 1][j], step, j);
       } else {
-        swap_mma<NH, true>(part, a[gi & 1][j], step, kk);
+        swap_mma<NH, true>(part, a[i & 1][j], step, j);
       }
     }
     ukv_wgmma_commit();
-    if (gi + 1 < kBlocks * kParts) {
-      if constexpr (kParts > 1) ukv_wgmma_wait<1>();  // the group that last read the other buffer
-      build(gi + 1);
-    }
-    if (h == kParts - 1) {
-      ukv_wgmma_wait<0>();
-      ukv_wgmma_fence_regs(part);
+    if (i + 1 < kBlocks) build(i + 1);
+    ukv_wgmma_wait<0>();
+    ukv_wgmma_fence_regs(part);
 #pragma unroll
-      for (int r = 0; r < NH / 2; ++r) s[r] = fmaf(part[r], factor[i & 1][(r & 2) ? 1 : 0], s[r]);
-    }
+    for (int r = 0; r < NH / 2; ++r) s[r] = fmaf(part[r], factor[i & 1][(r & 2) ? 1 : 0], s[r]);
   }
 }
 
-// The raw variant's PV. A warpgroup's M tile mb is scale block first + mb
-// (block 7 holds the rope dims): first = 0 and eight tiles in the 16-head
-// kernel, first = 4 wg and four tiles at 32 heads. K position 16 kk + 2 j + e
-// within the tile is the key of QK row 16 kk + j + 8 e (j = g of that row's
-// warp kk), so a softmax thread's two keys are adjacent in P^T and each of
-// its P^T words holds both.
+// The slot of PV k-step kk's key for fragment pair hi, key e of the pair (the
+// MMA's k order is the slot order, so P^T columns are slots).
+__device__ __forceinline__ int pv_slot(int kk, int tq, int hi, int e) { return 16 * kk + 2 * tq + 8 * hi + e; }
+
+// PV's M rows map to dims so that a thread's 16 rows (4 blocks x rows g,
+// g + 8) are two 4-dim words of one scale block: row 16q + g (+8) of block mb
+// is dim 64 (4 wg + q) + 32 (mb / 2) + 4g + 2 (mb % 2) (+1), so the 8 lanes g
+// of one key read 32 consecutive bytes (conflict-free across tq). The offset
+// in a slot of the word holding blocks mb and mb + 1 (mb even):
+__device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { return 64 * block + 32 * (mb / 2) + 4 * g; }
+
+// The scale factors of this thread's 16 PV keys in scale block `block`;
+// returns whether every one takes a single multiply.
+__device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int tq,
+                                               uint32_t (&factor)[4][2]) {
+  bool fast = true;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      uint32_t sc[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[e] = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
+                                                  2 * block);
+        fast &= raw_fast_scale(sc[e]);
+      }
+      factor[kk][hi] = raw_factor(sc[0], sc[1]);
+    }
+  return fast;
+}
+
+// The code words of this thread's 16 PV keys for blocks mb and mb + 1 (mb even).
+__device__ __forceinline__ void raw_pv_load(const char* tile, int block, int mb, int g, int tq,
+                                            uint32_t (&x)[4][2][2]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) +
+                                                          pv_code_offset(block, mb, g));
+}
+
+// PV's V^T fragments of block mb for code warps: x[kk][hi][e] is the word
+// (raw_pv_load) of the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the
+// pair's scale factors (raw_pv_factors).
+template <bool kFast>
+__device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
+                                             const char* tile, int block, int tq,
+                                             uint32_t (&a)[4][4]) {
+  const int j = 2 * (mb & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint32_t w0 = x[kk][hi][0], w1 = x[kk][hi][1];
+      // Byte j (j + 1) of each key as sign-extended halves: key e in half e.
+      const uint32_t even = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xC480u : 0xE6A2u));
+      const uint32_t odd = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xD591u : 0xF7B3u));
+      uint32_t s0 = 0, s1 = 0;
+      if constexpr (!kFast) {
+        s0 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + RawTile::kScales + 2 * block);
+        s1 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + RawTile::kScales + 2 * block);
+      }
+      a[kk][2 * hi] = raw_scale<kFast>(even, factor[kk][hi], s0, s1);
+      a[kk][2 * hi + 1] = raw_scale<kFast>(odd, factor[kk][hi], s0, s1);
+    }
+}
+
+// PV fragments of block mb for the rope warp (warpgroup 1, warp 3): row
+// 16q + g (+8) of block mb is rope dim 2 (g + 8 mb) (+1), one 4-byte read per
+// key whose 8 lanes g are 32 consecutive bytes (conflict-free across tq).
+__device__ __forceinline__ void raw_pv_rope(const char* tile, int mb, int g, int tq, uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const uint32_t off = RawTile::kNope + 4 * (g + 8 * mb);
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + off);
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + off);
+      a[kk][2 * hi] = ukv_byte_perm(w0, w1, 0x5410u);
+      a[kk][2 * hi + 1] = ukv_byte_perm(w0, w1, 0x7632u);
+    }
+}
+
+// The 16-head raw kernel's PV (kAlt). M tile mb is scale block mb (the rope
+// dims for mb = 7) and k position 16 kk + 2 j + e within the tile is the key
+// of QK row 16 kk + j + 8 e (j = g of that row's warp kk), so a softmax
+// thread's two keys are adjacent in P^T and its P^T words hold both.
 // Code blocks run on f16 MMAs: ldmatrix.trans of the codes as 16-bit pairs
 // gives a thread the dim pair 2g, 2g + 1 of two keys, one byte permute and
 // two conversions (exact) make rows g (dim 2g) and g + 8 (dim 2g + 1), and an
-// f16x2 multiply applies each key's factor 2^(s - ref), which the softmax
-// threads write as f16 pairs (raw_write_factors): ref is the running maximum
-// of the block's scale bytes over the warpgroup's valid keys, so factors
-// stay at most 1 and the accumulators hold the values over 2^(ref - 127)
-// (rescaled when ref grows, raw_ref_step; converted after the last tile).
+// f16x2 multiply applies each key's factor 2^(s - ref): ref is the running
+// maximum of the block's scale bytes over the warpgroup's valid keys, so
+// the factors stay at most 1 and the accumulators hold the values over
+// 2^(ref - 127) (rescaled when ref grows, converted after the last tile).
 // A value below 2^-24 of its block's largest scale loses precision (f16
-// subnormals): far below the output's bf16 rounding unless one tile mixes
-// keys whose scales differ by 2^20 or more. The rope block runs on bf16
-// MMAs with the bf16 rows as stored. NaN codes convert to NaN.
+// subnormals), far below the output's bf16 rounding unless one tile mixes
+// keys whose scales differ by 2^20 and more.
 
 // Index of the factor word of (block, tq, k-step kk, half hh): the keys at
 // k positions 16 kk + 8 hh + 2 tq, + 1.
-__device__ __forceinline__ int raw_fac_at(int block, int tq, int kk, int hh) {
+__device__ __forceinline__ int alt_fac_at(int block, int tq, int kk, int hh) {
   return ((block * 4 + tq) * 4 + kk) * 2 + hh;
 }
 
 // 2^d for d <= 0 as an f32 (0 below 2^-126).
-__device__ __forceinline__ float raw_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
+__device__ __forceinline__ float alt_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
 
-// Running scale maxima: word j holds M tiles j (low half) and j + 4.
-__device__ __forceinline__ int raw_ref_of(const uint32_t (&ref)[4], int mb) {
-  return (int)(ref[mb & 3] >> (16 * (mb >> 2))) & 0xFFFF;
+// The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
+__device__ __forceinline__ int alt_pv_slot(int kk, int hh, int i) {
+  return qk_slot(16 * kk + 4 * hh + (i >> 1) + 8 * (i & 1));
 }
 
-// The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step
-// 0 (k-step kk adds 16 slots).
-__device__ __forceinline__ int raw_pv_slot(int hh, int i) { return qk_slot(4 * hh + (i >> 1) + 8 * (i & 1)); }
-
-// This lane's scale bytes for its two keys (0 for a key without a row) in M
-// tiles tq and, with eight tiles, tq + 4 (0 past the code blocks), and their
-// maxima over the warp's 16 keys as a u16x2 word (tile tq low).
-template <int kTiles>
-__device__ __forceinline__ uint32_t raw_tile_smax(const char* ks, const int (&slots)[2], const bool (&v_key)[2],
-                                                  int first, int tq, uint32_t (&sb)[2][2]) {
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int block = first + tq + 4 * j;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      sb[j][e] = (j == 0 || kTiles == 8) && v_key[e] && block < kD / 64 - 1
-                     ? *reinterpret_cast<const uint8_t*>(ks + raw_row(slots[e]) + RawTile::kScales + 2 * block)
-                     : 0u;
-  }
-  uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
-#pragma unroll
-  for (int off = 4; off < UKV_WARP; off *= 2)
-    smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-  return smax;
-}
-
-// The warpgroup's running maxima after its four warps' words for the tile.
-__device__ __forceinline__ void raw_ref_update(const uint32_t* smax_w, uint32_t (&ref)[4]) {
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-    ref[0] = ukv_max_u16x2(ref[0], v.x);
-    ref[1] = ukv_max_u16x2(ref[1], v.y);
-    ref[2] = ukv_max_u16x2(ref[2], v.z);
-    ref[3] = ukv_max_u16x2(ref[3], v.w);
-  }
-}
-
-// The factor words of this lane's tiles (raw_tile_smax) for its key pair
-// (PV k positions 16 q + 2 g, + 1).
-template <int kTiles>
-__device__ __forceinline__ void raw_write_factors(uint32_t* fac, const uint32_t (&ref)[4], const uint32_t (&sb)[2][2],
-                                                  int first, int q, int g, int tq) {
-  // (Word tq through selects: an index in a register would put ref on the stack.)
-  const uint32_t word = tq == 0 ? ref[0] : tq == 1 ? ref[1] : tq == 2 ? ref[2] : ref[3];
-#pragma unroll
-  for (int j = 0; j < kTiles / 4; ++j) {
-    const int block = first + tq + 4 * j;
-    if (block >= kD / 64 - 1) continue;
-    const int r = (int)(word >> (16 * j)) & 0xFFFF;
-    fac[raw_fac_at(block, g & 3, q, g >> 2)] = ukv_pack_half2(raw_pow2((int)sb[j][0] - r), raw_pow2((int)sb[j][1] - r));
-  }
-}
-
-// The factor that takes M tile mb's accumulators from the old running maximum
-// to the new one (1 for the rope block).
-__device__ __forceinline__ float raw_ref_step(const uint32_t (&old_ref)[4], const uint32_t (&ref)[4], int first,
-                                              int mb) {
-  return first + mb < kD / 64 - 1 ? raw_pow2(raw_ref_of(old_ref, mb) - raw_ref_of(ref, mb)) : 1.f;
-}
-
-// V^T fragments of code block `block` for k-steps 2 pp and 2 pp + 1 (warp q:
-// dims 16 q .. 16 q + 15 of the block); fac: this thread's factor words of
-// the block for those k-steps; lane_row: raw_pv_code_row.
-__device__ __forceinline__ void raw_pv_codes(const char* tile, int block, int q, uint32_t lane_row, int pp, uint4 fac,
-                                             uint32_t (&a)[2][4]) {
-  const uint32_t f[4] = {fac.x, fac.y, fac.z, fac.w};
-  uint32_t r[4];
-  ukv_ldmatrix_x4_trans(r, tile + lane_row + raw_row(32 * pp) + 64 * block + 16 * q);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int kk = j >> 1, hh = j & 1;
-    // r[j]: key 2 tq's codes of dims 2g, 2g + 1, then key 2 tq + 1's.
-    const uint32_t x = ukv_byte_perm(r[j], 0u, 0x3120u);
-    a[kk][2 * hh] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<0>(x), f[j]);
-    a[kk][2 * hh + 1] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<1>(x), f[j]);
-  }
-}
-
-// V^T fragments of the rope block (bf16 as stored) for k-steps 2 pp, 2 pp + 1:
-// row g (+8) of warp q is rope dim 16 q + g (+8); lane_row: raw_pv_rope_row.
-__device__ __forceinline__ void raw_pv_rope(const char* tile, int q, uint32_t lane_row, int pp, uint32_t (&a)[2][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-    ukv_ldmatrix_x4_trans(a[kk], tile + lane_row + raw_row(16 * (2 * pp + kk)) + RawTile::kNope + 32 * q);
-}
-
-// The row this lane addresses in raw_pv_codes' ldmatrix: lanes 8 m .. 8 m + 7
-// give matrix m, k-step 2 pp + m / 2, keys 8 (m & 1) + i (i = lane & 7).
-__device__ __forceinline__ uint32_t raw_pv_code_row(int lane) {
+// V^T fragments of code block `block` for k-steps 0..3 (warp q: dims 16 q ..
+// 16 q + 15 of the block); fac: this thread's 8 factor words of the block.
+__device__ __forceinline__ void alt_pv_codes(const char* tile, int block, int q, int lane, const uint32_t* fac,
+                                             uint32_t (&a)[4][4]) {
+  const uint4 f0 = *reinterpret_cast<const uint4*>(fac), f1 = *reinterpret_cast<const uint4*>(fac + 4);
+  const uint32_t f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+  // Lanes 8 m .. 8 m + 7 address matrix m: k-step 2 pp + m / 2, keys 8 (m & 1) + i.
   const int m = lane >> 3;
-  return raw_row(16 * (m >> 1) + raw_pv_slot(m & 1, lane & 7));
-}
-
-// In raw_pv_rope's: matrix m is keys 8 (m / 2) + i, dims 8 (m & 1) + 0..7.
-__device__ __forceinline__ uint32_t raw_pv_rope_row(int lane) {
-  const int m = lane >> 3;
-  return raw_row(raw_pv_slot(m >> 1, lane & 7)) + 16 * (m & 1);
-}
-
-// O^T[tiles] += V^T . P^T over blocks kFirst .. kFirst + kTiles - 1, one
-// commit group per two k-steps of a tile, fragments double-buffered (16
-// registers each: at 32 heads 32 would make ptxas serialize the MMAs for
-// want of registers); the caller waits. P^T in f16 (pt16_desc) and bf16
-// (ptbf_desc); fac: the blocks' factor words.
-template <int NH, int kFirst, int kTiles>
-__device__ __forceinline__ void raw_pv(const char* ks, int q, int lane, const uint32_t* fac, uint64_t pt16_desc,
-                                      uint64_t ptbf_desc, float (&o)[kTiles][NH / 2]) {
-  constexpr int kRope = kD / 64 - 1;
-  const int tq = lane & 3;
-  const uint32_t code_row = raw_pv_code_row(lane), rope_row = raw_pv_rope_row(lane);
-  uint32_t a[2][2][4];
 #pragma unroll
-  for (int gi = 0; gi < 2 * kTiles; ++gi) {
-    const int mb = gi / 2, pp = gi % 2, block = kFirst + mb;
-    if (gi >= 2) ukv_wgmma_wait<1>();
-    if (block < kRope) {
-      const uint4 f = *reinterpret_cast<const uint4*>(fac + raw_fac_at(block, tq, 2 * pp, 0));
-      raw_pv_codes(ks, block, q, code_row, pp, f, a[gi & 1]);
-    } else {
-      raw_pv_rope(ks, q, rope_row, pp, a[gi & 1]);
-    }
-    ukv_wgmma_fence();
+  for (int pp = 0; pp < 2; ++pp) {
+    uint32_t r[4];
+    ukv_ldmatrix_x4_trans(r, tile + raw_row(alt_pv_slot(2 * pp + (m >> 1), m & 1, lane & 7)) + 64 * block + 16 * q);
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint64_t step = (uint64_t)((2 * pp + k) * 2);
-      if (block < kRope) {
-        swap_mma<NH, true>(o[mb], a[gi & 1][k], pt16_desc + step);
-      } else {
-        swap_mma<NH>(o[mb], a[gi & 1][k], ptbf_desc + step);
-      }
+    for (int j = 0; j < 4; ++j) {
+      const int kk = 2 * pp + (j >> 1), hh = j & 1;
+      // r[j]: key 2 tq's codes of dims 2g, 2g + 1, then key 2 tq + 1's.
+      const uint32_t x = ukv_byte_perm(r[j], 0u, 0x3120u);
+      a[kk][2 * hh] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<0>(x), f[2 * kk + hh]);
+      a[kk][2 * hh + 1] = ukv_f16x2_mul(ukv_cvt_e4m3x2_to_half2<1>(x), f[2 * kk + hh]);
     }
-    ukv_wgmma_commit();
   }
+}
+
+// V^T fragments of the rope block (bf16 as stored): row g (+8) of warp q is
+// rope dim 16 q + g (+8), matrices (keys 0..7, 8..15) x (dims +0, +8).
+__device__ __forceinline__ void alt_pv_rope(const char* tile, int q, int lane, uint32_t (&a)[4][4]) {
+  const int m = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(alt_pv_slot(kk, m >> 1, lane & 7)) + RawTile::kNope + 32 * q +
+                                     16 * (m & 1));
 }
 #endif  // UKV_HAS_WGMMA
 
@@ -1817,8 +1798,11 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
-  // The slot of QK M row m's key (raw variant: qk_slot).
+  // Raw variant: the slot of M row m's key, and this warp's PV rows (the rope
+  // dims for warpgroup 1's last warp, else codes of scale block 4 wg + q).
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
+  const bool rope_warp = wg == 1 && q == 3;
+  const int pv_block = 4 * wg + q;
   // kAlt: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
   // (constant ids: with an id in a register ptxas reserves all 16 barriers).
   const auto wg_sync = [wg] {
@@ -1842,8 +1826,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   } else {
     loads.init();
   }
-  // Raw variant: both warpgroups' running scale maxima start at 0 (raw_pv).
-  if (kRaw && tid < 16) reinterpret_cast<uint32_t*>(smem + L::kRef)[tid] = 0u;
   __syncthreads();
   // The producers run no consumer iteration, then join the epilogue's barriers
   // (rather than exiting: sanitizers wait for exited threads at them).
@@ -1920,34 +1902,25 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     loads.start(p, keys);
   }
 
-  // Raw variant: this warpgroup's factor words, the words of its warps' tile
-  // scale maxima and its running maxima (raw_pv). The maxima live in shared
-  // memory, not registers: the 32-head kernel has none to spare across QK.
-  uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + (kAlt ? wg * kRawFacWords : 0);
-  uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
-  uint32_t* ref_w = reinterpret_cast<uint32_t*>(smem + L::kRef) + wg * 8;
-  // The running maxima as of this warpgroup's n-th tile: ref the new ones,
-  // old those before it; one thread stores ref for the next tile.
-  const auto advance_ref = [&](int n, uint32_t (&old)[4], uint32_t (&ref)[4]) {
-    const uint4 v = *reinterpret_cast<const uint4*>(ref_w + 4 * ((n & 1) ^ 1));
-    old[0] = ref[0] = v.x;
-    old[1] = ref[1] = v.y;
-    old[2] = ref[2] = v.z;
-    old[3] = ref[3] = v.w;
-    raw_ref_update(smax_w, ref);
-    if (tid % 128 == 0) *reinterpret_cast<uint4*>(ref_w + 4 * (n & 1)) = make_uint4(ref[0], ref[1], ref[2], ref[3]);
-  };
+  // kAlt: per code block, the largest scale byte of this warpgroup's valid
+  // keys so far (alt_pv_codes); word j holds blocks j (low half) and j + 4.
+  uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
   if constexpr (kAlt) {
-    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair (f16,
-    // bf16), factor words and barrier.
+    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
+    // words and barrier.
     char* pt16_w = pt + 2 * wg * L::kPTBytes;
     char* ptbf_w = pt16_w + L::kPTBytes;
+    uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + wg * kAltFacWords;
+    uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
     float* warp_w = warp_s + wg * 4 * NH;
     const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
     // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
     // byte offset / 16.
     const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
     const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
+    // This lane's code blocks for the scale maxima and factor words: tq and
+    // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
+    const int blk[2] = {tq, tq + 4};
     for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
       const int stage = pipe.acquire(tile);
       const char* ks = loads.tile(stage);
@@ -1960,11 +1933,20 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 
       // Softmax of the tile within the warpgroup: the head max over the
       // warp's 16 keys (lanes g), then its 4 warps through shared memory;
-      // the scale maxima go the same way.
+      // the scale maxima of this lane's blocks go the same way.
       const int* valid = valid_s + stage * kBK;
       const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
-      uint32_t sb[2][2];
-      const uint32_t smax = raw_tile_smax<8>(ks, qk_slots, v_key, 0, tq, sb);
+      uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
+                         ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                         : 0u;
+      uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
+#pragma unroll
+      for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
       if (g == 0) smax_w[4 * q + tq] = smax;
       float mx[kRegs / 2];
 #pragma unroll
@@ -1992,11 +1974,31 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         m_run[c] = m_new;
         sum[c] = 0.f;
       }
-      uint32_t ref_old[4], ref[4];
-      advance_ref((tile - tile_begin) >> 1, ref_old, ref);
-      raw_write_factors<8>(fac_w, ref, sb, 0, q, g, tq);
-      // P^T[head][k], f16 for the code blocks and bf16 for the rope block,
-      // one word per head for the thread's two keys (raw_pv).
+      // The running scale maxima; the code blocks' accumulators rescale by
+      // 2^(old - new), and this lane writes the factor words 2^(s - max) of
+      // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
+      uint32_t ref_old[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+        ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
+        ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
+        ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
+        ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
+      }
+      // (Word tq through selects: an index in a register would put ref_s on the stack.)
+      const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (blk[j] >= kD / 64 - 1) continue;
+        const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
+        fac_w[alt_fac_at(blk[j], g & 3, q, g >> 2)] =
+            ukv_pack_half2(alt_pow2((int)sb[j][0] - ref), alt_pow2((int)sb[j][1] - ref));
+      }
+      // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
+      // f16 for the code blocks, bf16 for the rope block.
 #pragma unroll
       for (int c = 0; c < kRegs / 2; ++c) {
         const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
@@ -2009,22 +2011,48 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
-        const float step = raw_ref_step(ref_old, ref, 0, mb);
         float f[kRegs / 2];
+        const float beta =
+            mb < kD / 64 - 1
+                ? alt_pow2((int)(ref_old[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF) - (int)(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF))
+                : 1.f;
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * step;
+        for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
       }
       ukv_fence_async_shared();  // P^T before wgmma reads it
       wg_sync();
 
-      raw_pv<NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
-      // Every read of the stage is done (the MMAs read registers and P^T).
-      pipe.release(stage);
-      ukv_wgmma_wait<0>();
+      // PV: M tile mb is block mb, f16 for the codes (alt_pv_codes), bf16 for
+      // the rope dims (alt_pv_rope).
+      {
+        uint32_t a[2][4][4];
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        for (int mb = 0; mb < 8; ++mb) {
+          if (mb >= 2) ukv_wgmma_wait<1>();
+          if (mb < kD / 64 - 1) {
+            alt_pv_codes(ks, mb, q, lane, fac_w + alt_fac_at(mb, tq, 0, 0), a[mb & 1]);
+          } else {
+            alt_pv_rope(ks, q, lane, a[mb & 1]);
+          }
+          ukv_wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            if (mb < kD / 64 - 1) {
+              swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
+            } else {
+              swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
+            }
+          }
+          ukv_wgmma_commit();
+        }
+        // Every read of the stage is done (the MMAs read registers and P^T).
+        pipe.release(stage);
+        ukv_wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+      }
     }
     // With an odd tile count warpgroup 1 has one tile fewer: it passes that
     // tile's two named barriers here. Not needed for correctness, but
@@ -2097,14 +2125,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     consumer_sync();
     const int* valid = valid_s + stage * kBK;
     const bool v_lo = valid[slot_of(16 * q + g)] != 0, v_hi = valid[slot_of(16 * q + g + 8)] != 0;
-    // Raw variant: the scale maxima of this warpgroup's blocks, alongside the head maxima.
-    uint32_t sb[2][2];
-    if constexpr (kRaw) {
-      const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-      const bool v_key[2] = {v_lo, v_hi};
-      const uint32_t smax = raw_tile_smax<4>(ks, qk_slots, v_key, 4 * wg, tq, sb);
-      if (g == 0) smax_w[4 * q + tq] = smax;
-    }
     float mx[kOwn / 2];
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
@@ -2134,81 +2154,70 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       m_run[c] = m_new;
       if (q == 0 && g == 0) alpha_h[h] = alpha[c];
     }
-    uint32_t ref_old[4], ref[4];
-    if constexpr (kRaw) {
-      advance_ref(tile - tile_begin, ref_old, ref);
-      raw_write_factors<4>(fac_w, ref, sb, 4 * wg, q, g, tq);
-    }
-    // P^T[head][key] (128-byte rows, chunks XOR-swizzled by head & 7): bf16,
-    // the sums adding the rounded values; raw variant: f16 and bf16, one word
-    // per head for the thread's two keys (raw_pv).
+    // P^T[head][key] in bf16 (128-byte rows, chunks XOR-swizzled by head & 7);
+    // the sums add the rounded values.
     float sum[kOwn / 2];
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
-    if constexpr (kRaw) {
 #pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) {
-        const int j = (c / 2) * 4 + (c & 1), h = own_head(j);
-        const float p0 = exp2f(x[j] - base[c]), p1 = exp2f(x[j + 2] - base[c]);
-        sum[c] += p0 + p1;
-        *reinterpret_cast<uint32_t*>(pt + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
-        *reinterpret_cast<uint32_t*>(pt + L::kPTBytes + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        const int c = (j / 4) * 2 + (j & 1);
-        const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
-        sum[c] += ukv_bf16_to_float(pb);
-        const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
-        *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
-      }
+    for (int j = 0; j < kOwn; ++j) {
+      const int c = (j / 4) * 2 + (j & 1);
+      const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
+      sum[c] += ukv_bf16_to_float(pb);
+      const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
+      *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
     }
 #pragma unroll
     for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
     ukv_fence_async_shared();
     consumer_sync();
 
-    // PV: rescale every head's column (raw variant: and block, raw_ref_step),
-    // then O^T[dims of this warpgroup] += V^T . P^T.
+    // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb) {
-      const float step = kRaw ? raw_ref_step(ref_old, ref, 4 * wg, mb) : 1.f;
+    for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-      for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)] * step;
-    }
+      for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
     {
+      // One commit group per 64-dim block: its four key steps' V^T fragments.
+      // Raw variant: code warps read their 16 keys' scale bytes up front and
+      // their codes one word per key for blocks 0, 1 and again for 2, 3; the
+      // rope warp reads per block.
+      uint32_t x[4][2][2];
+      uint32_t factor[4][2];
+      bool pv_fast = true;
       if constexpr (kRaw) {
-        const uint64_t pt16_desc = ukv_wgmma_desc(pt, 16, 1024);
-        const uint64_t ptbf_desc = ukv_wgmma_desc(pt + L::kPTBytes, 16, 1024);
-        if constexpr (!kAlt) {  // (this loop runs no tile with kAlt)
-          if (wg == 0) {
-            raw_pv<NH, 0, 4>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
-          } else {
-            raw_pv<NH, 4, 4>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
-          }
-        }
-        // Every read of the stage is done (the MMAs read registers and P^T),
-        // so the producers may refill it while the MMAs run.
-        pipe.release(stage);
-      } else {
-        // One commit group per 64-dim block: its four key steps' V^T fragments.
-        uint32_t a[2][4][4];
+        if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, factor);
+        pv_fast = ukv_warp_all(pv_fast);
+      }
+      uint32_t a[2][4][4];
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb) {
-          if (mb >= 2) ukv_wgmma_wait<1>();
+      for (int mb = 0; mb < 4; ++mb) {
+        if (mb >= 2) ukv_wgmma_wait<1>();
+        if constexpr (kRaw) {
+          if (!rope_warp && mb % 2 == 0) raw_pv_load(ks, pv_block, mb, g, tq, x);
+          if (rope_warp) {
+            raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
+          } else if (pv_fast) {
+            raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
+          } else {
+            raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
+          }
+        } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
             const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
             ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
           }
-          ukv_wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
-          ukv_wgmma_commit();
         }
+        ukv_wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
+        ukv_wgmma_commit();
       }
+      // Raw variant: every read of the stage is done (the MMAs read registers
+      // and P^T), so the producers may refill it while the MMAs run.
+      if constexpr (kRaw) pipe.release(stage);
       ukv_wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
@@ -2220,23 +2229,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       pipe.release(stage);
     } else if constexpr (!kFp8) {
       __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
-    }
-  }
-
-  // Raw variant: a code block's accumulators hold its values over
-  // 2^(ref - 127), ref its running scale maximum (raw_pv).
-  if constexpr (kRaw) {
-    // (Parity 1 holds zeros for a warpgroup without tiles.)
-    constexpr int kTiles = kAlt ? 8 : 4;
-    const int count = kAlt ? (tile_end - tile_begin - wg + 1) / 2 : tile_end - tile_begin;
-    const uint4 v = *reinterpret_cast<const uint4*>(ref_w + 4 * ((count - 1) & 1));
-    const uint32_t ref[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int mb = 0; mb < kTiles; ++mb) {
-      const int first = kAlt ? 0 : 4 * wg;
-      const float unit = first + mb < kD / 64 - 1 ? raw_scale_f32((uint32_t)raw_ref_of(ref, mb)) : 1.f;
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) o[mb][i] *= unit;
     }
   }
 
@@ -2282,9 +2274,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         f_own[c] = wg == 0 ? f0 : f1;
       }
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb)
+      for (int mb = 0; mb < 8; ++mb) {
+        // A code block's accumulators hold its values over 2^(ref - 127),
+        // ref its running scale maximum (alt_pv_codes).
+        const float unit = mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFFu) : 1.f;
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)];
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
+      }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -2326,10 +2322,15 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   __syncthreads();
 
   // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
-  // the raw variant's code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (raw_pv).
+  // kAlt code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (alt_pv_codes); the
+  // 32-head raw variant: see raw_pv_codes and raw_pv_rope.
   const auto dim_of = [&](int mb, int i) {
     const int hi = (i & 2) ? 1 : 0;
-    if (kRaw && 4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
+    if constexpr (kAlt) {
+      if (4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
+    } else if constexpr (kRaw) {
+      return rope_warp ? 64 * pv_block + 2 * (g + 8 * mb) + hi : (int)pv_code_offset(pv_block, mb, g) + 2 * (mb % 2) + hi;
+    }
     return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
   };
   if (!direct && cfg.cluster != 0) {
@@ -2355,10 +2356,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int i = 0; i < kRegs; ++i) {
         const int h = head_of(i);
         float v = o[mb][i] * scale_h[h];
-        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane
-        // ^ 4 (g +- 1, same head), and every lane takes part in the shuffle.
-        if (cs != nullptr && wg == 1 && mb == 3) {
-          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
+        // Rope dims: a pair's other dim is fragment i ^ 2 of the same thread
+        // (the 32-head raw variant's rope warp), or else (warpgroup 1, mb 3)
+        // held by lane ^ 4 (g +- 1, same head), and every lane takes part in
+        // the shuffle.
+        constexpr bool kRopeWarp = kRaw && !kAlt;
+        if (kRopeWarp ? cs != nullptr && rope_warp : cs != nullptr && wg == 1 && mb == 3) {
+          const float other = kRopeWarp ? o[mb][i ^ 2] * scale_h[h] : ukv_shfl_xor(v, 4, UKV_WARP);
           const int d = dim_of(mb, i);
           const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
           v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
