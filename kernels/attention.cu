@@ -2629,17 +2629,22 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // three stages at any batch (bench/NOTES.md, version 15).
     if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
-    // FP8 plans configure both kernels a call may take (raw_variant_applies);
-    // the cluster choice below holds for each.
+    // FP8 plans configure both kernels a call may take (raw_variant_applies;
+    // one where the plan's kernel has no raw variant); the cluster choice
+    // below holds for each.
     struct Variant {
       AttentionKernel kernel = nullptr;
       size_t smem = 0;
       int threads = 0;
     } variants[2];
-    const int num_variants = pl.kv_fp8 ? 2 : 1;
+    int num_variants = pl.kv_fp8 ? 2 : 1;
     for (int v = 0; v < num_variants; ++v) {
       Variant& x = variants[v];
       if (int r = plan_kernel(pl, v == 1, &x.kernel, &x.smem, &x.threads)) return r;
+      if (v == 1 && x.kernel == variants[0].kernel) {
+        num_variants = 1;
+        break;
+      }
       if ((int)x.smem > smem_optin) {
         ukv::set_error("attention needs " + std::to_string(x.smem) +
                        " bytes of shared memory per block, the device allows " + std::to_string(smem_optin));
