@@ -230,10 +230,12 @@ int main() {
     Kernel k;
     int threads, tpb;
   } vs[] = {
-      {"library: 2 tok/warp, 128 thr", store_kernel<2, 128, false>, 128, 8},
+      {"2 tok/warp, 128 thr (version 18)", store_kernel<2, 128, false>, 128, 8},
       {"1 tok/warp, 128 thr", store_kernel<1, 128, false>, 128, 4},
       {"4 tok/warp, 128 thr", store_kernel<4, 128, false>, 128, 16},
-      {"2 tok/warp, 256 thr", store_kernel<2, 256, false>, 256, 16},
+      {"2 tok/warp, 256 thr (library)", store_kernel<2, 256, false>, 256, 16},
+      {"1 tok/warp, 256 thr", store_kernel<1, 256, false>, 256, 8},
+      {"2 tok/warp, 512 thr", store_kernel<2, 512, false>, 512, 32},
       {"2 tok/warp, 128 thr, .cs hints", store_kernel<2, 128, true>, 128, 8},
       {"4 tok/warp, 128 thr, .cs hints", store_kernel<4, 128, true>, 128, 16},
       {"same bytes, no math (move)", move_kernel, 128, 8},
