@@ -14,10 +14,7 @@
 
 namespace {
 
-// 8 warps per block: at T = 8192 the FlashMLA store took 4.67 us with 128
-// threads and 4.24 us with 256 (half the blocks for the GPU to launch;
-// bench/probes/store_flashmla.cu, bench/NOTES.md version 23).
-constexpr int kThreads = 256;
+constexpr int kThreads = 128;
 constexpr int kDimsPerLane = 16;
 
 // FlashMLA value slot: 448 codes (lanes 0..27), then 64 bf16 RoPE dims copied

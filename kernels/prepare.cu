@@ -23,13 +23,11 @@
 
 namespace {
 
-// 8 warps per block, as the cache stores (fewer blocks to launch: see
-// kernels/cache_store.cu, kThreads).
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * UKV_WARP;
-// 5 blocks per SM (at most 48 registers, no spills): 40 warps with 2 KB of
+// 10 blocks per SM (at most 48 registers, no spills): 40 warps with 2 KB of
 // Q rows each in flight keep HBM busy. NVIDIA tuning: HIP builds ignore it.
-[[maybe_unused]] constexpr int kMinBlocks = 5;
+[[maybe_unused]] constexpr int kMinBlocks = 10;
 constexpr int kDims = 512;
 constexpr int kQHeads = 2;    // Q heads per warp
 constexpr int kRopeLane = 24;  // lanes 24..31: dims 448 + 8 (lane - 24) in the second vector
