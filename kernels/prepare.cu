@@ -85,11 +85,12 @@ __device__ __forceinline__ RopePairs load_pairs(const float* table_row, int lane
 // + h0/2: both rows are loaded before either is used, doubling the warp's
 // bytes in flight, and they share the token's position and table row. Per
 // head: n = bf16(x * f) on all dims, then bf16(RoPE(n)) on 448..511.
+template <typename Pos>
 __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int item, int lane) {
   const int groups = (p.num_heads + kQHeads - 1) / kQHeads;
   const int t = item / groups, h0 = (item % groups) * kQHeads;
   const int heads = min(kQHeads, p.num_heads - h0);
-  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  const int64_t pos = static_cast<const Pos*>(p.positions)[t];
   LaneRow x[kQHeads] = {};
   const ukv_bf16* in = static_cast<const ukv_bf16*>(p.q_in) + t * p.q_in_stride_token + h0 * p.q_in_stride_head;
   for (int j = 0; j < kQHeads; ++j) {
@@ -115,8 +116,9 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
 
 // KV row t: k = (x * f) * w in float, RoPE of 448..511 from those values, one
 // bf16 rounding; then kv_out and the pool row.
+template <typename Pos>
 __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int t, int lane) {
-  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  const int64_t pos = static_cast<const Pos*>(p.positions)[t];
   const int64_t row = p.rows != nullptr ? ukv_index_at(p.rows, p.rows_i64 != 0, t) : -1;
   LaneRow x, w;
   load_row(static_cast<const ukv_bf16*>(p.kv_in) + t * p.kv_in_stride, lane, x);
@@ -140,6 +142,9 @@ __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int 
   ukv_store_pool_row<8>(p.pool, row, kDims / 2 + 8 * lane, hi);
 }
 
+// The positions' type is a template parameter, not a branch (as the cache
+// stores' locations, kernels/cache_store.cu).
+template <typename Pos>
 __global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks) {
   // The next kernel may launch now; it waits for this grid before reading.
   ukv_pdl_launch_dependents();
@@ -147,11 +152,11 @@ __global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_p
   const int warp = threadIdx.x / UKV_WARP, lane = threadIdx.x % UKV_WARP;
   if ((int)blockIdx.x < kv_blocks) {
     const int t = blockIdx.x * kWarps + warp;
-    if (t < p.num_tokens) prepare_kv(p, t, lane);
+    if (t < p.num_tokens) prepare_kv<Pos>(p, t, lane);
     return;
   }
   const int item = (blockIdx.x - kv_blocks) * kWarps + warp;
-  if (item < p.num_tokens * ((p.num_heads + kQHeads - 1) / kQHeads)) prepare_q(p, item, lane);
+  if (item < p.num_tokens * ((p.num_heads + kQHeads - 1) / kQHeads)) prepare_q<Pos>(p, item, lane);
 }
 
 }  // namespace
@@ -164,7 +169,8 @@ int unikv_gpu_prepare_qkv(int device, const ukv_prepare_qkv_params* p, void* str
     // KV blocks first: they carry the most work per warp.
     const int kv_blocks = (int)ukv::cdiv(p->num_tokens, kWarps);
     const int q_blocks = (int)ukv::cdiv(p->num_tokens * ukv::cdiv(p->num_heads, kQHeads), kWarps);
-    return ukv::launch_early(device, prepare_qkv_kernel, dim3(kv_blocks + q_blocks), dim3(kThreads), stream,
+    const auto kernel = p->positions_i64 ? prepare_qkv_kernel<int64_t> : prepare_qkv_kernel<int32_t>;
+    return ukv::launch_early(device, kernel, dim3(kv_blocks + q_blocks), dim3(kThreads), stream,
                              "prepare_qkv_kernel", *p, kv_blocks);
   })
 }
