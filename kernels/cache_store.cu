@@ -15,7 +15,7 @@
 namespace {
 
 // Threads per block: the FlashMLA store at 256, the indexer store at 128
-// (bench/NOTES.md, version 23).
+// (bench/NOTES.md, versions 23 and 24).
 constexpr int kFlashThreads = 256;
 constexpr int kIndexerThreads = 128;
 constexpr int kDimsPerLane = 16;
