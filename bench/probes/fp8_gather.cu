@@ -12,14 +12,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+#include "cuda_check.cuh"
 
 constexpr int kSlot = 1040;  // bytes per row slot in the tile (bf16 row + 16 B pad)
 constexpr int kTileRows = 64;

@@ -12,14 +12,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_check.cuh"
 
 constexpr int kRowBytes = 1024;
 constexpr int kTileRows = 64;

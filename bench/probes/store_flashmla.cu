@@ -20,14 +20,7 @@
 
 #include "fp8.cuh"
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_check.cuh"
 
 constexpr int kT = 8192, kDims = 512, kPage = 64, kPageShift = 6;
 constexpr int64_t kPageBytes = 37440;  // ceil(584 * 64 / 576) * 576
