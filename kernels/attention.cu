@@ -1682,6 +1682,13 @@ __device__ __forceinline__ int alt_fac_at(int block, int tq, int kk, int hh) {
 // 2^d for d <= 0 as an f32 (0 below 2^-126).
 __device__ __forceinline__ float alt_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
 
+// Code block mb's running scale maximum in the kernel's ref_s words (word
+// mb & 3, half mb >> 2); mb must be known at compile time, or ref_s goes to
+// the stack.
+__device__ __forceinline__ int alt_ref(const uint32_t (&ref)[4], int mb) {
+  return (int)(ref[mb & 3] >> (16 * (mb >> 2)) & 0xFFFFu);
+}
+
 // The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
 __device__ __forceinline__ int alt_pv_slot(int kk, int hh, int i) {
   return qk_slot(16 * kk + 4 * hh + (i >> 1) + 8 * (i & 1));
@@ -2012,10 +2019,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
         float f[kRegs / 2];
-        const float beta =
-            mb < kD / 64 - 1
-                ? alt_pow2((int)(ref_old[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF) - (int)(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFF))
-                : 1.f;
+        const float beta = mb < kD / 64 - 1 ? alt_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
 #pragma unroll
         for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
 #pragma unroll
@@ -2277,7 +2281,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int mb = 0; mb < 8; ++mb) {
         // A code block's accumulators hold its values over 2^(ref - 127),
         // ref its running scale maximum (alt_pv_codes).
-        const float unit = mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb & 3] >> (16 * (mb >> 2)) & 0xFFFFu) : 1.f;
+        const float unit = mb < kD / 64 - 1 ? raw_scale_f32((uint32_t)alt_ref(ref_s, mb)) : 1.f;
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
       }

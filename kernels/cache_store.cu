@@ -34,13 +34,6 @@ constexpr int kKeyDims = 128;
 constexpr int kKeyLanes = kKeyDims / kDimsPerLane;
 static_assert(UKV_WARP % kKeyLanes == 0, "whole keys per warp");
 
-// The location vector's type is a template parameter, not a branch: with the
-// branch the FlashMLA store took 4.59 us at T = 8192, without it 4.29.
-template <typename Loc>
-__device__ __forceinline__ int64_t location(const ukv_cache_store_params& p, int64_t t) {
-  return static_cast<const Loc*>(p.loc)[t];
-}
-
 // A bf16 pair's two values (little-endian: the first in the low half); the
 // widening is exact.
 __device__ __forceinline__ void unpack_bf16x2(uint32_t w, float& lo, float& hi) {
@@ -142,7 +135,8 @@ __device__ __forceinline__ void store_flashmla_token(const ukv_cache_store_param
   }
 }
 
-// kFlashTokensPerWarp consecutive tokens per warp.
+// kFlashTokensPerWarp consecutive tokens per warp; Loc: the location type
+// (ukv_index_at).
 template <ukv_fp8_format F, typename Loc>
 __global__ void __launch_bounds__(kFlashThreads) store_flashmla_kernel(ukv_cache_store_params p) {
   // The next kernel may be scheduled now; this one waits for its predecessor's
@@ -160,7 +154,7 @@ __global__ void __launch_bounds__(kFlashThreads) store_flashmla_kernel(ukv_cache
     const int64_t t = first + j;
     loc[j] = -1;
     if (t >= p.num_tokens) continue;
-    loc[j] = location<Loc>(p, t);
+    loc[j] = ukv_index_at<Loc>(p.loc, t);
     const uint4* src =
         reinterpret_cast<const uint4*>(static_cast<const ukv_bf16*>(p.rows) + t * p.row_stride + lane * kDimsPerLane);
     a[j] = src[0];
@@ -184,7 +178,7 @@ __global__ void __launch_bounds__(kIndexerThreads) store_indexer_kernel(ukv_cach
   // A warp may hold keys past num_tokens or at skipped locations: their lanes
   // still join the shuffles and only skip the loads and stores.
   const bool in_batch = t < p.num_tokens;
-  const int64_t loc = in_batch ? location<Loc>(p, t) : -1;
+  const int64_t loc = in_batch ? ukv_index_at<Loc>(p.loc, t) : -1;
   float x[kDimsPerLane] = {};
   if (in_batch) load16(static_cast<const In*>(p.rows) + t * p.row_stride + part * kDimsPerLane, x);
   const float amax = group_amax<kKeyLanes>(x);

@@ -90,7 +90,7 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
   const int groups = (p.num_heads + kQHeads - 1) / kQHeads;
   const int t = item / groups, h0 = (item % groups) * kQHeads;
   const int heads = min(kQHeads, p.num_heads - h0);
-  const int64_t pos = static_cast<const Pos*>(p.positions)[t];
+  const int64_t pos = ukv_index_at<Pos>(p.positions, t);
   LaneRow x[kQHeads] = {};
   const ukv_bf16* in = static_cast<const ukv_bf16*>(p.q_in) + t * p.q_in_stride_token + h0 * p.q_in_stride_head;
   for (int j = 0; j < kQHeads; ++j) {
@@ -118,7 +118,7 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
 // bf16 rounding; then kv_out and the pool row.
 template <typename Pos>
 __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int t, int lane) {
-  const int64_t pos = static_cast<const Pos*>(p.positions)[t];
+  const int64_t pos = ukv_index_at<Pos>(p.positions, t);
   const int64_t row = p.rows != nullptr ? ukv_index_at(p.rows, p.rows_i64 != 0, t) : -1;
   LaneRow x, w;
   load_row(static_cast<const ukv_bf16*>(p.kv_in) + t * p.kv_in_stride, lane, x);
@@ -142,8 +142,7 @@ __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int 
   ukv_store_pool_row<8>(p.pool, row, kDims / 2 + 8 * lane, hi);
 }
 
-// The positions' type is a template parameter, not a branch (as the cache
-// stores' locations, kernels/cache_store.cu).
+// Pos: the positions' type (ukv_index_at).
 template <typename Pos>
 __global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks) {
   // The next kernel may launch now; it waits for this grid before reading.
