@@ -127,6 +127,28 @@ __global__ void __launch_bounds__(128) move_kernel(Params p) {
 
 using Kernel = void (*)(Params);
 
+// Median time in ms of `reps` runs of what `enqueue` puts on stream s.
+template <typename Enqueue>
+float median_ms(cudaStream_t s, int reps, Enqueue&& enqueue) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(e0, s));
+    enqueue();
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float x;
+    CHECK(cudaEventElapsedTime(&x, e0, e1));
+    ms.push_back(x);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 float per_call_us(Kernel k, int threads, int tokens_per_block, const std::vector<Params>& sets, cudaStream_t s) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -144,23 +166,10 @@ float per_call_us(Kernel k, int threads, int tokens_per_block, const std::vector
   cudaGraphExec_t ge;
   CHECK(cudaGraphInstantiate(&ge, g, 0));
   CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float x;
-    CHECK(cudaEventElapsedTime(&x, e0, e1));
-    ms.push_back(x);
-  }
-  std::sort(ms.begin(), ms.end());
+  const float ms = median_ms(s, 15, [&] { CHECK(cudaGraphLaunch(ge, s)); });
   CHECK(cudaGraphExecDestroy(ge));
   CHECK(cudaGraphDestroy(g));
-  return ms[ms.size() / 2] * 1000.f / (float)sets.size();
+  return ms * 1000.f / (float)sets.size();
 }
 
 int main() {
@@ -172,21 +181,8 @@ int main() {
   CHECK(cudaMalloc(&x, big));
   CHECK(cudaMalloc(&y, big));
   CHECK(cudaMemsetAsync(x, 1, big, s));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 7; ++r) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaMemcpyAsync(y, x, big, cudaMemcpyDeviceToDevice, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  const double copy_bw = 2.0 * big / (ms[3] * 1e-3);
+  const float copy_ms = median_ms(s, 7, [&] { CHECK(cudaMemcpyAsync(y, x, big, cudaMemcpyDeviceToDevice, s)); });
+  const double copy_bw = 2.0 * big / (copy_ms * 1e-3);
   CHECK(cudaFree(x));
   CHECK(cudaFree(y));
 
