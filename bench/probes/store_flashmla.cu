@@ -6,8 +6,9 @@
 // launch, each call on fresh rows (3x L2 of inputs) and random locations
 // (half the slots of 64-token pages). A plain kernel that moves the same bytes
 // (rows in, contiguous 584-byte records out) gives this size's practical
-// ceiling. The probe's block-size gain did not carry over to the library
-// kernel (bench/NOTES.md, version 23). Build and run on the GPU machine:
+// ceiling. The block-size gain reached the library only once its kernels
+// stopped branching per thread on the location type (bench/NOTES.md,
+// versions 23 and 24). Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels bench/probes/store_flashmla.cu -o /tmp/sf && /tmp/sf
 #include <cuda_runtime.h>
 
@@ -220,10 +221,10 @@ int main() {
     Kernel k;
     int threads, tpb;
   } vs[] = {
-      {"2 tok/warp, 128 thr (library)", store_kernel<2, 128, false>, 128, 8},
+      {"2 tok/warp, 128 thr (version 18)", store_kernel<2, 128, false>, 128, 8},
       {"1 tok/warp, 128 thr", store_kernel<1, 128, false>, 128, 4},
       {"4 tok/warp, 128 thr", store_kernel<4, 128, false>, 128, 16},
-      {"2 tok/warp, 256 thr", store_kernel<2, 256, false>, 256, 16},
+      {"2 tok/warp, 256 thr (library)", store_kernel<2, 256, false>, 256, 16},
       {"1 tok/warp, 256 thr", store_kernel<1, 256, false>, 256, 8},
       {"2 tok/warp, 512 thr", store_kernel<2, 512, false>, 512, 32},
       {"2 tok/warp, 128 thr, .cs hints", store_kernel<2, 128, true>, 128, 8},
