@@ -1398,6 +1398,14 @@ struct SwapSmem {
 __host__ __device__ constexpr int swap_threads(bool fp8) { return kThreads + (fp8 ? kProducerWarps * UKV_WARP : 0); }
 
 #if defined(UKV_HAS_WGMMA)
+// Registers per thread of the FP8 swap kernels (one block per SM): at entry,
+// and in the raw variant's producer and consumer warps while the tiles run
+// (setmaxnreg; the block's total stays within the SM's 64 K).
+constexpr int kEntryRegs = 65536 / swap_threads(true) / 8 * 8;
+constexpr int kRawProducerRegs = 40;
+constexpr int kRawConsumerRegs = (65536 - kProducerWarps * UKV_WARP * kRawProducerRegs) / kThreads / 8 * 8;
+static_assert(kEntryRegs == 168 && kRawConsumerRegs == 232, "384 threads: 168 at entry, 40 + 232 in the tile loop");
+
 // Byte offset of P^T[h][key] in a swap kernel's P^T buffer: 128-byte rows of
 // 64 bf16, 16-byte chunks XOR-swizzled by h & 7.
 __device__ __forceinline__ uint32_t pt_at(int h, int key) {
@@ -1834,406 +1842,415 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     loads.init();
   }
   __syncthreads();
-  // The producers run no consumer iteration, then join the epilogue's barriers
-  // (rather than exiting: sanitizers wait for exited threads at them).
-  const bool consumer = !kFp8 || tid < kThreads;
-  if (!consumer) pipe.produce(p, keys);
-  const float qk_scale = p.softmax_scale * kLog2e;
-  // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
-  const auto q_chunk = [&](int r, int chunk) {
-    const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
-                           (int64_t)(h0 + r < p.num_heads ? h0 + r : 0) * p.q_stride_head;
-    return h0 + r < p.num_heads ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
-                                : make_uint4(0, 0, 0, 0);
-  };
-  const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
-  const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
-  if (kRaw && consumer && tile_begin < tile_end) {
-    // The raw variant's QK code blocks run on f16 MMAs (raw_qk_block_f16):
-    // head h's query is scaled by 2^e so that its largest |q| lies in
-    // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
-    // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
-    for (int r = tid / UKV_WARP; r < NH; r += kWarps) {
-      float m = 0.f;
-      for (int chunk = lane; chunk < kChunks; chunk += UKV_WARP) {
-        const uint4 v = q_chunk(r, chunk);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
-      }
-      m = ukv_xor_max<1, 16>(m);
-      if (lane == 0) {
-        const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
-        const int e = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
-        q_mul_h[r] = __uint_as_float((uint32_t)(e + 127) << 23);
-        qk_h[r] = ldexpf(qk_scale, -e);
-      }
-    }
-    consumer_sync();
-    // Q in the raw variant's k order (qk_logical_pair), through registers,
-    // scaled: the code blocks in f16, the rope block in bf16.
-    for (int c = tid; c < NH * kChunks; c += kThreads) {
-      const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
-      const uint4 v = q_chunk(r, chunk);
-      uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      const float mul = q_mul_h[r];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
-        w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
-        const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
-                            (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
-        *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
-      }
-    }
-  } else if (!kRaw && consumer && tile_begin < tile_end) {
-    for (int c = tid; c < NH * kChunks; c += kThreads) {
-      const int r = c / kChunks, chunk = c % kChunks;
-      const bool valid = h0 + r < p.num_heads;
-      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
-                             (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
-      const uint32_t at = (uint32_t)(chunk >> 3) * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
-                          (uint32_t)(((chunk & 7) ^ (r & 7)) << 4);
-      ukv_cp_async16(smem + L::kQ + at, reinterpret_cast<const char*>(qrow) + chunk * 16, valid);
-    }
-  }
-  if constexpr (kFp8) {
-    ukv_cp_async_wait<0>();    // the query rows
-    ukv_fence_async_shared();  // before wgmma reads them
-    if (consumer) consumer_sync();
-  } else {
-    loads.start(p, keys);
-  }
-
   // kAlt: per code block, the largest scale byte of this warpgroup's valid
   // keys so far (alt_pv_codes); word j holds blocks j (low half) and j + 4.
   uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
-  if constexpr (kAlt) {
-    // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
-    // words and barrier.
-    char* pt16_w = pt + 2 * wg * L::kPTBytes;
-    char* ptbf_w = pt16_w + L::kPTBytes;
-    uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + wg * kAltFacWords;
-    uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
-    float* warp_w = warp_s + wg * 4 * NH;
-    const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-    // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
-    // byte offset / 16.
-    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-    const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
-    // This lane's code blocks for the scale maxima and factor words: tq and
-    // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
-    const int blk[2] = {tq, tq + 4};
-    for (int tile = tile_begin + wg; tile < (consumer ? tile_end : tile_begin); tile += 2) {
-      const int stage = pipe.acquire(tile);
+  // The producers run no consumer iteration, then join the epilogue's barriers
+  // (rather than exiting: sanitizers wait for exited threads at them). The
+  // raw variant's producers only issue copies, so their registers go to the
+  // consumers while the tiles run (all warps run the epilogue at the entry count).
+  const bool consumer = !kFp8 || tid < kThreads;
+  if (!consumer) {
+    if constexpr (kRaw) ukv_setmaxnreg_dec<kRawProducerRegs>();
+    pipe.produce(p, keys);
+    if constexpr (kRaw) ukv_setmaxnreg_inc<kEntryRegs>();
+  } else {
+    if constexpr (kRaw) ukv_setmaxnreg_inc<kRawConsumerRegs>();
+    const float qk_scale = p.softmax_scale * kLog2e;
+    // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
+    const auto q_chunk = [&](int r, int chunk) {
+      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                             (int64_t)(h0 + r < p.num_heads ? h0 + r : 0) * p.q_stride_head;
+      return h0 + r < p.num_heads ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
+                                  : make_uint4(0, 0, 0, 0);
+    };
+    const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+    const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+    if (kRaw && tile_begin < tile_end) {
+      // The raw variant's QK code blocks run on f16 MMAs (raw_qk_block_f16):
+      // head h's query is scaled by 2^e so that its largest |q| lies in
+      // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
+      // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
+      for (int r = tid / UKV_WARP; r < NH; r += kWarps) {
+        float m = 0.f;
+        for (int chunk = lane; chunk < kChunks; chunk += UKV_WARP) {
+          const uint4 v = q_chunk(r, chunk);
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
+        }
+        m = ukv_xor_max<1, 16>(m);
+        if (lane == 0) {
+          const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
+          const int e = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
+          q_mul_h[r] = __uint_as_float((uint32_t)(e + 127) << 23);
+          qk_h[r] = ldexpf(qk_scale, -e);
+        }
+      }
+      consumer_sync();
+      // Q in the raw variant's k order (qk_logical_pair), through registers,
+      // scaled: the code blocks in f16, the rope block in bf16.
+      for (int c = tid; c < NH * kChunks; c += kThreads) {
+        const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
+        const uint4 v = q_chunk(r, chunk);
+        uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        const float mul = q_mul_h[r];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
+          w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
+          const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
+                              (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
+          *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
+        }
+      }
+    } else if (!kRaw && tile_begin < tile_end) {
+      for (int c = tid; c < NH * kChunks; c += kThreads) {
+        const int r = c / kChunks, chunk = c % kChunks;
+        const bool valid = h0 + r < p.num_heads;
+        const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                               (int64_t)(valid ? h0 + r : 0) * p.q_stride_head;
+        const uint32_t at = (uint32_t)(chunk >> 3) * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
+                            (uint32_t)(((chunk & 7) ^ (r & 7)) << 4);
+        ukv_cp_async16(smem + L::kQ + at, reinterpret_cast<const char*>(qrow) + chunk * 16, valid);
+      }
+    }
+    if constexpr (kFp8) {
+      ukv_cp_async_wait<0>();    // the query rows
+      ukv_fence_async_shared();  // before wgmma reads them
+      consumer_sync();
+    } else {
+      loads.start(p, keys);
+    }
+
+    if constexpr (kAlt) {
+      // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
+      // words and barrier.
+      char* pt16_w = pt + 2 * wg * L::kPTBytes;
+      char* ptbf_w = pt16_w + L::kPTBytes;
+      uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + wg * kAltFacWords;
+      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
+      float* warp_w = warp_s + wg * 4 * NH;
+      const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+      // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
+      // byte offset / 16.
+      const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+      const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
+      // This lane's code blocks for the scale maxima and factor words: tq and
+      // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
+      const int blk[2] = {tq, tq + 4};
+      for (int tile = tile_begin + wg; tile < tile_end; tile += 2) {
+        const int stage = pipe.acquire(tile);
+        const char* ks = loads.tile(stage);
+
+        // QK over all eight blocks (raw_qk).
+        float s[kRegs];
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
+        raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+
+        // Softmax of the tile within the warpgroup: the head max over the
+        // warp's 16 keys (lanes g), then its 4 warps through shared memory;
+        // the scale maxima of this lane's blocks go the same way.
+        const int* valid = valid_s + stage * kBK;
+        const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+        uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
+                           ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                           : 0u;
+        uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
+#pragma unroll
+        for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+        if (g == 0) smax_w[4 * q + tq] = smax;
+        float mx[kRegs / 2];
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) {
+          const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
+          s[i] = v_key[e] ? s[i] * qk_h[head_of_c(c)] : -INFINITY;
+          mx[c] = fmaxf(mx[c], s[i]);
+        }
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) {
+          mx[c] = ukv_xor_max<4, 16>(mx[c]);
+          if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+        }
+        wg_sync();
+        float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) {
+          const int h = head_of_c(c);
+          const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
+          const float m_new = fmaxf(m_run[c], m_tile);
+          base[c] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[c] = exp2f(m_run[c] - base[c]);
+          m_run[c] = m_new;
+          sum[c] = 0.f;
+        }
+        // The running scale maxima; the code blocks' accumulators rescale by
+        // 2^(old - new), and this lane writes the factor words 2^(s - max) of
+        // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
+        uint32_t ref_old[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+          ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
+          ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
+          ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
+          ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
+        }
+        // (Word tq through selects: an index in a register would put ref_s on the stack.)
+        const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (blk[j] >= kD / 64 - 1) continue;
+          const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
+          fac_w[alt_fac_at(blk[j], g & 3, q, g >> 2)] =
+              ukv_pack_half2(alt_pow2((int)sb[j][0] - ref), alt_pow2((int)sb[j][1] - ref));
+        }
+        // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
+        // f16 for the code blocks, bf16 for the rope block.
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) {
+          const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
+          const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
+          sum[c] += p0 + p1;
+          *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
+          *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+        }
+#pragma unroll
+        for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          float f[kRegs / 2];
+          const float beta = mb < kD / 64 - 1 ? alt_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
+#pragma unroll
+          for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
+        }
+        ukv_fence_async_shared();  // P^T before wgmma reads it
+        wg_sync();
+
+        // PV: M tile mb is block mb, f16 for the codes (alt_pv_codes), bf16 for
+        // the rope dims (alt_pv_rope).
+        {
+          uint32_t a[2][4][4];
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) {
+            if (mb >= 2) ukv_wgmma_wait<1>();
+            if (mb < kD / 64 - 1) {
+              alt_pv_codes(ks, mb, q, lane, fac_w + alt_fac_at(mb, tq, 0, 0), a[mb & 1]);
+            } else {
+              alt_pv_rope(ks, q, lane, a[mb & 1]);
+            }
+            ukv_wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              if (mb < kD / 64 - 1) {
+                swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
+              } else {
+                swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
+              }
+            }
+            ukv_wgmma_commit();
+          }
+          // Every read of the stage is done (the MMAs read registers and P^T).
+          pipe.release(stage);
+          ukv_wgmma_wait<0>();
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        }
+      }
+      // With an odd tile count warpgroup 1 has one tile fewer: it passes that
+      // tile's two named barriers here. Not needed for correctness, but
+      // racecheck orders two warps' accesses only when the warps have passed
+      // as many barriers: without this it reports the merge's exchanges below
+      // as races (bench/NOTES.md, version 20).
+      if (wg == 1 && (tile_end - tile_begin) % 2 == 1) {
+        wg_sync();
+        wg_sync();
+      }
+    }
+
+    for (int tile = tile_begin; tile < (kAlt ? tile_begin : tile_end); ++tile) {
+      int stage;
+      if constexpr (kFp8) {
+        stage = pipe.acquire(tile);
+      } else {
+        stage = loads.advance(p, keys, tile);
+        ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+        __syncthreads();
+      }
       const char* ks = loads.tile(stage);
 
-      // QK over all eight blocks (raw_qk).
+      // QK over this warpgroup's 16 k-steps of 16 dims (blocks 4 wg .. 4 wg + 3).
+      // bf16: in commit groups of kGroup fragments double-buffered in
+      // registers (a group's registers are reloaded only after the group two
+      // back has completed), which keeps the kernel within 128 registers for
+      // two CTAs per SM. Raw variant: raw_qk.
       float s[kRegs];
 #pragma unroll
       for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-      raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+      if constexpr (kRaw) {
+        const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+        const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+        if (wg == 0) {
+          raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+        } else {
+          raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+        }
+      } else {
+        uint32_t a[2][kGroup][4];
+#pragma unroll
+        for (int grp = 0; grp < 16 / kGroup; ++grp) {
+          if (grp >= 2) ukv_wgmma_wait<1>();
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            const int kstep = 16 * wg + grp * kGroup + j;
+            ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+          }
+          ukv_wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            const int kstep = 16 * wg + grp * kGroup + j;
+            const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
+            swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(qb, 16, 1024));
+          }
+          ukv_wgmma_commit();
+        }
+        ukv_wgmma_wait<0>();
+        ukv_wgmma_fence_regs(s);
+      }
 
-      // Softmax of the tile within the warpgroup: the head max over the
-      // warp's 16 keys (lanes g), then its 4 warps through shared memory;
-      // the scale maxima of this lane's blocks go the same way.
+      // The other warpgroup's heads go to it; this one's come back.
+      float x[kOwn];
+#pragma unroll
+      for (int j = 0; j < kOwn; ++j) {
+        xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
+        x[j] = wg == 0 ? s[j] : s[kOwn + j];
+      }
+      consumer_sync();
       const int* valid = valid_s + stage * kBK;
-      const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
-      uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+      const bool v_lo = valid[slot_of(16 * q + g)] != 0, v_hi = valid[slot_of(16 * q + g + 8)] != 0;
+      float mx[kOwn / 2];
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
-                         ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
-                         : 0u;
-      uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
-#pragma unroll
-      for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-      if (g == 0) smax_w[4 * q + tq] = smax;
-      float mx[kRegs / 2];
-#pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
-        s[i] = v_key[e] ? s[i] * qk_h[head_of_c(c)] : -INFINITY;
-        mx[c] = fmaxf(mx[c], s[i]);
+      for (int j = 0; j < kOwn; ++j) {
+        const float v = (x[j] + xs[j * kThreads + partner]) * (kRaw ? qk_h[own_head(j)] : qk_scale);
+        const bool key_ok = (j & 2) ? v_hi : v_lo;
+        x[j] = key_ok ? v : -INFINITY;
+        const int c = (j / 4) * 2 + (j & 1);
+        mx[c] = fmaxf(mx[c], x[j]);
       }
+      // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
 #pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) {
+      for (int c = 0; c < kOwn / 2; ++c) {
         mx[c] = ukv_xor_max<4, 16>(mx[c]);
-        if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+        if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
       }
-      wg_sync();
-      float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
+      consumer_sync();
+      float base[kOwn / 2], alpha[kOwn / 2];
 #pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) {
-        const int h = head_of_c(c);
-        const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
+      for (int c = 0; c < kOwn / 2; ++c) {
+        const int h = own_head(c / 2 * 4 + (c & 1));
+        const float m_tile = fmaxf(fmaxf(warp_s[h], warp_s[NH + h]), fmaxf(warp_s[2 * NH + h], warp_s[3 * NH + h]));
         const float m_new = fmaxf(m_run[c], m_tile);
         base[c] = m_new == -INFINITY ? 0.f : m_new;
         alpha[c] = exp2f(m_run[c] - base[c]);
         m_run[c] = m_new;
-        sum[c] = 0.f;
+        if (q == 0 && g == 0) alpha_h[h] = alpha[c];
       }
-      // The running scale maxima; the code blocks' accumulators rescale by
-      // 2^(old - new), and this lane writes the factor words 2^(s - max) of
-      // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
-      uint32_t ref_old[4];
+      // P^T[head][key] in bf16 (128-byte rows, chunks XOR-swizzled by head & 7);
+      // the sums add the rounded values.
+      float sum[kOwn / 2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
+      for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-        ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
-        ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
-        ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
-        ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
-      }
-      // (Word tq through selects: an index in a register would put ref_s on the stack.)
-      const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (blk[j] >= kD / 64 - 1) continue;
-        const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
-        fac_w[alt_fac_at(blk[j], g & 3, q, g >> 2)] =
-            ukv_pack_half2(alt_pow2((int)sb[j][0] - ref), alt_pow2((int)sb[j][1] - ref));
-      }
-      // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
-      // f16 for the code blocks, bf16 for the rope block.
-#pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) {
-        const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
-        const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
-        sum[c] += p0 + p1;
-        *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
-        *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+      for (int j = 0; j < kOwn; ++j) {
+        const int c = (j / 4) * 2 + (j & 1);
+        const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
+        sum[c] += ukv_bf16_to_float(pb);
+        const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
+        *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
       }
 #pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
-#pragma unroll
-      for (int mb = 0; mb < 8; ++mb) {
-        float f[kRegs / 2];
-        const float beta = mb < kD / 64 - 1 ? alt_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
-#pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
-      }
-      ukv_fence_async_shared();  // P^T before wgmma reads it
-      wg_sync();
+      for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+      ukv_fence_async_shared();
+      consumer_sync();
 
-      // PV: M tile mb is block mb, f16 for the codes (alt_pv_codes), bf16 for
-      // the rope dims (alt_pv_rope).
+      // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
       {
+        // One commit group per 64-dim block: its four key steps' V^T fragments.
+        // Raw variant: code warps read their 16 keys' scale bytes up front and
+        // their codes one word per key for blocks 0, 1 and again for 2, 3; the
+        // rope warp reads per block.
+        uint32_t x[4][2][2];
+        uint32_t factor[4][2];
+        bool pv_fast = true;
+        if constexpr (kRaw) {
+          if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, factor);
+          pv_fast = ukv_warp_all(pv_fast);
+        }
         uint32_t a[2][4][4];
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) {
+        for (int mb = 0; mb < 4; ++mb) {
           if (mb >= 2) ukv_wgmma_wait<1>();
-          if (mb < kD / 64 - 1) {
-            alt_pv_codes(ks, mb, q, lane, fac_w + alt_fac_at(mb, tq, 0, 0), a[mb & 1]);
+          if constexpr (kRaw) {
+            if (!rope_warp && mb % 2 == 0) raw_pv_load(ks, pv_block, mb, g, tq, x);
+            if (rope_warp) {
+              raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
+            } else if (pv_fast) {
+              raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
+            } else {
+              raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
+            }
           } else {
-            alt_pv_rope(ks, q, lane, a[mb & 1]);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
+              const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
+              ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
+            }
           }
           ukv_wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            if (mb < kD / 64 - 1) {
-              swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
-            } else {
-              swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
-            }
-          }
+          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
           ukv_wgmma_commit();
         }
-        // Every read of the stage is done (the MMAs read registers and P^T).
-        pipe.release(stage);
+        // Raw variant: every read of the stage is done (the MMAs read registers
+        // and P^T), so the producers may refill it while the MMAs run.
+        if constexpr (kRaw) pipe.release(stage);
         ukv_wgmma_wait<0>();
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
+      }
+      // FP8: the producers may refill the stage (raw variant: released above).
+      // P^T and the exchange buffers are rewritten next tile only past barriers
+      // every warp reaches after its last read of them.
+      if constexpr (kFp8 && !kRaw) {
+        pipe.release(stage);
+      } else if constexpr (!kFp8) {
+        __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
       }
     }
-    // With an odd tile count warpgroup 1 has one tile fewer: it passes that
-    // tile's two named barriers here. Not needed for correctness, but
-    // racecheck orders two warps' accesses only when the warps have passed
-    // as many barriers: without this it reports the merge's exchanges below
-    // as races (bench/NOTES.md, version 20).
-    if (consumer && wg == 1 && (tile_end - tile_begin) % 2 == 1) {
-      wg_sync();
-      wg_sync();
-    }
-  }
-
-  for (int tile = tile_begin; tile < (consumer && !kAlt ? tile_end : tile_begin); ++tile) {
-    int stage;
-    if constexpr (kFp8) {
-      stage = pipe.acquire(tile);
-    } else {
-      stage = loads.advance(p, keys, tile);
-      ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
-      __syncthreads();
-    }
-    const char* ks = loads.tile(stage);
-
-    // QK over this warpgroup's 16 k-steps of 16 dims (blocks 4 wg .. 4 wg + 3).
-    // bf16: in commit groups of kGroup fragments double-buffered in
-    // registers (a group's registers are reloaded only after the group two
-    // back has completed), which keeps the kernel within 128 registers for
-    // two CTAs per SM. Raw variant: raw_qk.
-    float s[kRegs];
-#pragma unroll
-    for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-    if constexpr (kRaw) {
-      const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-      const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-      if (wg == 0) {
-        raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
-      } else {
-        raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
-      }
-    } else {
-      uint32_t a[2][kGroup][4];
-#pragma unroll
-      for (int grp = 0; grp < 16 / kGroup; ++grp) {
-        if (grp >= 2) ukv_wgmma_wait<1>();
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const int kstep = 16 * wg + grp * kGroup + j;
-          ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
-        }
-        ukv_wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          const int kstep = 16 * wg + grp * kGroup + j;
-          const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
-          swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(qb, 16, 1024));
-        }
-        ukv_wgmma_commit();
-      }
-      ukv_wgmma_wait<0>();
-      ukv_wgmma_fence_regs(s);
-    }
-
-    // The other warpgroup's heads go to it; this one's come back.
-    float x[kOwn];
-#pragma unroll
-    for (int j = 0; j < kOwn; ++j) {
-      xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
-      x[j] = wg == 0 ? s[j] : s[kOwn + j];
-    }
-    consumer_sync();
-    const int* valid = valid_s + stage * kBK;
-    const bool v_lo = valid[slot_of(16 * q + g)] != 0, v_hi = valid[slot_of(16 * q + g + 8)] != 0;
-    float mx[kOwn / 2];
-#pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kOwn; ++j) {
-      const float v = (x[j] + xs[j * kThreads + partner]) * (kRaw ? qk_h[own_head(j)] : qk_scale);
-      const bool key_ok = (j & 2) ? v_hi : v_lo;
-      x[j] = key_ok ? v : -INFINITY;
-      const int c = (j / 4) * 2 + (j & 1);
-      mx[c] = fmaxf(mx[c], x[j]);
-    }
-    // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
-#pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) {
-      mx[c] = ukv_xor_max<4, 16>(mx[c]);
-      if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
-    }
-    consumer_sync();
-    float base[kOwn / 2], alpha[kOwn / 2];
-#pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) {
-      const int h = own_head(c / 2 * 4 + (c & 1));
-      const float m_tile = fmaxf(fmaxf(warp_s[h], warp_s[NH + h]), fmaxf(warp_s[2 * NH + h], warp_s[3 * NH + h]));
-      const float m_new = fmaxf(m_run[c], m_tile);
-      base[c] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[c] = exp2f(m_run[c] - base[c]);
-      m_run[c] = m_new;
-      if (q == 0 && g == 0) alpha_h[h] = alpha[c];
-    }
-    // P^T[head][key] in bf16 (128-byte rows, chunks XOR-swizzled by head & 7);
-    // the sums add the rounded values.
-    float sum[kOwn / 2];
-#pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
-#pragma unroll
-    for (int j = 0; j < kOwn; ++j) {
-      const int c = (j / 4) * 2 + (j & 1);
-      const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
-      sum[c] += ukv_bf16_to_float(pb);
-      const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
-      *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
-    }
-#pragma unroll
-    for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
-    ukv_fence_async_shared();
-    consumer_sync();
-
-    // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
-#pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
-    {
-      // One commit group per 64-dim block: its four key steps' V^T fragments.
-      // Raw variant: code warps read their 16 keys' scale bytes up front and
-      // their codes one word per key for blocks 0, 1 and again for 2, 3; the
-      // rope warp reads per block.
-      uint32_t x[4][2][2];
-      uint32_t factor[4][2];
-      bool pv_fast = true;
-      if constexpr (kRaw) {
-        if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, factor);
-        pv_fast = ukv_warp_all(pv_fast);
-      }
-      uint32_t a[2][4][4];
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) {
-        if (mb >= 2) ukv_wgmma_wait<1>();
-        if constexpr (kRaw) {
-          if (!rope_warp && mb % 2 == 0) raw_pv_load(ks, pv_block, mb, g, tq, x);
-          if (rope_warp) {
-            raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
-          } else if (pv_fast) {
-            raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
-          } else {
-            raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
-            const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
-            ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
-          }
-        }
-        ukv_wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
-        ukv_wgmma_commit();
-      }
-      // Raw variant: every read of the stage is done (the MMAs read registers
-      // and P^T), so the producers may refill it while the MMAs run.
-      if constexpr (kRaw) pipe.release(stage);
-      ukv_wgmma_wait<0>();
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
-    }
-    // FP8: the producers may refill the stage (raw variant: released above).
-    // P^T and the exchange buffers are rewritten next tile only past barriers
-    // every warp reaches after its last read of them.
-    if constexpr (kFp8 && !kRaw) {
-      pipe.release(stage);
-    } else if constexpr (!kFp8) {
-      __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
-    }
+    if constexpr (kRaw) ukv_setmaxnreg_dec<kEntryRegs>();
   }
 
   // Per-head (m, l): the row sums over lanes and warps, in a fixed order.

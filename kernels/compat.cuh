@@ -560,6 +560,24 @@ __device__ __forceinline__ void ukv_bulk_copy(void* dst, const void* src, uint32
 #define UKV_HAS_WGMMA 1
 #endif
 
+// Warpgroup register reallocation (sm_90a): every thread of a warpgroup
+// executes it together; `inc` waits until the block's pool, which a `dec`
+// elsewhere in the block refills, holds the registers. N is the new per-thread
+// count (24..256, a multiple of 8); the kernel needs launch bounds so ptxas
+// knows the count at entry.
+template <int N>
+__device__ __forceinline__ void ukv_setmaxnreg_inc() {
+#if defined(UKV_HAS_WGMMA)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ukv_setmaxnreg_dec() {
+#if defined(UKV_HAS_WGMMA)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 // Descriptor of a 128-byte-swizzled operand (PTX "matrix descriptor"): start
 // address, leading- and stride-dimension byte offsets, swizzle mode 1. The
 // swizzle XORs address bits 4-6 with bits 7-9, so operand tiles must start on
