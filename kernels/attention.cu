@@ -1362,8 +1362,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
 // The 16-head raw kernel's PV factor words per warpgroup: f16 pairs
-// [7 code blocks][4 tq][4 k-steps][2 halves] (alt_fac_at).
-constexpr int kAltFacWords = 7 * 32;
+// [7 code blocks][4 tq][4 k-steps][2 halves] (raw_fac_at).
+constexpr int kRawFacWords = 7 * 32;
 
 template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
@@ -1375,11 +1375,12 @@ struct SwapSmem {
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
   static constexpr size_t kQ = 0;                                   // [8][NH][128 B] swizzled
   static constexpr size_t kK = kQ + 8 * kAtomCol;                   // [stages] PadTile or RawTile
-  // P^T, [NH][64] 16-bit: one buffer, or with kAlt two per warpgroup (f16
-  // for the code blocks, bf16 for the rope block).
+  // P^T, [NH][64] 16-bit: one bf16 buffer, or in the raw variant an f16 one
+  // for the code blocks and a bf16 one for the rope block (with kAlt, per
+  // warpgroup).
   static constexpr size_t kPTBytes = (size_t)NH * 128;
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kX = kPT + (kAlt ? 4 : 1) * kPTBytes;    // f32 [NH/4][threads]
+  static constexpr size_t kX = kPT + (kAlt ? 4 : kRaw ? 2 : 1) * kPTBytes;  // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] with kAlt (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
   // f32 [4][NH]: m, l, alpha, scale; [6][NH] in the raw variant, adding the
@@ -1387,11 +1388,11 @@ struct SwapSmem {
   static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
   static constexpr size_t kValid = kHead + (size_t)(kRaw ? 6 : 4) * NH * 4;  // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
-  // kAlt, per warpgroup: the PV factor words (alt_fac_at), then the warps'
-  // scale maxima, u16x2 [4 warps][4].
+  // Raw variant: the PV factor words (raw_fac_at; kAlt: per warpgroup), then
+  // per warpgroup the warps' scale maxima, [4 warps][4] (kAlt: u16x2 pairs).
   static constexpr size_t kFac = (kBar + 3 * kStages * 8 + 15) / 16 * 16;
-  static constexpr size_t kSmax = kFac + (kAlt ? 2 * kAltFacWords * 4 : 0);
-  static constexpr size_t kBytes = kSmax + (kAlt ? 2 * 16 * 4 : 0);
+  static constexpr size_t kSmax = kFac + (kRaw ? (kAlt ? 2 : 1) * kRawFacWords * 4 : 0);
+  static constexpr size_t kBytes = kSmax + (kRaw ? 2 * 16 * 4 : 0);
 };
 
 // Threads of a swap kernel block: the FP8 instantiations add the producer warps.
@@ -1425,47 +1426,7 @@ __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)
 #endif
 
 #if defined(UKV_HAS_WGMMA)
-// Raw variant: fragments from stored e4m3fn rows (raw_variant_applies). PV:
-// a code c placed as a 16-bit half with bits (c & 0x80) << 8 | (c & 0x7F) << 4
-// is the bf16 e4m3fn(c) * 2^-120 exactly (subnormal codes become bf16
-// subnormals). One bf16x2 multiply by 2^(s - 7) then gives the dequantized
-// value rounded to bf16 (exact unless it is subnormal), which is the value
-// the in-place kernels put in their tiles, as long as that factor is a bf16:
-// scale bytes up to 134. A warp whose fragments need a larger scale byte (no
-// store writes one below amax 57344) multiplies twice, by 2^127 and the rest;
-// byte 255 gives NaN. NaN codes come out finite here, but QK's conversion
-// (raw_qk_block_f16) keeps them NaN, so a key holding one scores NaN and its
-// weight is NaN, which is what the decoded row gives.
-constexpr uint32_t kRawBias = 120;  // the factor's exponent field: s + kRawBias
-
-// Whether scale byte s takes one multiply.
-__device__ __forceinline__ bool raw_fast_scale(uint32_t s) { return s + kRawBias <= 254u; }
-
-// The factor bf16x2 for scale bytes s0 (low half) and s1 (one multiply).
-__device__ __forceinline__ uint32_t raw_factor(uint32_t s0, uint32_t s1) {
-  return ((s0 | s1 << 16) + kRawBias * 0x00010001u) << 7;
-}
-
-// Two multiplies: the first and second factor of scale byte s as bf16 bits.
-__device__ __forceinline__ uint32_t raw_factor_first(uint32_t s) {
-  const uint32_t e = s + kRawBias;
-  return (e > 254u ? 254u : e) << 7;
-}
-__device__ __forceinline__ uint32_t raw_factor_second(uint32_t s) {
-  const uint32_t e = s + kRawBias;
-  return s == 255u ? 0x7FC0u : (e > 254u ? e - 127u : 127u) << 7;
-}
-
-// Two codes as sign-extended 16-bit halves -> their bf16 bits (see above).
-__device__ __forceinline__ uint32_t raw_bits(uint32_t sext_pair) { return (sext_pair << 4) & 0x87F087F0u; }
-
-// Bits from raw_bits times the factors of their scale bytes s0 (low half) and s1.
-template <bool kFast>
-__device__ __forceinline__ uint32_t raw_scale(uint32_t bits, uint32_t fast_factor, uint32_t s0, uint32_t s1) {
-  if constexpr (kFast) return ukv_bf16x2_mul(bits, fast_factor);
-  const uint32_t first = ukv_bf16x2_mul(bits, raw_factor_first(s0) | raw_factor_first(s1) << 16);
-  return ukv_bf16x2_mul(first, raw_factor_second(s0) | raw_factor_second(s1) << 16);
-}
+// Raw variant: fragments built from stored e4m3fn rows (raw_variant_applies).
 
 // Slot of the key in M row m of the QK MMA. Within a warp's 16 rows, bit 0
 // of m is slot bit 2, bit 1 bit 0, bit 2 bit 3 and bit 3 bit 1: rows 2i and
@@ -1579,102 +1540,17 @@ __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], in
   }
 }
 
-// The slot of PV k-step kk's key for fragment pair hi, key e of the pair (the
-// MMA's k order is the slot order, so P^T columns are slots).
-__device__ __forceinline__ int pv_slot(int kk, int tq, int hi, int e) { return 16 * kk + 2 * tq + 8 * hi + e; }
-
-// PV's M rows map to dims so that a thread's 16 rows (4 blocks x rows g,
-// g + 8) are two 4-dim words of one scale block: row 16q + g (+8) of block mb
-// is dim 64 (4 wg + q) + 32 (mb / 2) + 4g + 2 (mb % 2) (+1), so the 8 lanes g
-// of one key read 32 consecutive bytes (conflict-free across tq). The offset
-// in a slot of the word holding blocks mb and mb + 1 (mb even):
-__device__ __forceinline__ uint32_t pv_code_offset(int block, int mb, int g) { return 64 * block + 32 * (mb / 2) + 4 * g; }
-
-// The scale factors of this thread's 16 PV keys in scale block `block`;
-// returns whether every one takes a single multiply.
-__device__ __forceinline__ bool raw_pv_factors(const char* tile, int block, int tq,
-                                               uint32_t (&factor)[4][2]) {
-  bool fast = true;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      uint32_t sc[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sc[e] = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) + RawTile::kScales +
-                                                  2 * block);
-        fast &= raw_fast_scale(sc[e]);
-      }
-      factor[kk][hi] = raw_factor(sc[0], sc[1]);
-    }
-  return fast;
-}
-
-// The code words of this thread's 16 PV keys for blocks mb and mb + 1 (mb even).
-__device__ __forceinline__ void raw_pv_load(const char* tile, int block, int mb, int g, int tq,
-                                            uint32_t (&x)[4][2][2]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        x[kk][hi][e] = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, e)) +
-                                                          pv_code_offset(block, mb, g));
-}
-
-// PV's V^T fragments of block mb for code warps: x[kk][hi][e] is the word
-// (raw_pv_load) of the key in pv_slot(kk, tq, hi, e), factor[kk][hi] the
-// pair's scale factors (raw_pv_factors).
-template <bool kFast>
-__device__ __forceinline__ void raw_pv_codes(const uint32_t (&x)[4][2][2], const uint32_t (&factor)[4][2], int mb,
-                                             const char* tile, int block, int tq,
-                                             uint32_t (&a)[4][4]) {
-  const int j = 2 * (mb & 1);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const uint32_t w0 = x[kk][hi][0], w1 = x[kk][hi][1];
-      // Byte j (j + 1) of each key as sign-extended halves: key e in half e.
-      const uint32_t even = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xC480u : 0xE6A2u));
-      const uint32_t odd = raw_bits(ukv_byte_perm_sext(w0, w1, j == 0 ? 0xD591u : 0xF7B3u));
-      uint32_t s0 = 0, s1 = 0;
-      if constexpr (!kFast) {
-        s0 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + RawTile::kScales + 2 * block);
-        s1 = *reinterpret_cast<const uint8_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + RawTile::kScales + 2 * block);
-      }
-      a[kk][2 * hi] = raw_scale<kFast>(even, factor[kk][hi], s0, s1);
-      a[kk][2 * hi + 1] = raw_scale<kFast>(odd, factor[kk][hi], s0, s1);
-    }
-}
-
-// PV fragments of block mb for the rope warp (warpgroup 1, warp 3): row
-// 16q + g (+8) of block mb is rope dim 2 (g + 8 mb) (+1), one 4-byte read per
-// key whose 8 lanes g are 32 consecutive bytes (conflict-free across tq).
-__device__ __forceinline__ void raw_pv_rope(const char* tile, int mb, int g, int tq, uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const uint32_t off = RawTile::kNope + 4 * (g + 8 * mb);
-      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 0)) + off);
-      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(tile + raw_row(pv_slot(kk, tq, hi, 1)) + off);
-      a[kk][2 * hi] = ukv_byte_perm(w0, w1, 0x5410u);
-      a[kk][2 * hi + 1] = ukv_byte_perm(w0, w1, 0x7632u);
-    }
-}
-
-// The 16-head raw kernel's PV (kAlt). M tile mb is scale block mb (the rope
-// dims for mb = 7) and k position 16 kk + 2 j + e within the tile is the key
+// The raw kernels' PV. M tile mb is scale block first + mb (the rope dims for
+// block 7: 16 heads run all eight, 32 heads four per warpgroup) and k
+// position 16 kk + 2 j + e within the tile is the key
 // of QK row 16 kk + j + 8 e (j = g of that row's warp kk), so a softmax
 // thread's two keys are adjacent in P^T and its P^T words hold both.
 // Code blocks run on f16 MMAs: ldmatrix.trans of the codes as 16-bit pairs
 // gives a thread the dim pair 2g, 2g + 1 of two keys, one byte permute and
 // two conversions (exact) make rows g (dim 2g) and g + 8 (dim 2g + 1), and an
 // f16x2 multiply applies each key's factor 2^(s - ref): ref is the running
-// maximum of the block's scale bytes over the warpgroup's valid keys, so
+// maximum of the block's scale bytes over the valid keys the block's
+// accumulators have seen (the warpgroup's tiles at 16 heads), so
 // the factors stay at most 1 and the accumulators hold the values over
 // 2^(ref - 127) (rescaled when ref grows, converted after the last tile).
 // A value below 2^-24 of its block's largest scale loses precision (f16
@@ -1683,12 +1559,12 @@ __device__ __forceinline__ void raw_pv_rope(const char* tile, int mb, int g, int
 
 // Index of the factor word of (block, tq, k-step kk, half hh): the keys at
 // k positions 16 kk + 8 hh + 2 tq, + 1.
-__device__ __forceinline__ int alt_fac_at(int block, int tq, int kk, int hh) {
+__device__ __forceinline__ int raw_fac_at(int block, int tq, int kk, int hh) {
   return ((block * 4 + tq) * 4 + kk) * 2 + hh;
 }
 
 // 2^d for d <= 0 as an f32 (0 below 2^-126).
-__device__ __forceinline__ float alt_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
+__device__ __forceinline__ float raw_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
 
 // Code block mb's running scale maximum in the kernel's ref_s words (word
 // mb & 3, half mb >> 2); mb must be known at compile time, or ref_s goes to
@@ -1698,13 +1574,13 @@ __device__ __forceinline__ int alt_ref(const uint32_t (&ref)[4], int mb) {
 }
 
 // The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
-__device__ __forceinline__ int alt_pv_slot(int kk, int hh, int i) {
+__device__ __forceinline__ int raw_pv_slot(int kk, int hh, int i) {
   return qk_slot(16 * kk + 4 * hh + (i >> 1) + 8 * (i & 1));
 }
 
 // V^T fragments of code block `block` for k-steps 0..3 (warp q: dims 16 q ..
 // 16 q + 15 of the block); fac: this thread's 8 factor words of the block.
-__device__ __forceinline__ void alt_pv_codes(const char* tile, int block, int q, int lane, const uint32_t* fac,
+__device__ __forceinline__ void raw_pv_codes(const char* tile, int block, int q, int lane, const uint32_t* fac,
                                              uint32_t (&a)[4][4]) {
   const uint4 f0 = *reinterpret_cast<const uint4*>(fac), f1 = *reinterpret_cast<const uint4*>(fac + 4);
   const uint32_t f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
@@ -1713,7 +1589,7 @@ __device__ __forceinline__ void alt_pv_codes(const char* tile, int block, int q,
 #pragma unroll
   for (int pp = 0; pp < 2; ++pp) {
     uint32_t r[4];
-    ukv_ldmatrix_x4_trans(r, tile + raw_row(alt_pv_slot(2 * pp + (m >> 1), m & 1, lane & 7)) + 64 * block + 16 * q);
+    ukv_ldmatrix_x4_trans(r, tile + raw_row(raw_pv_slot(2 * pp + (m >> 1), m & 1, lane & 7)) + 64 * block + 16 * q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int kk = 2 * pp + (j >> 1), hh = j & 1;
@@ -1727,12 +1603,44 @@ __device__ __forceinline__ void alt_pv_codes(const char* tile, int block, int q,
 
 // V^T fragments of the rope block (bf16 as stored): row g (+8) of warp q is
 // rope dim 16 q + g (+8), matrices (keys 0..7, 8..15) x (dims +0, +8).
-__device__ __forceinline__ void alt_pv_rope(const char* tile, int q, int lane, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void raw_pv_rope(const char* tile, int q, int lane, uint32_t (&a)[4][4]) {
   const int m = lane >> 3;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(alt_pv_slot(kk, m >> 1, lane & 7)) + RawTile::kNope + 32 * q +
+    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(raw_pv_slot(kk, m >> 1, lane & 7)) + RawTile::kNope + 32 * q +
                                      16 * (m & 1));
+}
+
+// One warpgroup's PV, O^T += V^T . P^T over M tiles mb = 0 .. kTiles - 1, tile
+// mb being block kFirst + mb (known at compile time: with a run-time block
+// ptxas serializes the wgmmas). Code blocks run on f16 MMAs against the f16
+// P^T, the rope block on bf16 MMAs against the bf16 one (the descriptors of
+// their first k-step); fac holds the factor words (raw_fac_at).
+template <int NH, int kFirst, int kTiles>
+__device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const uint32_t* fac, uint64_t pt16_desc,
+                                       uint64_t ptbf_desc, float (&o)[kTiles][NH / 2]) {
+  uint32_t a[2][4][4];
+#pragma unroll
+  for (int mb = 0; mb < kTiles; ++mb) {
+    const int block = kFirst + mb;
+    const bool codes = block < kD / 64 - 1;
+    if (mb >= 2) ukv_wgmma_wait<1>();
+    if (codes) {
+      raw_pv_codes(tile, block, q, lane, fac + raw_fac_at(block, lane & 3, 0, 0), a[mb & 1]);
+    } else {
+      raw_pv_rope(tile, q, lane, a[mb & 1]);
+    }
+    ukv_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (codes) {
+        swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
+      } else {
+        swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
+      }
+    }
+    ukv_wgmma_commit();
+  }
 }
 #endif  // UKV_HAS_WGMMA
 
@@ -1772,6 +1680,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   float* q_mul_h = scale_h + NH;
   float* qk_h = q_mul_h + NH;
   char* pt = smem + L::kPT;
+  // Raw variant: the PV factor words (raw_fac_at) and the warps' scale maxima
+  // (16 words per warpgroup); kAlt: the factor words per warpgroup too.
+  uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
+  uint32_t* smax_s = reinterpret_cast<uint32_t*>(smem + L::kSmax);
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
   // Head of this thread's accumulator column c (S^T or O^T fragment register
@@ -1813,11 +1725,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
-  // Raw variant: the slot of M row m's key, and this warp's PV rows (the rope
-  // dims for warpgroup 1's last warp, else codes of scale block 4 wg + q).
+  // Raw variant: the slot of M row m's key.
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
-  const bool rope_warp = wg == 1 && q == 3;
-  const int pv_block = 4 * wg + q;
   // kAlt: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
   // (constant ids: with an id in a register ptxas reserves all 16 barriers).
   const auto wg_sync = [wg] {
@@ -1842,8 +1751,9 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     loads.init();
   }
   __syncthreads();
-  // kAlt: per code block, the largest scale byte of this warpgroup's valid
-  // keys so far (alt_pv_codes); word j holds blocks j (low half) and j + 4.
+  // Raw variant: per code block, the largest scale byte of the valid keys its
+  // accumulators have seen (raw_pv_codes). kAlt (this warpgroup's tiles): word
+  // j holds blocks j (low half) and j + 4; 32 heads: word mb block 4 wg + mb.
   uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
   // The producers run no consumer iteration, then join the epilogue's barriers
   // (rather than exiting: sanitizers wait for exited threads at them). The
@@ -1932,8 +1842,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       // words and barrier.
       char* pt16_w = pt + 2 * wg * L::kPTBytes;
       char* ptbf_w = pt16_w + L::kPTBytes;
-      uint32_t* fac_w = reinterpret_cast<uint32_t*>(smem + L::kFac) + wg * kAltFacWords;
-      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + wg * 16;
+      uint32_t* fac_w = fac_s + wg * kRawFacWords;
+      uint32_t* smax_w = smax_s + wg * 16;
       float* warp_w = warp_s + wg * 4 * NH;
       const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
       // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
@@ -2016,8 +1926,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         for (int j = 0; j < 2; ++j) {
           if (blk[j] >= kD / 64 - 1) continue;
           const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
-          fac_w[alt_fac_at(blk[j], g & 3, q, g >> 2)] =
-              ukv_pack_half2(alt_pow2((int)sb[j][0] - ref), alt_pow2((int)sb[j][1] - ref));
+          fac_w[raw_fac_at(blk[j], g & 3, q, g >> 2)] =
+              ukv_pack_half2(raw_pow2((int)sb[j][0] - ref), raw_pow2((int)sb[j][1] - ref));
         }
         // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
         // f16 for the code blocks, bf16 for the rope block.
@@ -2034,7 +1944,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
         for (int mb = 0; mb < 8; ++mb) {
           float f[kRegs / 2];
-          const float beta = mb < kD / 64 - 1 ? alt_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
+          const float beta = mb < kD / 64 - 1 ? raw_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
 #pragma unroll
           for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
 #pragma unroll
@@ -2043,35 +1953,13 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         ukv_fence_async_shared();  // P^T before wgmma reads it
         wg_sync();
 
-        // PV: M tile mb is block mb, f16 for the codes (alt_pv_codes), bf16 for
-        // the rope dims (alt_pv_rope).
-        {
-          uint32_t a[2][4][4];
+        // PV: M tile mb is block mb (raw_pv).
+        raw_pv<NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
+        // Every read of the stage is done (the MMAs read registers and P^T).
+        pipe.release(stage);
+        ukv_wgmma_wait<0>();
 #pragma unroll
-          for (int mb = 0; mb < 8; ++mb) {
-            if (mb >= 2) ukv_wgmma_wait<1>();
-            if (mb < kD / 64 - 1) {
-              alt_pv_codes(ks, mb, q, lane, fac_w + alt_fac_at(mb, tq, 0, 0), a[mb & 1]);
-            } else {
-              alt_pv_rope(ks, q, lane, a[mb & 1]);
-            }
-            ukv_wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              if (mb < kD / 64 - 1) {
-                swap_mma<NH, true>(o[mb], a[mb & 1][k], pt16_desc + (uint64_t)(k * 2));
-              } else {
-                swap_mma<NH>(o[mb], a[mb & 1][k], ptbf_desc + (uint64_t)(k * 2));
-              }
-            }
-            ukv_wgmma_commit();
-          }
-          // Every read of the stage is done (the MMAs read registers and P^T).
-          pipe.release(stage);
-          ukv_wgmma_wait<0>();
-#pragma unroll
-          for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
-        }
+        for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
       }
       // With an odd tile count warpgroup 1 has one tile fewer: it passes that
       // tile's two named barriers here. Not needed for correctness, but
@@ -2082,172 +1970,219 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         wg_sync();
         wg_sync();
       }
-    }
-
-    for (int tile = tile_begin; tile < (kAlt ? tile_begin : tile_end); ++tile) {
-      int stage;
-      if constexpr (kFp8) {
-        stage = pipe.acquire(tile);
-      } else {
-        stage = loads.advance(p, keys, tile);
-        ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
-        __syncthreads();
-      }
-      const char* ks = loads.tile(stage);
-
-      // QK over this warpgroup's 16 k-steps of 16 dims (blocks 4 wg .. 4 wg + 3).
-      // bf16: in commit groups of kGroup fragments double-buffered in
-      // registers (a group's registers are reloaded only after the group two
-      // back has completed), which keeps the kernel within 128 registers for
-      // two CTAs per SM. Raw variant: raw_qk.
-      float s[kRegs];
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-      if constexpr (kRaw) {
-        const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-        const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-        if (wg == 0) {
-          raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+    } else {
+      for (int tile = tile_begin; tile < tile_end; ++tile) {
+        int stage;
+        if constexpr (kFp8) {
+          stage = pipe.acquire(tile);
         } else {
-          raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+          stage = loads.advance(p, keys, tile);
+          ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+          __syncthreads();
         }
-      } else {
-        uint32_t a[2][kGroup][4];
-#pragma unroll
-        for (int grp = 0; grp < 16 / kGroup; ++grp) {
-          if (grp >= 2) ukv_wgmma_wait<1>();
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            const int kstep = 16 * wg + grp * kGroup + j;
-            ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
-          }
-          ukv_wgmma_fence();
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            const int kstep = 16 * wg + grp * kGroup + j;
-            const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
-            swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(qb, 16, 1024));
-          }
-          ukv_wgmma_commit();
-        }
-        ukv_wgmma_wait<0>();
-        ukv_wgmma_fence_regs(s);
-      }
+        const char* ks = loads.tile(stage);
 
-      // The other warpgroup's heads go to it; this one's come back.
-      float x[kOwn];
+        // QK over this warpgroup's 16 k-steps of 16 dims (blocks 4 wg .. 4 wg + 3).
+        // bf16: in commit groups of kGroup fragments double-buffered in
+        // registers (a group's registers are reloaded only after the group two
+        // back has completed), which keeps the kernel within 128 registers for
+        // two CTAs per SM. Raw variant: raw_qk.
+        float s[kRegs];
 #pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
-        x[j] = wg == 0 ? s[j] : s[kOwn + j];
-      }
-      consumer_sync();
-      const int* valid = valid_s + stage * kBK;
-      const bool v_lo = valid[slot_of(16 * q + g)] != 0, v_hi = valid[slot_of(16 * q + g + 8)] != 0;
-      float mx[kOwn / 2];
-#pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        const float v = (x[j] + xs[j * kThreads + partner]) * (kRaw ? qk_h[own_head(j)] : qk_scale);
-        const bool key_ok = (j & 2) ? v_hi : v_lo;
-        x[j] = key_ok ? v : -INFINITY;
-        const int c = (j / 4) * 2 + (j & 1);
-        mx[c] = fmaxf(mx[c], x[j]);
-      }
-      // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
-#pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) {
-        mx[c] = ukv_xor_max<4, 16>(mx[c]);
-        if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
-      }
-      consumer_sync();
-      float base[kOwn / 2], alpha[kOwn / 2];
-#pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) {
-        const int h = own_head(c / 2 * 4 + (c & 1));
-        const float m_tile = fmaxf(fmaxf(warp_s[h], warp_s[NH + h]), fmaxf(warp_s[2 * NH + h], warp_s[3 * NH + h]));
-        const float m_new = fmaxf(m_run[c], m_tile);
-        base[c] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[c] = exp2f(m_run[c] - base[c]);
-        m_run[c] = m_new;
-        if (q == 0 && g == 0) alpha_h[h] = alpha[c];
-      }
-      // P^T[head][key] in bf16 (128-byte rows, chunks XOR-swizzled by head & 7);
-      // the sums add the rounded values.
-      float sum[kOwn / 2];
-#pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
-#pragma unroll
-      for (int j = 0; j < kOwn; ++j) {
-        const int c = (j / 4) * 2 + (j & 1);
-        const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
-        sum[c] += ukv_bf16_to_float(pb);
-        const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
-        *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
-      }
-#pragma unroll
-      for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
-      ukv_fence_async_shared();
-      consumer_sync();
-
-      // PV: rescale every head's column, then O^T[dims of this warpgroup] += V^T . P^T.
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)];
-      {
-        // One commit group per 64-dim block: its four key steps' V^T fragments.
-        // Raw variant: code warps read their 16 keys' scale bytes up front and
-        // their codes one word per key for blocks 0, 1 and again for 2, 3; the
-        // rope warp reads per block.
-        uint32_t x[4][2][2];
-        uint32_t factor[4][2];
-        bool pv_fast = true;
+        for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
         if constexpr (kRaw) {
-          if (!rope_warp) pv_fast = raw_pv_factors(ks, pv_block, tq, factor);
-          pv_fast = ukv_warp_all(pv_fast);
+          const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+          const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+          if (wg == 0) {
+            raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+          } else {
+            raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+          }
+        } else {
+          uint32_t a[2][kGroup][4];
+#pragma unroll
+          for (int grp = 0; grp < 16 / kGroup; ++grp) {
+            if (grp >= 2) ukv_wgmma_wait<1>();
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) {
+              const int kstep = 16 * wg + grp * kGroup + j;
+              ukv_ldmatrix_x4(a[grp & 1][j], ks + PadTile::at(16 * q + (lane & 15), 2 * kstep + (lane >> 4)));
+            }
+            ukv_wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) {
+              const int kstep = 16 * wg + grp * kGroup + j;
+              const char* qb = smem + L::kQ + (size_t)(kstep >> 2) * L::kAtomCol + (kstep & 3) * 32;
+              swap_mma<NH>(s, a[grp & 1][j], ukv_wgmma_desc(qb, 16, 1024));
+            }
+            ukv_wgmma_commit();
+          }
+          ukv_wgmma_wait<0>();
+          ukv_wgmma_fence_regs(s);
         }
-        uint32_t a[2][4][4];
+
+        // The other warpgroup's heads go to it; this one's come back.
+        float x[kOwn];
+#pragma unroll
+        for (int j = 0; j < kOwn; ++j) {
+          xs[j * kThreads + tid] = wg == 0 ? s[kOwn + j] : s[j];
+          x[j] = wg == 0 ? s[j] : s[kOwn + j];
+        }
+        consumer_sync();
+        const int* valid = valid_s + stage * kBK;
+        const bool v_key[2] = {valid[slot_of(16 * q + g)] != 0, valid[slot_of(16 * q + g + 8)] != 0};
+        float mx[kOwn / 2];
+#pragma unroll
+        for (int c = 0; c < kOwn / 2; ++c) mx[c] = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kOwn; ++j) {
+          const float v = (x[j] + xs[j * kThreads + partner]) * (kRaw ? qk_h[own_head(j)] : qk_scale);
+          x[j] = v_key[(j & 2) ? 1 : 0] ? v : -INFINITY;
+          const int c = (j / 4) * 2 + (j & 1);
+          mx[c] = fmaxf(mx[c], x[j]);
+        }
+        // Max over the warp's 16 keys (lanes with the same lane % 4), then warps.
+#pragma unroll
+        for (int c = 0; c < kOwn / 2; ++c) {
+          mx[c] = ukv_xor_max<4, 16>(mx[c]);
+          if (g == 0) warp_s[q * NH + own_head(c / 2 * 4 + (c & 1))] = mx[c];
+        }
+        // Raw variant: this lane's code block 4 wg + tq (none for warpgroup 1's
+        // lanes tq = 3: the rope block), its scale bytes for the lane's two keys
+        // (0 for a key without a row) and their maximum over the warp.
+        [[maybe_unused]] const int blk = 4 * wg + tq;
+        [[maybe_unused]] uint32_t sb[2] = {0u, 0u};
+        if constexpr (kRaw) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (v_key[e] && blk < kD / 64 - 1)
+              sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(slot_of(16 * q + g + 8 * e)) + RawTile::kScales +
+                                                        2 * blk);
+          uint32_t smax = max(sb[0], sb[1]);
+#pragma unroll
+          for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+          if (g == 0) smax_s[16 * wg + 4 * q + tq] = smax;
+        }
+        consumer_sync();
+        float base[kOwn / 2], alpha[kOwn / 2];
+#pragma unroll
+        for (int c = 0; c < kOwn / 2; ++c) {
+          const int h = own_head(c / 2 * 4 + (c & 1));
+          const float m_tile = fmaxf(fmaxf(warp_s[h], warp_s[NH + h]), fmaxf(warp_s[2 * NH + h], warp_s[3 * NH + h]));
+          const float m_new = fmaxf(m_run[c], m_tile);
+          base[c] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[c] = exp2f(m_run[c] - base[c]);
+          m_run[c] = m_new;
+          if (q == 0 && g == 0) alpha_h[h] = alpha[c];
+        }
+        float sum[kOwn / 2];
+#pragma unroll
+        for (int c = 0; c < kOwn / 2; ++c) sum[c] = 0.f;
+        // Raw variant: the running scale maxima of this warpgroup's blocks (tile
+        // mb's accumulators rescale by 2^(old - new) below); this lane writes
+        // the factor words 2^(s - max) of its block for its key pair (PV k
+        // positions 16 q + 2 g, + 1), and P^T[head][k] with k = 16 q + 2 g + e
+        // for the key of row 16 q + g + 8 e: f16 for the code blocks, bf16 for
+        // the rope block. Otherwise P^T[head][key] in bf16; the sums add the
+        // rounded values.
+        uint32_t ref_old[4] = {};
+        if constexpr (kRaw) {
+#pragma unroll
+          for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const uint4 v = *reinterpret_cast<const uint4*>(smax_s + 16 * wg + 4 * w);
+            ref_s[0] = max(ref_s[0], v.x);
+            ref_s[1] = max(ref_s[1], v.y);
+            ref_s[2] = max(ref_s[2], v.z);
+            ref_s[3] = max(ref_s[3], v.w);
+          }
+          if (blk < kD / 64 - 1) {
+            // (Word tq through selects: an index in a register would put ref_s on the stack.)
+            const int ref = (int)(tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3]);
+            fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] =
+                ukv_pack_half2(raw_pow2((int)sb[0] - ref), raw_pow2((int)sb[1] - ref));
+          }
+#pragma unroll
+          for (int c = 0; c < kOwn / 2; ++c) {
+            const int j = (c / 2) * 4 + (c & 1), h = own_head(j);
+            const float p0 = exp2f(x[j] - base[c]), p1 = exp2f(x[j + 2] - base[c]);
+            sum[c] += p0 + p1;
+            *reinterpret_cast<uint32_t*>(pt + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
+            *reinterpret_cast<uint32_t*>(pt + L::kPTBytes + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kOwn; ++j) {
+            const int c = (j / 4) * 2 + (j & 1);
+            const ukv_bf16 pb = ukv_float_to_bf16(exp2f(x[j] - base[c]));
+            sum[c] += ukv_bf16_to_float(pb);
+            const int h = own_head(j), key = slot_of(16 * q + g + ((j & 2) ? 8 : 0));
+            *reinterpret_cast<ukv_bf16*>(pt + pt_at(h, key)) = pb;
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < kOwn / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+        ukv_fence_async_shared();
+        consumer_sync();
+
+        // PV: rescale every head's column (raw variant: and each code block's
+        // accumulators by its scale maximum's growth), then O^T[dims of this
+        // warpgroup] += V^T . P^T.
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) {
-          if (mb >= 2) ukv_wgmma_wait<1>();
-          if constexpr (kRaw) {
-            if (!rope_warp && mb % 2 == 0) raw_pv_load(ks, pv_block, mb, g, tq, x);
-            if (rope_warp) {
-              raw_pv_rope(ks, mb, g, tq, a[mb & 1]);
-            } else if (pv_fast) {
-              raw_pv_codes<true>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
-            } else {
-              raw_pv_codes<false>(x, factor, mb, ks, pv_block, tq, a[mb & 1]);
-            }
+          const float beta = kRaw && 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) o[mb][i] *= alpha_h[8 * (i / 4) + 2 * tq + (i & 1)] * beta;
+        }
+        if constexpr (kRaw) {
+          const uint64_t pt16_desc = ukv_wgmma_desc(pt, 16, 1024), ptbf_desc = ukv_wgmma_desc(pt + L::kPTBytes, 16, 1024);
+          if (wg == 0) {
+            raw_pv<NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
           } else {
+            raw_pv<NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
+          }
+          // Every read of the stage is done (the MMAs read registers and P^T),
+          // so the producers may refill it while the MMAs run.
+          pipe.release(stage);
+        } else {
+          // One commit group per 64-dim block: its four key steps' V^T fragments.
+          uint32_t a[2][4][4];
+#pragma unroll
+          for (int mb = 0; mb < 4; ++mb) {
+            if (mb >= 2) ukv_wgmma_wait<1>();
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
               const int key = 16 * k + (lane & 7) + ((lane >> 4) << 3);
               const int chunk = 8 * (4 * wg + mb) + 2 * q + ((lane >> 3) & 1);
               ukv_ldmatrix_x4_trans(a[mb & 1][k], ks + PadTile::at(key, chunk));
             }
-          }
-          ukv_wgmma_fence();
+            ukv_wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
-          ukv_wgmma_commit();
+            for (int k = 0; k < 4; ++k) swap_mma<NH>(o[mb], a[mb & 1][k], ukv_wgmma_desc(pt + k * 32, 16, 1024));
+            ukv_wgmma_commit();
+          }
         }
-        // Raw variant: every read of the stage is done (the MMAs read registers
-        // and P^T), so the producers may refill it while the MMAs run.
-        if constexpr (kRaw) pipe.release(stage);
         ukv_wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        // FP8: the producers may refill the stage (raw variant: released above).
+        // P^T and the exchange buffers are rewritten next tile only past barriers
+        // every warp reaches after its last read of them.
+        if constexpr (kFp8 && !kRaw) {
+          pipe.release(stage);
+        } else if constexpr (!kFp8) {
+          __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
+        }
       }
-      // FP8: the producers may refill the stage (raw variant: released above).
-      // P^T and the exchange buffers are rewritten next tile only past barriers
-      // every warp reaches after its last read of them.
-      if constexpr (kFp8 && !kRaw) {
-        pipe.release(stage);
-      } else if constexpr (!kFp8) {
-        __syncthreads();  // the stage, P^T and the exchange buffers are rewritten next tile
+    }
+    if constexpr (kRaw && !kAlt) {
+      // A code block's accumulators hold its values over 2^(ref - 127).
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) {
+        const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb]) : 1.f;
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[mb][i] *= unit;
       }
     }
     if constexpr (kRaw) ukv_setmaxnreg_dec<kEntryRegs>();
@@ -2297,7 +2232,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
       for (int mb = 0; mb < 8; ++mb) {
         // A code block's accumulators hold its values over 2^(ref - 127),
-        // ref its running scale maximum (alt_pv_codes).
+        // ref its running scale maximum (raw_pv_codes).
         const float unit = mb < kD / 64 - 1 ? raw_scale_f32((uint32_t)alt_ref(ref_s, mb)) : 1.f;
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
@@ -2343,14 +2278,11 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   __syncthreads();
 
   // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
-  // kAlt code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (alt_pv_codes); the
-  // 32-head raw variant: see raw_pv_codes and raw_pv_rope.
+  // the raw variant's code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (raw_pv_codes).
   const auto dim_of = [&](int mb, int i) {
     const int hi = (i & 2) ? 1 : 0;
-    if constexpr (kAlt) {
+    if constexpr (kRaw) {
       if (4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
-    } else if constexpr (kRaw) {
-      return rope_warp ? 64 * pv_block + 2 * (g + 8 * mb) + hi : (int)pv_code_offset(pv_block, mb, g) + 2 * (mb % 2) + hi;
     }
     return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
   };
@@ -2377,13 +2309,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       for (int i = 0; i < kRegs; ++i) {
         const int h = head_of(i);
         float v = o[mb][i] * scale_h[h];
-        // Rope dims: a pair's other dim is fragment i ^ 2 of the same thread
-        // (the 32-head raw variant's rope warp), or else (warpgroup 1, mb 3)
-        // held by lane ^ 4 (g +- 1, same head), and every lane takes part in
-        // the shuffle.
-        constexpr bool kRopeWarp = kRaw && !kAlt;
-        if (kRopeWarp ? cs != nullptr && rope_warp : cs != nullptr && wg == 1 && mb == 3) {
-          const float other = kRopeWarp ? o[mb][i ^ 2] * scale_h[h] : ukv_shfl_xor(v, 4, UKV_WARP);
+        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane ^ 4
+        // (g +- 1, same head), and every lane takes part in the shuffle.
+        if (cs != nullptr && wg == 1 && mb == 3) {
+          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
           const int d = dim_of(mb, i);
           const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
           v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
