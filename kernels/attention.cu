@@ -1383,10 +1383,10 @@ struct SwapSmem {
   static constexpr size_t kX = kPT + (kAlt ? 4 : kRaw ? 2 : 1) * kPTBytes;  // f32 [NH/4][threads]
   // f32 [4][NH] per-warp max / sum; [2][4][NH] with kAlt (per warpgroup)
   static constexpr size_t kWarp = kX + (size_t)NH / 4 * kThreads * 4;
-  // f32 [4][NH]: m, l, alpha, scale; [6][NH] in the raw variant, adding the
-  // query factor and the score factor
+  // f32 [4][NH]: m, l, alpha, scale; [5][NH] in the raw variant, adding the
+  // score factor
   static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
-  static constexpr size_t kValid = kHead + (size_t)(kRaw ? 6 : 4) * NH * 4;  // int [stages][64]
+  static constexpr size_t kValid = kHead + (size_t)(kRaw ? 5 : 4) * NH * 4;  // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
   // Raw variant: the PV factor words (raw_fac_at; kAlt: per warpgroup), then
   // per warpgroup the warps' scale maxima, [4 warps][4] (kAlt: u16x2 pairs).
@@ -1406,6 +1406,10 @@ constexpr int kEntryRegs = 65536 / swap_threads(true) / 8 * 8;
 constexpr int kRawProducerRegs = 40;
 constexpr int kRawConsumerRegs = (65536 - kProducerWarps * UKV_WARP * kRawProducerRegs) / kThreads / 8 * 8;
 static_assert(kEntryRegs == 168 && kRawConsumerRegs == 232, "384 threads: 168 at entry, 40 + 232 in the tile loop");
+// Named barriers of the raw variant's register hand-over (1..3 are the
+// consumers' own): the producers have lent theirs / the consumers have
+// given them back.
+constexpr int kRegsLentBarrier = 4, kRegsBackBarrier = 5;
 
 // Byte offset of P^T[h][key] in a swap kernel's P^T buffer: 128-byte rows of
 // 64 bf16, 16-byte chunks XOR-swizzled by h & 7.
@@ -1677,8 +1681,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   float* l_h = m_h + NH;
   float* alpha_h = l_h + NH;
   float* scale_h = alpha_h + NH;
-  float* q_mul_h = scale_h + NH;
-  float* qk_h = q_mul_h + NH;
+  float* qk_h = scale_h + NH;
   char* pt = smem + L::kPT;
   // Raw variant: the PV factor words (raw_fac_at) and the warps' scale maxima
   // (16 words per warpgroup); kAlt: the factor words per warpgroup too.
@@ -1760,12 +1763,24 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // raw variant's producers only issue copies, so their registers go to the
   // consumers while the tiles run (all warps run the epilogue at the entry count).
   const bool consumer = !kFp8 || tid < kThreads;
+  // setmaxnreg.inc spins until the registers are free; each side waits at a
+  // named barrier for the other's release first, so it never spins (a warp
+  // spinning there hung compute-sanitizer's racecheck).
   if (!consumer) {
-    if constexpr (kRaw) ukv_setmaxnreg_dec<kRawProducerRegs>();
+    if constexpr (kRaw) {
+      ukv_setmaxnreg_dec<kRawProducerRegs>();
+      ukv_named_arrive(kRegsLentBarrier, swap_threads(true));
+    }
     pipe.produce(p, keys);
-    if constexpr (kRaw) ukv_setmaxnreg_inc<kEntryRegs>();
+    if constexpr (kRaw) {
+      ukv_named_sync(kRegsBackBarrier, swap_threads(true));
+      ukv_setmaxnreg_inc<kEntryRegs>();
+    }
   } else {
-    if constexpr (kRaw) ukv_setmaxnreg_inc<kRawConsumerRegs>();
+    if constexpr (kRaw) {
+      ukv_named_sync(kRegsLentBarrier, swap_threads(true));
+      ukv_setmaxnreg_inc<kRawConsumerRegs>();
+    }
     const float qk_scale = p.softmax_scale * kLog2e;
     // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
     const auto q_chunk = [&](int r, int chunk) {
@@ -1781,41 +1796,51 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       // head h's query is scaled by 2^e so that its largest |q| lies in
       // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
       // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
-      for (int r = tid / UKV_WARP; r < NH; r += kWarps) {
+      // Warp w owns rows w, w + 8, ...: every row is loaded once (lane l:
+      // chunks l, l + 32, l + 64), its largest |q| reduced over the warp, and
+      // the row stored scaled in the raw variant's k order (qk_logical_pair):
+      // the code blocks in f16, the rope block in bf16.
+      constexpr int kRows = NH / kWarps, kLaneChunks = (kChunks + UKV_WARP - 1) / UKV_WARP;
+      uint4 v[kRows][kLaneChunks];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kLaneChunks; ++j) {
+          const int chunk = lane + UKV_WARP * j;
+          v[i][j] = chunk < kChunks ? q_chunk(q + 4 * wg + kWarps * i, chunk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int r = q + 4 * wg + kWarps * i;
         float m = 0.f;
-        for (int chunk = lane; chunk < kChunks; chunk += UKV_WARP) {
-          const uint4 v = q_chunk(r, chunk);
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < kLaneChunks; ++j) {
+          const uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
         }
         m = ukv_xor_max<1, 16>(m);
-        if (lane == 0) {
-          const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
-          const int e = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
-          q_mul_h[r] = __uint_as_float((uint32_t)(e + 127) << 23);
-          qk_h[r] = ldexpf(qk_scale, -e);
-        }
-      }
-      consumer_sync();
-      // Q in the raw variant's k order (qk_logical_pair), through registers,
-      // scaled: the code blocks in f16, the rope block in bf16.
-      for (int c = tid; c < NH * kChunks; c += kThreads) {
-        const int r = c / kChunks, chunk = c % kChunks, block = chunk / 8;
-        const uint4 v = q_chunk(r, chunk);
-        uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        const float mul = q_mul_h[r];
+        const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
+        const int e2 = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
+        const float mul = __uint_as_float((uint32_t)(e2 + 127) << 23);
+        if (lane == 0) qk_h[r] = ldexpf(qk_scale, -e2);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
-          w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
-        }
+        for (int j = 0; j < kLaneChunks; ++j) {
+          const int chunk = lane + UKV_WARP * j, block = chunk / 8;
+          if (chunk >= kChunks) continue;
+          uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
-          const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
-                              (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
-          *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
+          for (int e = 0; e < 4; ++e) {
+            const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
+            w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
+            const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
+                                (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
+            *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
+          }
         }
       }
     } else if (!kRaw && tile_begin < tile_end) {
@@ -2185,7 +2210,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         for (int i = 0; i < kRegs; ++i) o[mb][i] *= unit;
       }
     }
-    if constexpr (kRaw) ukv_setmaxnreg_dec<kEntryRegs>();
+    if constexpr (kRaw) {
+      ukv_setmaxnreg_dec<kEntryRegs>();
+      ukv_named_arrive(kRegsBackBarrier, swap_threads(true));
+    }
   }
 
   // Per-head (m, l): the row sums over lanes and warps, in a fixed order.

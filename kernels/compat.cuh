@@ -295,6 +295,11 @@ __device__ __forceinline__ void ukv_syncwarp() { __syncwarp(0xffffffffu); }
 __device__ __forceinline__ void ukv_named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at barrier `id` without waiting: the warps that bar.sync on it wait
+// for these arrivals too.
+__device__ __forceinline__ void ukv_named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }

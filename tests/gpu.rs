@@ -724,8 +724,9 @@ fn decode_inverse_rope_epilogue_matches_cpu() {
     }
     #[cfg(feature = "test-hooks")]
     unikv::ffi::test_hooks::gpu_plan_fallbacks(false, false);
-    // FP8 pools: the heads-on-N kernels' raw variant keeps a rope pair in one
-    // thread (direct writes at T = 64, the cluster merge at T = 1 and 3).
+    // FP8 pools: the heads-on-N kernels' raw variant, whose rope tile pairs
+    // dims across lanes as the bf16 kernels do (direct writes at T = 64, the
+    // cluster merge at T = 1 and 3).
     let (pc, pg, rows) = attention_pools_of(&s, &mut rng, unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN);
     for (t, h) in [(1, 16), (3, 32), (64, 16), (64, 32)] {
         let what = format!("inverse-RoPE epilogue, FP8 pool, T={t} H={h}");
