@@ -558,7 +558,7 @@ __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * 
 // per key, or a zero row with in-range scale bytes for a key that names no
 // row); consumers wait for `full`, build fragments and release the stage with
 // `empty` as soon as their last read of it is done, before their MMAs finish.
-template <int kStages, int kConsumers>
+template <int kStages>
 struct RawPipeline {
   char* stages;
   int* valid;      // int [kStages][64]: slot holds a row
@@ -573,12 +573,13 @@ struct RawPipeline {
   __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * RawTile::kTileBytes; }
   static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
 
-  // Before the roles split; a __syncthreads must follow.
-  __device__ __forceinline__ void init() const {
+  // Before the roles split; a __syncthreads must follow. `consumers`: the
+  // threads that release each stage.
+  __device__ __forceinline__ void init(int consumers) const {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         ukv_mbar_init(&full[s], kBK);
-        ukv_mbar_init(&empty[s], kConsumers);
+        ukv_mbar_init(&empty[s], consumers);
       }
       ukv_mbar_init_fence();
     }
@@ -1369,7 +1370,8 @@ template <int NH, int ST, bool kRaw = false>
 struct SwapSmem {
   static constexpr int kStages = ST;
   static constexpr int kCtasPerSm = ST == 1 ? 2 : 1;
-  // The 16-head raw variant's warpgroups take turns at whole tiles (kernel's kAlt).
+  // The 16-head raw variant's warpgroups may take turns at whole tiles (the
+  // kernel's kAlt; its layout holds both modes).
   static constexpr bool kAlt = kRaw && NH == 16;
   static constexpr size_t kTileBytes = kRaw ? RawTile::kTileBytes : PadTile::kTileBytes;
   static constexpr size_t kAtomCol = (size_t)NH * 128;             // one 64-dim column of Q
@@ -1620,9 +1622,10 @@ __device__ __forceinline__ void raw_pv_rope(const char* tile, int q, int lane, u
 // ptxas serializes the wgmmas). Code blocks run on f16 MMAs against the f16
 // P^T, the rope block on bf16 MMAs against the bf16 one (the descriptors of
 // their first k-step); fac holds the factor words (raw_fac_at).
-template <int NH, int kFirst, int kTiles>
+template <int NH, int kFirst, int kTiles, int kRows>
 __device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const uint32_t* fac, uint64_t pt16_desc,
-                                       uint64_t ptbf_desc, float (&o)[kTiles][NH / 2]) {
+                                       uint64_t ptbf_desc, float (&o)[kRows][NH / 2]) {
+  static_assert(kTiles <= kRows, "an accumulator block per M tile");
   uint32_t a[2][4][4];
 #pragma unroll
   for (int mb = 0; mb < kTiles; ++mb) {
@@ -1654,12 +1657,16 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #if defined(UKV_HAS_WGMMA)
   static_assert(kFp8 || !kRaw, "the raw variant reads FP8 rows");
   using L = SwapSmem<NH, ST, kRaw>;
-  // Raw variant at 16 heads: each warpgroup takes every other tile whole
-  // (all 512 dims), so the two never wait for each other within a tile and
-  // one's softmax and barriers overlap the other's fragment building and MMAs;
-  // they merge once at the end. (At 32 heads the accumulators of all 512
-  // dims do not fit the registers: the warpgroups split the dims of a tile.)
+  // Raw variant at 16 heads (kAlt), a block of more than kSplitTiles tiles:
+  // each warpgroup takes every other tile whole (all 512 dims), so the two
+  // never wait for each other within a tile and one's softmax and barriers
+  // overlap the other's fragment building and MMAs; they merge once at the
+  // end (`alt`). Otherwise (and always at 32 heads, whose accumulators of all
+  // 512 dims do not fit the registers) the warpgroups split the dims of each
+  // tile, which halves a tile's latency: the better choice for a block of a
+  // few tiles (bench/NOTES.md, version 25).
   constexpr bool kAlt = L::kAlt;
+  constexpr int kSplitTiles = 3;
   constexpr int kStages = L::kStages;
   constexpr int kRegs = NH / 2;    // S^T and each O^T block: fragment registers per thread
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
@@ -1700,9 +1707,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const TokenSplit& cut = work.cut;
   const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
+  const bool alt = kAlt && tile_end - tile_begin > kSplitTiles;  // uniform over the block
 
   // Running (m, l) per head column of this thread (both rows of the pair
-  // share it): its own heads after the exchange, or with kAlt all its S^T
+  // share it): its own heads after the exchange, or with `alt` all its S^T
   // columns (head_of_c).
   constexpr int kCols = kAlt ? kRegs / 2 : kOwn / 2;
   float m_run[kCols], l_run[kCols];
@@ -1724,7 +1732,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // (The raw variant names its RawPipeline twice, so that no TileLoads of
   // PadTile stages exists in it.)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages, kAlt ? 128 : kThreads>, ProducerPipeline<kStages>>;
+  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages>, ProducerPipeline<kStages>>;
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
@@ -1748,15 +1756,17 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       __syncthreads();
     }
   };
-  if constexpr (kFp8) {
+  if constexpr (kRaw) {
+    pipe.init(alt ? 128 : kThreads);  // the threads that release a stage
+  } else if constexpr (kFp8) {
     pipe.init();
   } else {
     loads.init();
   }
   __syncthreads();
   // Raw variant: per code block, the largest scale byte of the valid keys its
-  // accumulators have seen (raw_pv_codes). kAlt (this warpgroup's tiles): word
-  // j holds blocks j (low half) and j + 4; 32 heads: word mb block 4 wg + mb.
+  // accumulators have seen (raw_pv_codes). `alt` (this warpgroup's tiles):
+  // word j holds blocks j (low half) and j + 4; otherwise word mb block 4 wg + mb.
   uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
   // The producers run no consumer iteration, then join the epilogue's barriers
   // (rather than exiting: sanitizers wait for exited threads at them). The
@@ -1862,138 +1872,140 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       loads.start(p, keys);
     }
 
-    if constexpr (kAlt) {
-      // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
-      // words and barrier.
-      char* pt16_w = pt + 2 * wg * L::kPTBytes;
-      char* ptbf_w = pt16_w + L::kPTBytes;
-      uint32_t* fac_w = fac_s + wg * kRawFacWords;
-      uint32_t* smax_w = smax_s + wg * 16;
-      float* warp_w = warp_s + wg * 4 * NH;
-      const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-      // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
-      // byte offset / 16.
-      const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-      const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
-      // This lane's code blocks for the scale maxima and factor words: tq and
-      // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
-      const int blk[2] = {tq, tq + 4};
-      for (int tile = tile_begin + wg; tile < tile_end; tile += 2) {
-        const int stage = pipe.acquire(tile);
-        const char* ks = loads.tile(stage);
+    if (alt) {
+      if constexpr (kAlt) {
+        // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor
+        // words and barrier.
+        char* pt16_w = pt + 2 * wg * L::kPTBytes;
+        char* ptbf_w = pt16_w + L::kPTBytes;
+        uint32_t* fac_w = fac_s + wg * kRawFacWords;
+        uint32_t* smax_w = smax_s + wg * 16;
+        float* warp_w = warp_s + wg * 4 * NH;
+        const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+        // Descriptors of Q's first k-step and of the P^T buffers; a step adds its
+        // byte offset / 16.
+        const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+        const uint64_t pt16_desc = ukv_wgmma_desc(pt16_w, 16, 1024), ptbf_desc = ukv_wgmma_desc(ptbf_w, 16, 1024);
+        // This lane's code blocks for the scale maxima and factor words: tq and
+        // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
+        const int blk[2] = {tq, tq + 4};
+        for (int tile = tile_begin + wg; tile < tile_end; tile += 2) {
+          const int stage = pipe.acquire(tile);
+          const char* ks = loads.tile(stage);
 
-        // QK over all eight blocks (raw_qk).
-        float s[kRegs];
+          // QK over all eight blocks (raw_qk).
+          float s[kRegs];
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-        raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+          for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
+          raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
 
-        // Softmax of the tile within the warpgroup: the head max over the
-        // warp's 16 keys (lanes g), then its 4 warps through shared memory;
-        // the scale maxima of this lane's blocks go the same way.
-        const int* valid = valid_s + stage * kBK;
-        const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
-        uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+          // Softmax of the tile within the warpgroup: the head max over the
+          // warp's 16 keys (lanes g), then its 4 warps through shared memory;
+          // the scale maxima of this lane's blocks go the same way.
+          const int* valid = valid_s + stage * kBK;
+          const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+          uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+          for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
-                           ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
-                           : 0u;
-        uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
+            for (int e = 0; e < 2; ++e)
+              sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
+                             ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                             : 0u;
+          uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
 #pragma unroll
-        for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-        if (g == 0) smax_w[4 * q + tq] = smax;
-        float mx[kRegs / 2];
+          for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+          if (g == 0) smax_w[4 * q + tq] = smax;
+          float mx[kRegs / 2];
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
+          for (int c = 0; c < kRegs / 2; ++c) mx[c] = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) {
-          const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
-          s[i] = v_key[e] ? s[i] * qk_h[head_of_c(c)] : -INFINITY;
-          mx[c] = fmaxf(mx[c], s[i]);
-        }
+          for (int i = 0; i < kRegs; ++i) {
+            const int e = (i & 2) ? 1 : 0, c = (i / 4) * 2 + (i & 1);
+            s[i] = v_key[e] ? s[i] * qk_h[head_of_c(c)] : -INFINITY;
+            mx[c] = fmaxf(mx[c], s[i]);
+          }
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) {
-          mx[c] = ukv_xor_max<4, 16>(mx[c]);
-          if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
-        }
-        wg_sync();
-        float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
+          for (int c = 0; c < kRegs / 2; ++c) {
+            mx[c] = ukv_xor_max<4, 16>(mx[c]);
+            if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+          }
+          wg_sync();
+          float base[kRegs / 2], alpha[kRegs / 2], sum[kRegs / 2];
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) {
-          const int h = head_of_c(c);
-          const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
-          const float m_new = fmaxf(m_run[c], m_tile);
-          base[c] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[c] = exp2f(m_run[c] - base[c]);
-          m_run[c] = m_new;
-          sum[c] = 0.f;
-        }
-        // The running scale maxima; the code blocks' accumulators rescale by
-        // 2^(old - new), and this lane writes the factor words 2^(s - max) of
-        // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
-        uint32_t ref_old[4];
+          for (int c = 0; c < kRegs / 2; ++c) {
+            const int h = head_of_c(c);
+            const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
+            const float m_new = fmaxf(m_run[c], m_tile);
+            base[c] = m_new == -INFINITY ? 0.f : m_new;
+            alpha[c] = exp2f(m_run[c] - base[c]);
+            m_run[c] = m_new;
+            sum[c] = 0.f;
+          }
+          // The running scale maxima; the code blocks' accumulators rescale by
+          // 2^(old - new), and this lane writes the factor words 2^(s - max) of
+          // its blocks for its key pair (PV k positions 16 q + 2 g, + 1).
+          uint32_t ref_old[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
+          for (int j = 0; j < 4; ++j) ref_old[j] = ref_s[j];
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-          ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
-          ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
-          ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
-          ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
-        }
-        // (Word tq through selects: an index in a register would put ref_s on the stack.)
-        const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
+          for (int w = 0; w < 4; ++w) {
+            const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+            ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
+            ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
+            ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
+            ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
+          }
+          // (Word tq through selects: an index in a register would put ref_s on the stack.)
+          const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          if (blk[j] >= kD / 64 - 1) continue;
-          const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
-          fac_w[raw_fac_at(blk[j], g & 3, q, g >> 2)] =
-              ukv_pack_half2(raw_pow2((int)sb[j][0] - ref), raw_pow2((int)sb[j][1] - ref));
-        }
-        // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
-        // f16 for the code blocks, bf16 for the rope block.
+          for (int j = 0; j < 2; ++j) {
+            if (blk[j] >= kD / 64 - 1) continue;
+            const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
+            fac_w[raw_fac_at(blk[j], g & 3, q, g >> 2)] =
+                ukv_pack_half2(raw_pow2((int)sb[j][0] - ref), raw_pow2((int)sb[j][1] - ref));
+          }
+          // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
+          // f16 for the code blocks, bf16 for the rope block.
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) {
-          const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
-          const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
-          sum[c] += p0 + p1;
-          *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
-          *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
-        }
+          for (int c = 0; c < kRegs / 2; ++c) {
+            const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
+            const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
+            sum[c] += p0 + p1;
+            *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
+            *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+          }
 #pragma unroll
-        for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+          for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) {
-          float f[kRegs / 2];
-          const float beta = mb < kD / 64 - 1 ? raw_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
+          for (int mb = 0; mb < 8; ++mb) {
+            float f[kRegs / 2];
+            const float beta = mb < kD / 64 - 1 ? raw_pow2(alt_ref(ref_old, mb) - alt_ref(ref_s, mb)) : 1.f;
 #pragma unroll
-          for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
+            for (int c = 0; c < kRegs / 2; ++c) f[c] = alpha[c] * beta;
 #pragma unroll
-          for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
-        }
-        ukv_fence_async_shared();  // P^T before wgmma reads it
-        wg_sync();
+            for (int i = 0; i < kRegs; ++i) o[mb][i] *= f[(i / 4) * 2 + (i & 1)];
+          }
+          ukv_fence_async_shared();  // P^T before wgmma reads it
+          wg_sync();
 
-        // PV: M tile mb is block mb (raw_pv).
-        raw_pv<NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
-        // Every read of the stage is done (the MMAs read registers and P^T).
-        pipe.release(stage);
-        ukv_wgmma_wait<0>();
+          // PV: M tile mb is block mb (raw_pv).
+          raw_pv<NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
+          // Every read of the stage is done (the MMAs read registers and P^T).
+          pipe.release(stage);
+          ukv_wgmma_wait<0>();
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
-      }
-      // With an odd tile count warpgroup 1 has one tile fewer: it passes that
-      // tile's two named barriers here. Not needed for correctness, but
-      // racecheck orders two warps' accesses only when the warps have passed
-      // as many barriers: without this it reports the merge's exchanges below
-      // as races (bench/NOTES.md, version 20).
-      if (wg == 1 && (tile_end - tile_begin) % 2 == 1) {
-        wg_sync();
-        wg_sync();
+          for (int mb = 0; mb < 8; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        }
+        // With an odd tile count warpgroup 1 has one tile fewer: it passes that
+        // tile's two named barriers here. Not needed for correctness, but
+        // racecheck orders two warps' accesses only when the warps have passed
+        // as many barriers: without this it reports the merge's exchanges below
+        // as races (bench/NOTES.md, version 20).
+        if (wg == 1 && (tile_end - tile_begin) % 2 == 1) {
+          wg_sync();
+          wg_sync();
+        }
       }
     } else {
       for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -2201,7 +2213,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         }
       }
     }
-    if constexpr (kRaw && !kAlt) {
+    if (kRaw && !alt) {
       // A code block's accumulators hold its values over 2^(ref - 127).
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) {
@@ -2217,73 +2229,75 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   }
 
   // Per-head (m, l): the row sums over lanes and warps, in a fixed order.
-  if constexpr (kAlt) {
-    // Both warpgroups' (m, l) meet in shared memory; each rescales its
-    // accumulators to the merged max, then warpgroup w keeps blocks mb
-    // 4w..4w+3 (the split layout the writes below expect: scale block
-    // 4 wg + q) and adds the other's values for them.
-    float* wg_ml = reinterpret_cast<float*>(smem + L::kX + NH * 128);  // [2 warpgroups][m, l][NH]
-    float* warp_w = warp_s + wg * 4 * NH;
-    if (consumer) {
-#pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) {
-        l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
-        if (g == 0) warp_w[q * NH + head_of_c(c)] = l_run[c];
-      }
-      wg_sync();
-      if (q == 0 && g == 0) {
+  if (alt) {
+    if constexpr (kAlt) {
+      // Both warpgroups' (m, l) meet in shared memory; each rescales its
+      // accumulators to the merged max, then warpgroup w keeps blocks mb
+      // 4w..4w+3 (the split layout the writes below expect: scale block
+      // 4 wg + q) and adds the other's values for them.
+      float* wg_ml = reinterpret_cast<float*>(smem + L::kX + NH * 128);  // [2 warpgroups][m, l][NH]
+      float* warp_w = warp_s + wg * 4 * NH;
+      if (consumer) {
 #pragma unroll
         for (int c = 0; c < kRegs / 2; ++c) {
-          const int h = head_of_c(c);
-          wg_ml[2 * wg * NH + h] = m_run[c];
-          wg_ml[(2 * wg + 1) * NH + h] = ((warp_w[h] + warp_w[NH + h]) + warp_w[2 * NH + h]) + warp_w[3 * NH + h];
+          l_run[c] = ukv_xor_sum<4, 16>(l_run[c]);
+          if (g == 0) warp_w[q * NH + head_of_c(c)] = l_run[c];
+        }
+        wg_sync();
+        if (q == 0 && g == 0) {
+#pragma unroll
+          for (int c = 0; c < kRegs / 2; ++c) {
+            const int h = head_of_c(c);
+            wg_ml[2 * wg * NH + h] = m_run[c];
+            wg_ml[(2 * wg + 1) * NH + h] = ((warp_w[h] + warp_w[NH + h]) + warp_w[2 * NH + h]) + warp_w[3 * NH + h];
+          }
         }
       }
-    }
-    __syncthreads();
-    // The other warpgroup's blocks go through the (drained) key stages.
-    float* xbuf = reinterpret_cast<float*>(smem + L::kK);  // [2][4][kRegs][128]
-    const auto merged = [&](int h, float* m, float* f0, float* f1) {
-      const float m0 = wg_ml[h], m1 = wg_ml[2 * NH + h];
-      *m = fmaxf(m0, m1);
-      *f0 = *m == -INFINITY ? 0.f : exp2f(m0 - *m);
-      *f1 = *m == -INFINITY ? 0.f : exp2f(m1 - *m);
-    };
-    if (consumer) {
-      float f_own[kRegs / 2];
+      __syncthreads();
+      // The other warpgroup's blocks go through the (drained) key stages.
+      float* xbuf = reinterpret_cast<float*>(smem + L::kK);  // [2][4][kRegs][128]
+      const auto merged = [&](int h, float* m, float* f0, float* f1) {
+        const float m0 = wg_ml[h], m1 = wg_ml[2 * NH + h];
+        *m = fmaxf(m0, m1);
+        *f0 = *m == -INFINITY ? 0.f : exp2f(m0 - *m);
+        *f1 = *m == -INFINITY ? 0.f : exp2f(m1 - *m);
+      };
+      if (consumer) {
+        float f_own[kRegs / 2];
 #pragma unroll
-      for (int c = 0; c < kRegs / 2; ++c) {
+        for (int c = 0; c < kRegs / 2; ++c) {
+          float m, f0, f1;
+          merged(head_of_c(c), &m, &f0, &f1);
+          f_own[c] = wg == 0 ? f0 : f1;
+        }
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+          // A code block's accumulators hold its values over 2^(ref - 127),
+          // ref its running scale maximum (raw_pv_codes).
+          const float unit = mb < kD / 64 - 1 ? raw_scale_f32((uint32_t)alt_ref(ref_s, mb)) : 1.f;
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i)
+            xbuf[(((1 - wg) * 4 + j) * kRegs + i) * 128 + tid % 128] = wg == 0 ? o[4 + j][i] : o[j][i];
+      }
+      __syncthreads();
+      if (consumer) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int i = 0; i < kRegs; ++i)
+            o[j][i] = (wg == 0 ? o[j][i] : o[4 + j][i]) + xbuf[((wg * 4 + j) * kRegs + i) * 128 + tid % 128];
+      }
+      if (tid < NH) {
         float m, f0, f1;
-        merged(head_of_c(c), &m, &f0, &f1);
-        f_own[c] = wg == 0 ? f0 : f1;
+        merged(tid, &m, &f0, &f1);
+        m_h[tid] = m;
+        l_h[tid] = wg_ml[NH + tid] * f0 + wg_ml[3 * NH + tid] * f1;
       }
-#pragma unroll
-      for (int mb = 0; mb < 8; ++mb) {
-        // A code block's accumulators hold its values over 2^(ref - 127),
-        // ref its running scale maximum (raw_pv_codes).
-        const float unit = mb < kD / 64 - 1 ? raw_scale_f32((uint32_t)alt_ref(ref_s, mb)) : 1.f;
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[mb][i] *= f_own[(i / 4) * 2 + (i & 1)] * unit;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i)
-          xbuf[(((1 - wg) * 4 + j) * kRegs + i) * 128 + tid % 128] = wg == 0 ? o[4 + j][i] : o[j][i];
-    }
-    __syncthreads();
-    if (consumer) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i)
-          o[j][i] = (wg == 0 ? o[j][i] : o[4 + j][i]) + xbuf[((wg * 4 + j) * kRegs + i) * 128 + tid % 128];
-    }
-    if (tid < NH) {
-      float m, f0, f1;
-      merged(tid, &m, &f0, &f1);
-      m_h[tid] = m;
-      l_h[tid] = wg_ml[NH + tid] * f0 + wg_ml[3 * NH + tid] * f1;
     }
   } else {
     if (consumer) {
