@@ -1547,8 +1547,8 @@ __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], in
 }
 
 // The raw kernels' PV. M tile mb is scale block first + mb (the rope dims for
-// block 7: 16 heads run all eight, 32 heads four per warpgroup) and k
-// position 16 kk + 2 j + e within the tile is the key
+// block 7: a warpgroup taking whole tiles runs all eight, one splitting a
+// tile's dims four) and k position 16 kk + 2 j + e within the tile is the key
 // of QK row 16 kk + j + 8 e (j = g of that row's warp kk), so a softmax
 // thread's two keys are adjacent in P^T and its P^T words hold both.
 // Code blocks run on f16 MMAs: ldmatrix.trans of the codes as 16-bit pairs
@@ -1738,7 +1738,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   // Raw variant: the slot of M row m's key.
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
-  // kAlt: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
+  // `alt`: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
   // (constant ids: with an id in a register ptxas reserves all 16 barriers).
   const auto wg_sync = [wg] {
     if (wg == 0) {
