@@ -1362,8 +1362,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 //        (V^T fragments through ldmatrix.trans, P^T through a descriptor).
 // Accumulator fragments (m64nN): thread (warp q of its warpgroup, lane) holds
 // rows 16q + lane/4 and +8, columns 8i + 2(lane%4) + {0, 1}.
-// The 16-head raw kernel's PV factor words per warpgroup: f16 pairs
-// [7 code blocks][4 tq][4 k-steps][2 halves] (raw_fac_at).
+// The raw kernels' PV factor words, one set per warpgroup taking whole tiles
+// or one shared by two splitting them: f16 pairs [7 code blocks][4 tq][4
+// k-steps][2 halves] (raw_fac_at).
 constexpr int kRawFacWords = 7 * 32;
 
 template <int NH, int ST, bool kRaw = false>
@@ -1572,11 +1573,31 @@ __device__ __forceinline__ int raw_fac_at(int block, int tq, int kk, int hh) {
 // 2^d for d <= 0 as an f32 (0 below 2^-126).
 __device__ __forceinline__ float raw_pow2(int d) { return __uint_as_float((uint32_t)max(d + 127, 0) << 23); }
 
+// The factor word of a softmax thread's two keys for one code block: the
+// f16 pair 2^(s - ref) of their scale bytes s0, s1 (0 for a key without a
+// row) under the block's running maximum ref.
+__device__ __forceinline__ uint32_t raw_factor_word(uint32_t s0, uint32_t s1, int ref) {
+  return ukv_pack_half2(raw_pow2((int)s0 - ref), raw_pow2((int)s1 - ref));
+}
+
+// A softmax thread's P^T word of head h for its two keys (PV k positions k,
+// k + 1): f16 for the code blocks' MMAs, bf16 for the rope block's.
+__device__ __forceinline__ void raw_store_pt(char* pt16, char* ptbf, int h, int k, float p0, float p1) {
+  *reinterpret_cast<uint32_t*>(pt16 + pt_at(h, k)) = ukv_pack_half2(p0, p1);
+  *reinterpret_cast<uint32_t*>(ptbf + pt_at(h, k)) = ukv_pack_bf16x2(p0, p1);
+}
+
 // Code block mb's running scale maximum in the kernel's ref_s words (word
 // mb & 3, half mb >> 2); mb must be known at compile time, or ref_s goes to
 // the stack.
 __device__ __forceinline__ int alt_ref(const uint32_t (&ref)[4], int mb) {
   return (int)(ref[mb & 3] >> (16 * (mb >> 2)) & 0xFFFFu);
+}
+
+// Word i of the kernel's ref_s through selects: an index in a register would
+// put ref_s on the stack.
+__device__ __forceinline__ uint32_t ref_word(const uint32_t (&ref)[4], int i) {
+  return i == 0 ? ref[0] : i == 1 ? ref[1] : i == 2 ? ref[2] : ref[3];
 }
 
 // The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
@@ -1956,14 +1977,12 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
             ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
             ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
           }
-          // (Word tq through selects: an index in a register would put ref_s on the stack.)
-          const uint32_t ref_tq = tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3];
+          const uint32_t ref_tq = ref_word(ref_s, tq);
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             if (blk[j] >= kD / 64 - 1) continue;
             const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
-            fac_w[raw_fac_at(blk[j], g & 3, q, g >> 2)] =
-                ukv_pack_half2(raw_pow2((int)sb[j][0] - ref), raw_pow2((int)sb[j][1] - ref));
+            fac_w[raw_fac_at(blk[j], g & 3, q, g >> 2)] = raw_factor_word(sb[j][0], sb[j][1], ref);
           }
           // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e:
           // f16 for the code blocks, bf16 for the rope block.
@@ -1972,8 +1991,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
             const int i = (c / 2) * 4 + (c & 1), h = head_of_c(c);
             const float p0 = exp2f(s[i] - base[c]), p1 = exp2f(s[i + 2] - base[c]);
             sum[c] += p0 + p1;
-            *reinterpret_cast<uint32_t*>(pt16_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
-            *reinterpret_cast<uint32_t*>(ptbf_w + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+            raw_store_pt(pt16_w, ptbf_w, h, 16 * q + 2 * g, p0, p1);
           }
 #pragma unroll
           for (int c = 0; c < kRegs / 2; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
@@ -2135,18 +2153,14 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
             ref_s[3] = max(ref_s[3], v.w);
           }
           if (blk < kD / 64 - 1) {
-            // (Word tq through selects: an index in a register would put ref_s on the stack.)
-            const int ref = (int)(tq == 0 ? ref_s[0] : tq == 1 ? ref_s[1] : tq == 2 ? ref_s[2] : ref_s[3]);
-            fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] =
-                ukv_pack_half2(raw_pow2((int)sb[0] - ref), raw_pow2((int)sb[1] - ref));
+            fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
           }
 #pragma unroll
           for (int c = 0; c < kOwn / 2; ++c) {
             const int j = (c / 2) * 4 + (c & 1), h = own_head(j);
             const float p0 = exp2f(x[j] - base[c]), p1 = exp2f(x[j + 2] - base[c]);
             sum[c] += p0 + p1;
-            *reinterpret_cast<uint32_t*>(pt + pt_at(h, 16 * q + 2 * g)) = ukv_pack_half2(p0, p1);
-            *reinterpret_cast<uint32_t*>(pt + L::kPTBytes + pt_at(h, 16 * q + 2 * g)) = ukv_pack_bf16x2(p0, p1);
+            raw_store_pt(pt, pt + L::kPTBytes, h, 16 * q + 2 * g, p0, p1);
           }
         } else {
 #pragma unroll
