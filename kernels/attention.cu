@@ -1886,7 +1886,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       }
     }
     if constexpr (kFp8) {
-      ukv_cp_async_wait<0>();    // the query rows
+      ukv_cp_async_wait_all();   // the query rows (issued above, in no commit group)
       ukv_fence_async_shared();  // before wgmma reads them
       consumer_sync();
     } else {

@@ -410,6 +410,13 @@ __device__ __forceinline__ void ukv_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
+// Waits for every cp.async this thread issued, committed or not: wait_group
+// counts committed groups only and leaves uncommitted copies in flight.
+__device__ __forceinline__ void ukv_cp_async_wait_all() {
+#if defined(UKV_HAS_CP_ASYNC)
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
 
 // Tensor-core fragments (m16n8k16, bf16 in, f32 accumulate). Layouts follow the
 // PTX ISA: A row-major 16x16 (4 regs), B column-major 16x8 (2 regs), C/D 16x8 f32.

@@ -16,6 +16,7 @@ BUNDLE="$ROOT/gpu-bundle"
 cd "$ROOT"
 
 bundle() {
+    scripts/ensure-tools.sh
     eval "$(scripts/install-nvcc.sh --env)"
     export UNIKV_CUDA_ARCHS="${UNIKV_CUDA_ARCHS:-sm_90a}"
     local target="$ROOT/build/cargo-gpu"
