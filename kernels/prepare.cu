@@ -25,9 +25,11 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * UKV_WARP;
-// 10 blocks per SM (at most 48 registers, no spills): 40 warps with 2 KB of
-// Q rows each in flight keep HBM busy. NVIDIA tuning: HIP builds ignore it.
-[[maybe_unused]] constexpr int kMinBlocks = 10;
+// 8 blocks per SM (at most 64 registers, no spills): 32 warps with 2 KB of
+// Q rows each in flight keep HBM busy, and a warp holds both rows' norm
+// reductions in flight at once (prepare_q; at 48 registers they spill).
+// NVIDIA tuning: HIP builds ignore it.
+[[maybe_unused]] constexpr int kMinBlocks = 8;
 constexpr int kDims = 512;
 constexpr int kQHeads = 2;    // Q heads per warp
 constexpr int kRopeLane = 24;  // lanes 24..31: dims 448 + 8 (lane - 24) in the second vector
@@ -101,12 +103,17 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
   RopePairs cs{};
   if (rope) cs = load_pairs(p.rope_table + pos * p.table_stride, lane);
   ukv_bf16* out = static_cast<ukv_bf16*>(p.q_out) + t * p.q_out_stride_token + h0 * p.q_out_stride_head;
+  // Both factors before either row is used: each is a long dependent chain
+  // (conversions to double, adds, shuffles, the refined rsqrt), and computed
+  // one after the other they doubled a warp's latency (an absent second head
+  // normalizes zeros, never stored). bench/NOTES.md, version 26.
+  float f[kQHeads];
+  for (int j = 0; j < kQHeads; ++j) f[j] = norm_factor(x[j], p.q_eps);
   for (int j = 0; j < kQHeads; ++j) {
     if (j == heads) break;  // uniform
-    const float f = norm_factor(x[j], p.q_eps);
     for (int i = 0; i < 8; ++i) {
-      float re = ukv_bf16_round(ukv_mul_rn(low_of(x[j][i]), f));
-      float im = ukv_bf16_round(ukv_mul_rn(high_of(x[j][i]), f));
+      float re = ukv_bf16_round(ukv_mul_rn(low_of(x[j][i]), f[j]));
+      float im = ukv_bf16_round(ukv_mul_rn(high_of(x[j][i]), f[j]));
       if (rope && i >= 4) ukv_rope_rotate(re, im, cs.cos_of(i - 4), cs.sin_of(i - 4));
       x[j][i] = ukv_pack_bf16x2(re, im);
     }

@@ -21,7 +21,7 @@
 
 #include "fp8.cuh"
 
-#include "cuda_check.cuh"
+#include "graph_timing.cuh"
 
 constexpr int kT = 8192, kDims = 512, kPage = 64, kPageShift = 6;
 constexpr int64_t kPageBytes = 37440;  // ceil(584 * 64 / 576) * 576
@@ -128,64 +128,18 @@ __global__ void __launch_bounds__(128) move_kernel(Params p) {
 
 using Kernel = void (*)(Params);
 
-// Median time in ms of `reps` runs of what `enqueue` puts on stream s.
-template <typename Enqueue>
-float median_ms(cudaStream_t s, int reps, Enqueue&& enqueue) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < reps; ++r) {
-    CHECK(cudaEventRecord(e0, s));
-    enqueue();
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float x;
-    CHECK(cudaEventElapsedTime(&x, e0, e1));
-    ms.push_back(x);
-  }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 float per_call_us(Kernel k, int threads, int tokens_per_block, const std::vector<Params>& sets, cudaStream_t s) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3((kT + tokens_per_block - 1) / tokens_per_block);
-  cfg.blockDim = dim3(threads);
-  cfg.stream = s;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaGraph_t g;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (const Params& p : sets) CHECK(cudaLaunchKernelEx(&cfg, k, p));
-  CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t ge;
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  CHECK(cudaGraphLaunch(ge, s));
-  const float ms = median_ms(s, 15, [&] { CHECK(cudaGraphLaunch(ge, s)); });
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  return ms * 1000.f / (float)sets.size();
+  return per_call_us(s, (int)sets.size(), [&](int i, cudaLaunchConfig_t cfg) {
+    cfg.gridDim = dim3((kT + tokens_per_block - 1) / tokens_per_block);
+    cfg.blockDim = dim3(threads);
+    CHECK(cudaLaunchKernelEx(&cfg, k, sets[i]));
+  });
 }
 
 int main() {
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // Copy ceiling: a 2 GiB device-to-device copy (read + write).
-  const size_t big = 2ull << 30;
-  void *x, *y;
-  CHECK(cudaMalloc(&x, big));
-  CHECK(cudaMalloc(&y, big));
-  CHECK(cudaMemsetAsync(x, 1, big, s));
-  const float copy_ms = median_ms(s, 7, [&] { CHECK(cudaMemcpyAsync(y, x, big, cudaMemcpyDeviceToDevice, s)); });
-  const double copy_bw = 2.0 * big / (copy_ms * 1e-3);
-  CHECK(cudaFree(x));
-  CHECK(cudaFree(y));
+  const double copy_bw = copy_ceiling(s);
 
   const int sets = 18;  // 3 x 50 MB of rows
   std::mt19937 rng(7);
