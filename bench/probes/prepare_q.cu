@@ -16,13 +16,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "prepare.cu"
 
-#include "graph_timing.cuh"
+#include "probe.cuh"
 
 namespace {
 
@@ -83,17 +82,7 @@ int main() {
     const int t = shape[0], h = shape[1];
     const size_t set_bytes = (size_t)t * (h + 1) * kRowBytes;
     const int sets = (int)std::clamp<size_t>((3 * (size_t)kL2 + set_bytes - 1) / set_bytes, 2, 64);
-    std::vector<uint16_t> host(sets * set_bytes / 2);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& v : host) {
-      const float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      v = (uint16_t)(u >> 16);
-    }
-    char* inputs;
-    CHECK(cudaMalloc(&inputs, host.size() * 2));
-    CHECK(cudaMemcpy(inputs, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    char* inputs = reinterpret_cast<char*>(random_bf16_device(sets * set_bytes / 2, rng));
     char* q_out;
     CHECK(cudaMalloc(&q_out, (size_t)sets * t * h * kRowBytes));
     std::vector<int32_t> pos(t);

@@ -15,13 +15,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "fp8.cuh"
 
-#include "graph_timing.cuh"
+#include "probe.cuh"
 
 constexpr int kT = 8192, kDims = 512, kPage = 64, kPageShift = 6;
 constexpr int64_t kPageBytes = 37440;  // ceil(584 * 64 / 576) * 576
@@ -143,17 +142,7 @@ int main() {
 
   const int sets = 18;  // 3 x 50 MB of rows
   std::mt19937 rng(7);
-  std::vector<uint16_t> host_rows((size_t)sets * kT * kDims);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& v : host_rows) {
-    const float f = nd(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    v = (uint16_t)(u >> 16);
-  }
-  uint16_t* rows;
-  CHECK(cudaMalloc(&rows, host_rows.size() * 2));
-  CHECK(cudaMemcpy(rows, host_rows.data(), host_rows.size() * 2, cudaMemcpyHostToDevice));
+  uint16_t* rows = random_bf16_device((size_t)sets * kT * kDims, rng);
   uint8_t* cache;
   CHECK(cudaMalloc(&cache, (size_t)kPages * kPageBytes));
   CHECK(cudaMemset(cache, 0, (size_t)kPages * kPageBytes));

@@ -13,13 +13,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cache_store.cu"
 
-#include "graph_timing.cuh"
+#include "probe.cuh"
 
 namespace {
 
@@ -56,17 +55,7 @@ int main() {
   std::mt19937 rng(7);
   for (const int t : {64, 8192}) {
     const int pages = (2 * t + kPage - 1) / kPage, sets = 64;
-    std::vector<uint16_t> host((size_t)sets * t * kKeyBytes / 2);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& v : host) {
-      const float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      v = (uint16_t)(u >> 16);
-    }
-    char* rows;
-    CHECK(cudaMalloc(&rows, host.size() * 2));
-    CHECK(cudaMemcpy(rows, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    char* rows = reinterpret_cast<char*>(random_bf16_device((size_t)sets * t * kKeyBytes / 2, rng));
     uint8_t* cache;
     CHECK(cudaMalloc(&cache, (size_t)pages * kPageBytes));
     CHECK(cudaMemset(cache, 0, (size_t)pages * kPageBytes));

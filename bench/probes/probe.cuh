@@ -1,10 +1,14 @@
-// Timing for the probes, as unikv-bench times the library: the median of
-// graph replays, each graph holding a batch of calls launched with
-// programmatic dependent launch (PDL), and the copy ceiling of the same run.
+// What the probes share: timing as unikv-bench times the library (the median
+// of graph replays, each graph holding a batch of calls launched with
+// programmatic dependent launch, PDL), the copy ceiling of the same run, an
+// empty kernel and random bf16 inputs.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "cuda_check.cuh"
@@ -74,4 +78,20 @@ inline double copy_ceiling(cudaStream_t s) {
 __global__ void empty_kernel() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// `elems` random bf16 values (normal, mean 0, deviation 1) in fresh device memory.
+inline uint16_t* random_bf16_device(size_t elems, std::mt19937& rng) {
+  std::vector<uint16_t> host(elems);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& v : host) {
+    const float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = (uint16_t)(u >> 16);
+  }
+  uint16_t* d;
+  CHECK(cudaMalloc(&d, elems * 2));
+  CHECK(cudaMemcpy(d, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  return d;
 }
