@@ -389,12 +389,14 @@ __device__ __forceinline__ const T* ukv_cluster_map(const T* smem, int rank) {
 #endif
 
 // 16-byte asynchronous global->shared copy; `valid == false` fills zeros and
-// reads nothing (the source must still be a mapped address).
+// reads nothing (the source must still be a mapped address). The copy and the
+// waits clobber memory, so the compiler keeps plain shared-memory accesses on
+// their side of them.
 __device__ __forceinline__ void ukv_cp_async16(void* smem, const void* gmem, bool valid) {
 #if defined(UKV_HAS_CP_ASYNC)
   uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
   int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
 #else
   *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
 #endif
@@ -407,7 +409,7 @@ __device__ __forceinline__ void ukv_cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void ukv_cp_async_wait() {
 #if defined(UKV_HAS_CP_ASYNC)
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 // Waits for every cp.async this thread issued, committed or not: wait_group
