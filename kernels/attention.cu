@@ -1828,18 +1828,16 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
       // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
       // Warp w owns rows w, w + 8, ...: every row is loaded once (lane l:
-      // chunks l, l + 32, l + 64), its largest |q| reduced over the warp, and
+      // chunks l and l + 32), its largest |q| reduced over the warp, and
       // the row stored scaled in the raw variant's k order (qk_logical_pair):
       // the code blocks in f16, the rope block in bf16.
-      constexpr int kRows = NH / kWarps, kLaneChunks = (kChunks + UKV_WARP - 1) / UKV_WARP;
+      constexpr int kRows = NH / kWarps, kLaneChunks = kChunks / UKV_WARP;
+      static_assert(kChunks % UKV_WARP == 0, "whole chunks per lane");
       uint4 v[kRows][kLaneChunks];
 #pragma unroll
       for (int i = 0; i < kRows; ++i)
 #pragma unroll
-        for (int j = 0; j < kLaneChunks; ++j) {
-          const int chunk = lane + UKV_WARP * j;
-          v[i][j] = chunk < kChunks ? q_chunk(q + 4 * wg + kWarps * i, chunk) : make_uint4(0, 0, 0, 0);
-        }
+        for (int j = 0; j < kLaneChunks; ++j) v[i][j] = q_chunk(q + 4 * wg + kWarps * i, lane + UKV_WARP * j);
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         const int r = q + 4 * wg + kWarps * i;
@@ -1858,7 +1856,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
         for (int j = 0; j < kLaneChunks; ++j) {
           const int chunk = lane + UKV_WARP * j, block = chunk / 8;
-          if (chunk >= kChunks) continue;
           uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -1893,6 +1890,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       loads.start(p, keys);
     }
 
+    // (`alt` is false unless kAlt; the constexpr test keeps the whole-tile code,
+    // which indexes eight accumulator blocks, out of the other instantiations.)
     if (alt) {
       if constexpr (kAlt) {
         // Warpgroup wg: tiles tile_begin + wg, + 2, ...; its own P^T pair, factor

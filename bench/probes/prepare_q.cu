@@ -25,14 +25,14 @@
 
 namespace {
 
-constexpr int kRowBytes = 1024;
+constexpr int kRowBytes = kDims * 2;  // prepare.cu's row of bf16
 
 // Rows [first, first + kRows) of q_in go to q_out unchanged: one warp, every
 // load in flight before the first store, as the library's Q warps do.
 template <int kRows>
 __global__ void __launch_bounds__(128) move_kernel(const uint4* q_in, uint4* q_out, int rows) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int lane = threadIdx.x % 32;
   const int first = (blockIdx.x * 4 + threadIdx.x / 32) * kRows;
   uint4 a[kRows], b[kRows];

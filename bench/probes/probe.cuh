@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "compat.cuh"
 #include "cuda_check.cuh"
 
 // Median milliseconds of `reps` runs of what `enqueue` puts on stream s.
@@ -76,8 +77,8 @@ inline double copy_ceiling(cudaStream_t s) {
 
 // An empty kernel: what any call costs under graph replay.
 __global__ void empty_kernel() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
 }
 
 // `elems` random bf16 values (normal, mean 0, deviation 1) in fresh device memory.

@@ -83,8 +83,8 @@ __device__ __forceinline__ void token(const Params& p, int64_t loc, const uint4&
 
 template <int TPW, int kThreads, bool kHints>
 __global__ void __launch_bounds__(kThreads) store_kernel(Params p) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int lane = threadIdx.x % 32;
   const int64_t first = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / 32 * TPW;
   int64_t loc[TPW];
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) store_kernel(Params p) {
 
 // The same bytes as a store: 1024 in and 584 out per token, no math.
 __global__ void __launch_bounds__(128) move_kernel(Params p) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int lane = threadIdx.x % 32;
   const int64_t t0 = ((int64_t)blockIdx.x * 128 + threadIdx.x) / 32 * 2;
   uint4 a[2], b[2];

@@ -22,15 +22,16 @@
 
 namespace {
 
-constexpr int kKeyBytes = 256, kCodeBytes = 128, kPage = 64, kPageShift = 6;
-constexpr int64_t kPageBytes = 132 * kPage;
+// cache_store.cu's kKeyDims: a key's dims, its codes' bytes.
+constexpr int kKeyBytes = kKeyDims * 2, kPage = 64, kPageShift = 6;
+constexpr int64_t kPageBytes = (kKeyDims + 4) * kPage;
 
 // Eight lanes per key as in the library: each loads its 32 bytes and stores
 // 16 (the key's codes' share), lane 0 of the key also its 4-byte scale.
 template <bool kScale>
 __global__ void __launch_bounds__(128) move_kernel(ukv_cache_store_params p) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int part = threadIdx.x % 8;
   const int64_t t = ((int64_t)blockIdx.x * 128 + threadIdx.x) / 8;
   if (t >= p.num_tokens) return;
@@ -39,9 +40,9 @@ __global__ void __launch_bounds__(128) move_kernel(ukv_cache_store_params p) {
   const uint4 a = src[0], b = src[1];
   uint8_t* page_base = p.cache + (loc >> kPageShift) * kPageBytes;
   const int64_t slot = loc & (kPage - 1);
-  *reinterpret_cast<uint4*>(page_base + slot * kCodeBytes + part * 16) =
+  *reinterpret_cast<uint4*>(page_base + slot * kKeyDims + part * 16) =
       make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w);
-  if (kScale && part == 0) *reinterpret_cast<uint32_t*>(page_base + kCodeBytes * kPage + slot * 4) = a.x;
+  if (kScale && part == 0) *reinterpret_cast<uint32_t*>(page_base + kKeyDims * kPage + slot * 4) = a.x;
 }
 
 }  // namespace
@@ -79,7 +80,7 @@ int main() {
       p.format = UKV_FP8_E4M3FN;
       params.push_back(p);
     }
-    const double bytes = (double)t * (kKeyBytes + 4 + kCodeBytes + 4);
+    const double bytes = (double)t * (kKeyBytes + 4 + kKeyDims + 4);
     const auto row = [&](const char* name, Kernel k, int grid) {
       const float us = per_call_us(s, sets, [&](int i, cudaLaunchConfig_t cfg) {
         cfg.gridDim = dim3(grid);
