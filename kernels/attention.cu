@@ -1511,11 +1511,14 @@ __device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&s
 // (double-buffered) are built. Code blocks run on f16 MMAs
 // (raw_qk_block_f16), the rope block on bf16. q_desc is the descriptor of
 // the query's first k-step; blocks sit atom_col bytes apart, k-steps 32.
-template <int NH, int kFirst, int kBlocks>
+// kOverlap: two sets of block accumulators, so block i + 1's MMAs are issued
+// before block i's are awaited and the tensor cores never wait for the
+// factor multiply (16 more registers; for a warpgroup that has them).
+template <int NH, int kFirst, int kBlocks, bool kOverlap = false>
 __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], int tq, uint64_t q_desc,
                                        uint32_t atom_col, float (&s)[NH / 2]) {
   uint32_t a[2][4][4];
-  float part[NH / 2], factor[2][2];
+  float factor[2][2];
   const auto build = [&](int i) {
     if (kFirst + i == kD / 64 - 1) {
       raw_qk_rope(ks, slots, tq, a[i & 1]);
@@ -1524,26 +1527,50 @@ __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], in
       raw_qk_block_f16(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
     }
   };
-  build(0);
-#pragma unroll
-  for (int i = 0; i < kBlocks; ++i) {
+  float part[kOverlap ? 2 : 1][NH / 2];
+  const auto issue = [&](int i) {
     const int block = kFirst + i;
+    float(&d)[NH / 2] = part[kOverlap ? i & 1 : 0];
     ukv_wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint64_t step = q_desc + (uint64_t)((block * atom_col + j * 32) >> 4);
       if (block == kD / 64 - 1) {
-        swap_mma<NH>(part, a[i & 1][j], step, j);
+        swap_mma<NH>(d, a[i & 1][j], step, j);
       } else {
-        swap_mma<NH, true>(part, a[i & 1][j], step, j);
+        swap_mma<NH, true>(d, a[i & 1][j], step, j);
       }
     }
     ukv_wgmma_commit();
-    if (i + 1 < kBlocks) build(i + 1);
-    ukv_wgmma_wait<0>();
-    ukv_wgmma_fence_regs(part);
+  };
+  // Adds block i's completed partial scores times the keys' factors.
+  const auto add = [&](int i) {
+    float(&d)[NH / 2] = part[kOverlap ? i & 1 : 0];
+    ukv_wgmma_fence_regs(d);
 #pragma unroll
-    for (int r = 0; r < NH / 2; ++r) s[r] = fmaf(part[r], factor[i & 1][(r & 2) ? 1 : 0], s[r]);
+    for (int r = 0; r < NH / 2; ++r) s[r] = fmaf(d[r], factor[i & 1][(r & 2) ? 1 : 0], s[r]);
+  };
+  build(0);
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    issue(i);
+    if constexpr (kOverlap) {
+      // Block i - 1's MMAs (and their fragment registers) are done once at
+      // most block i's group is pending.
+      if (i > 0) {
+        ukv_wgmma_wait<1>();
+        add(i - 1);
+      }
+      if (i + 1 < kBlocks) build(i + 1);
+    } else {
+      if (i + 1 < kBlocks) build(i + 1);
+      ukv_wgmma_wait<0>();
+      add(i);
+    }
+  }
+  if constexpr (kOverlap) {
+    ukv_wgmma_wait<0>();
+    add(kBlocks - 1);
   }
 }
 
@@ -1670,6 +1697,149 @@ __device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const 
     ukv_wgmma_commit();
   }
 }
+// The raw kernels' query prologue. Their QK code blocks run on f16 MMAs
+// (raw_qk_block_f16): head h's query is scaled by 2^e so that its largest |q| lies in
+// [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
+// 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
+// Warp w of kLoadWarps owns rows w, w + kLoadWarps, ...: every row is loaded once (lane l:
+// chunks l and l + 32), its largest |q| reduced over the warp, and
+// the row stored scaled in the raw variant's k order (qk_logical_pair):
+// the code blocks in f16, the rope block in bf16.
+template <int NH, int kLoadWarps>
+__device__ __forceinline__ void raw_load_q(const ukv_attention_params& p, int t, int h0, int warp, int lane,
+                                           float qk_scale, char* q_smem, float* qk_h) {
+  constexpr uint32_t kAtomCol = NH * 128;
+  // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
+  const auto q_chunk = [&](int r, int chunk) {
+    const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
+                           (int64_t)(h0 + r < p.num_heads ? h0 + r : 0) * p.q_stride_head;
+    return h0 + r < p.num_heads ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
+                                : make_uint4(0, 0, 0, 0);
+  };
+  const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
+  const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
+  constexpr int kRows = NH / kLoadWarps, kLaneChunks = kChunks / UKV_WARP;
+  static_assert(kChunks % UKV_WARP == 0, "whole chunks per lane");
+  uint4 v[kRows][kLaneChunks];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) v[i][j] = q_chunk(warp + kLoadWarps * i, lane + UKV_WARP * j);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = warp + kLoadWarps * i;
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
+    }
+    m = ukv_xor_max<1, 16>(m);
+    const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
+    const int e2 = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
+    const float mul = __uint_as_float((uint32_t)(e2 + 127) << 23);
+    if (lane == 0) qk_h[r] = ldexpf(qk_scale, -e2);
+#pragma unroll
+    for (int j = 0; j < kLaneChunks; ++j) {
+      const int chunk = lane + UKV_WARP * j, block = chunk / 8;
+      uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
+        w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
+        const uint32_t at = (uint32_t)block * (uint32_t)kAtomCol + (uint32_t)r * 128u +
+                            (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
+        *reinterpret_cast<uint32_t*>(q_smem + at) = w[e];
+      }
+    }
+  }
+}
+
+// The end of a heads-on-N kernel, once m_h and l_h hold the block's per-head
+// (m, l) and each consumer thread its accumulators o[mb][i] (fragment layout
+// below, warpgroup wg owning dims 256 wg .. 256 wg + 255): the sink and the
+// LSE, then the output written directly, merged in the cluster (through the
+// drained key stages) or stored to the workspace. Every thread of the block
+// calls it; `consumer`: the thread holds accumulators.
+template <int NH, bool kRaw, int kRows>
+__device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const SplitConfig& cfg,
+                                            const SplitWork& work, char* stages, const float* m_h, const float* l_h,
+                                            float* scale_h, bool consumer, int wg, int q, int lane,
+                                            const float (&o)[kRows][NH / 2]) {
+  constexpr int kRegs = NH / 2;
+  const int tid = threadIdx.x, t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int h0 = hb * NH, g = lane >> 2, tq = lane & 3;
+  const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
+  if (tid < NH) {
+    float lse = -INFINITY;
+    scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
+    if (work.direct && p.lse != nullptr && h0 + tid < p.num_heads) p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+  }
+  __syncthreads();
+
+  // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
+  // the raw variant's code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (raw_pv_codes).
+  const auto dim_of = [&](int mb, int i) {
+    const int hi = (i & 2) ? 1 : 0;
+    if constexpr (kRaw) {
+      if (4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
+    }
+    return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
+  };
+  if (!work.direct && cfg.cluster != 0) {
+    ukv_cp_async_wait<0>();
+    float* acc_s = reinterpret_cast<float*>(stages);
+    if (consumer) {
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
+    }
+    ukv_cluster_sync();
+    if (consumer) cluster_merge<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, acc_s);
+    ukv_cluster_sync();
+  } else if (!consumer) {
+    return;
+  } else if (work.direct) {
+    const float* cs = inverse_rope_row(p, t);
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        const int h = head_of(i);
+        float v = o[mb][i] * scale_h[h];
+        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane ^ 4
+        // (g +- 1, same head), and every lane takes part in the shuffle.
+        if (cs != nullptr && wg == 1 && mb == 3) {
+          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
+          const int d = dim_of(mb, i);
+          const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
+          v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
+        }
+        if (h0 + h >= p.num_heads) continue;
+        ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token +
+                        (int64_t)(h0 + h) * p.out_stride_head;
+        out[dim_of(mb, i)] = ukv_float_to_bf16(v);
+      }
+  } else {
+    float* rec = static_cast<float*>(p.workspace) +
+                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(NH);
+    if (tid < NH) {
+      rec[tid] = m_h[tid];
+      rec[NH + tid] = l_h[tid];
+    }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) rec[2 * NH + (size_t)head_of(i) * kD + dim_of(mb, i)] = o[mb][i];
+  }
+}
+
 #endif  // UKV_HAS_WGMMA
 
 template <int NH, int ST, bool kFp8, bool kRaw>
@@ -1720,13 +1890,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // Head of this thread's accumulator column c (S^T or O^T fragment register
   // i: c = (i / 4) * 2 + (i & 1), head_of).
   const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
-  const auto head_of = [&](int i) { return head_of_c((i / 4) * 2 + (i & 1)); };
 
   SplitWork work;
   if (!split_work(p, t, split, cfg, work)) return;
   const TokenKeys& keys = work.keys;
-  const TokenSplit& cut = work.cut;
-  const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
   const bool alt = kAlt && tile_end - tile_begin > kSplitTiles;  // uniform over the block
 
@@ -1814,63 +1981,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     }
     const float qk_scale = p.softmax_scale * kLog2e;
     // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
-    const auto q_chunk = [&](int r, int chunk) {
-      const ukv_bf16* qrow = static_cast<const ukv_bf16*>(p.q) + (int64_t)t * p.q_stride_token +
-                             (int64_t)(h0 + r < p.num_heads ? h0 + r : 0) * p.q_stride_head;
-      return h0 + r < p.num_heads ? *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(qrow) + chunk * 16)
-                                  : make_uint4(0, 0, 0, 0);
-    };
-    const auto bf16_lo = [](uint32_t w) { return __uint_as_float(w << 16); };
-    const auto bf16_hi = [](uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); };
     if (kRaw && tile_begin < tile_end) {
-      // The raw variant's QK code blocks run on f16 MMAs (raw_qk_block_f16):
-      // head h's query is scaled by 2^e so that its largest |q| lies in
-      // [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
-      // 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
-      // Warp w owns rows w, w + 8, ...: every row is loaded once (lane l:
-      // chunks l and l + 32), its largest |q| reduced over the warp, and
-      // the row stored scaled in the raw variant's k order (qk_logical_pair):
-      // the code blocks in f16, the rope block in bf16.
-      constexpr int kRows = NH / kWarps, kLaneChunks = kChunks / UKV_WARP;
-      static_assert(kChunks % UKV_WARP == 0, "whole chunks per lane");
-      uint4 v[kRows][kLaneChunks];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i)
-#pragma unroll
-        for (int j = 0; j < kLaneChunks; ++j) v[i][j] = q_chunk(q + 4 * wg + kWarps * i, lane + UKV_WARP * j);
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int r = q + 4 * wg + kWarps * i;
-        float m = 0.f;
-#pragma unroll
-        for (int j = 0; j < kLaneChunks; ++j) {
-          const uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) m = fmaxf(m, fmaxf(fabsf(bf16_lo(w[e])), fabsf(bf16_hi(w[e]))));
-        }
-        m = ukv_xor_max<1, 16>(m);
-        const int top = (int)((__float_as_uint(m) >> 23) & 0xFFu) - 127;  // m in [2^top, 2^(top + 1))
-        const int e2 = m > 0.f && isfinite(m) ? min(127, 14 - top) : 0;
-        const float mul = __uint_as_float((uint32_t)(e2 + 127) << 23);
-        if (lane == 0) qk_h[r] = ldexpf(qk_scale, -e2);
-#pragma unroll
-        for (int j = 0; j < kLaneChunks; ++j) {
-          const int chunk = lane + UKV_WARP * j, block = chunk / 8;
-          uint32_t w[4] = {v[i][j].x, v[i][j].y, v[i][j].z, v[i][j].w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float lo = bf16_lo(w[e]) * mul, hi = bf16_hi(w[e]) * mul;
-            w[e] = block == kD / 64 - 1 ? ukv_pack_bf16x2(lo, hi) : ukv_pack_half2(lo, hi);
-          }
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int lp = qk_logical_pair(block, 4 * (chunk % 8) + e);
-            const uint32_t at = (uint32_t)block * (uint32_t)L::kAtomCol + (uint32_t)r * 128u +
-                                (uint32_t)(((lp >> 2) ^ (r & 7)) << 4) + (uint32_t)(lp & 3) * 4u;
-            *reinterpret_cast<uint32_t*>(smem + L::kQ + at) = w[e];
-          }
-        }
-      }
+      raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, qk_scale, smem + L::kQ, qk_h);
     } else if (!kRaw && tile_begin < tile_end) {
       for (int c = tid; c < NH * kChunks; c += kThreads) {
         const int r = c / kChunks, chunk = c % kChunks;
@@ -2325,70 +2437,296 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     __syncthreads();
     if (tid < NH) l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
   }
-  if (tid < NH) {
-    float lse = -INFINITY;
-    scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
-    if (direct && p.lse != nullptr && h0 + tid < p.num_heads) p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+  static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
+  swap_finish<NH, kRaw>(p, cfg, work, smem + L::kK, m_h, l_h, scale_h, consumer, wg, q, lane, o);
+#endif
+}
+
+// The 32-head raw kernel with its warpgroups specialized (bench/NOTES.md,
+// version 27). In attention_swap_kernel's split mode both warpgroups run each
+// tile's QK, score exchange, softmax and PV in turn, three block-wide barriers
+// apart, so a tile costs the sum of those phases. Here each phase has its own
+// warps and consecutive tiles overlap:
+//   value warpgroups 0, 1 (threads 0..255): PV of tile i over dims
+//     256 w .. 256 w + 255, in the split mode's accumulator layout;
+//   producer warps (256..383): the gather (RawPipeline);
+//   score warpgroup (384..511): QK over all 512 dims of tile i + 1 (or
+//     i + 2) and its softmax, writing P^T, the factor words, each head's
+//     rescale alpha and the running scale maxima into one of two slots.
+// A slot passes to the value warpgroups through mbarrier `pfull` and back
+// through `pempty`; a stage is released by all 384 consumer threads.
+constexpr int kRoleThreads = kThreads + kProducerWarps * UKV_WARP + 128;
+
+template <int NH, int ST>
+struct RoleSmem {
+  static constexpr int kStages = ST;
+  static constexpr size_t kTileBytes = RawTile::kTileBytes;
+  static constexpr size_t kAtomCol = (size_t)NH * 128;
+  static constexpr size_t kQ = 0;                   // [8][NH][128 B] swizzled (raw_load_q)
+  static constexpr size_t kK = kQ + 8 * kAtomCol;   // [stages] RawTile
+  static constexpr size_t kPTBytes = (size_t)NH * 128;
+  // Per slot: P^T in f16 and in bf16 [NH][64] (pt_at), then the slots' factor
+  // words (raw_fac_at), head rescales alpha [NH] and scale maxima [4] (alt_ref).
+  static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kFac = kPT + 2 * 2 * kPTBytes;       // u32 [2][kRawFacWords]
+  static constexpr size_t kAlpha = kFac + 2 * kRawFacWords * 4;  // f32 [2][NH]
+  static constexpr size_t kRef = kAlpha + 2 * NH * 4;            // u32 [2][4]
+  // The score warpgroup's exchanges, one buffer per tile parity: the warps'
+  // head maxima f32 [2][4][NH], their scale maxima u32 [2][16].
+  static constexpr size_t kWarp = kRef + 2 * 4 * 4;
+  static constexpr size_t kSmax = kWarp + 2 * 4 * NH * 4;
+  static constexpr size_t kHead = kSmax + 2 * 16 * 4;           // f32 [4][NH]: m, l, scale, score factor
+  static constexpr size_t kValid = kHead + 4 * NH * 4;          // int [stages][64]
+  // u64: full, empty [stages]; pfull, pempty [2]; done
+  static constexpr size_t kBar = kValid + kStages * kBK * 4;
+  static constexpr size_t kBytes = kBar + (2 * kStages + 5) * 8;
+};
+
+template <int NH, int ST>
+__global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_attention_params p, SplitConfig cfg) {
+#if defined(UKV_HAS_WGMMA)
+  using L = RoleSmem<NH, ST>;
+  // Registers per thread at entry and per role while the tiles run (below
+  // 160 the value warpgroups' wgmmas get serialized by ptxas).
+  constexpr int kRegsAtEntry = 65536 / kRoleThreads;
+  constexpr int kProducerRegs = 24, kScoreRegs = 168, kValueRegs = 160;
+  static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
+                "the roles' registers fit the SM");
+  // Named barrier of the query hand-over: the value warps stored it, the score
+  // warpgroup may read it (1: the score warpgroup's own; 4, 5: registers).
+  constexpr int kQueryBarrier = 3;
+  constexpr int kStages = ST;
+  constexpr int kRegs = NH / 2;  // S^T and each O^T block: fragment registers per thread
+  constexpr int kCols = NH / 4;  // head columns per thread
+  constexpr int kScoreTid = kThreads + kProducerWarps * UKV_WARP;
+  static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
+  extern __shared__ __align__(1024) char smem[];
+  // Warpgroup and warp indices through a shuffle from lane 0 (warp-uniform,
+  // so descriptors stay in uniform registers).
+  const int tid = threadIdx.x, lane = tid % UKV_WARP;
+  const int wg = ukv_shfl(tid / 128, 0, UKV_WARP), q = ukv_shfl((tid / UKV_WARP) % 4, 0, UKV_WARP);
+  const int g = lane >> 2, tq = lane & 3;
+  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
+  float* m_h = reinterpret_cast<float*>(smem + L::kHead);
+  float* l_h = m_h + NH;
+  float* scale_h = l_h + NH;
+  float* qk_h = scale_h + NH;
+  uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
+  float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
+  uint32_t* ref_slot = reinterpret_cast<uint32_t*>(smem + L::kRef);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* pfull = bars + 2 * kStages;
+  uint64_t* pempty = pfull + 2;
+  uint64_t* done = pempty + 2;  // the score warpgroup wrote m_h and l_h
+  const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
+  const auto pt_slot = [&](int par) { return smem + L::kPT + (size_t)par * 2 * L::kPTBytes; };
+
+  SplitWork work;
+  if (!split_work(p, blockIdx.x, blockIdx.z, cfg, work)) return;
+  const int t = blockIdx.x, h0 = blockIdx.y * NH;
+  const int tile_begin = work.tile_begin, tile_end = work.tile_end;
+  const RawPipeline<kStages> pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
+  pipe.init(kThreads + 128);
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      ukv_mbar_init(&pfull[s], 128);
+      ukv_mbar_init(&pempty[s], kThreads);
+    }
+    ukv_mbar_init(done, 128);
+    ukv_mbar_init_fence();
   }
   __syncthreads();
 
-  // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
-  // the raw variant's code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (raw_pv_codes).
-  const auto dim_of = [&](int mb, int i) {
-    const int hi = (i & 2) ? 1 : 0;
-    if constexpr (kRaw) {
-      if (4 * wg + mb < kD / 64 - 1) return 64 * (4 * wg + mb) + 16 * q + 2 * g + hi;
-    }
-    return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
-  };
-  if (!direct && cfg.cluster != 0) {
-    static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
-    ukv_cp_async_wait<0>();
-    float* acc_s = reinterpret_cast<float*>(smem + L::kK);
-    if (consumer) {
+  float o[4][kRegs];
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
+  for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-        for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
-    }
-    ukv_cluster_sync();
-    if (consumer) cluster_merge<NH>(p, t, h0, cut.count, split, cfg.splits, m_h, l_h, acc_s);
-    ukv_cluster_sync();
-  } else if (!consumer) {
-    return;
-  } else if (direct) {
-    const float* cs = inverse_rope_row(p, t);
-#pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        const int h = head_of(i);
-        float v = o[mb][i] * scale_h[h];
-        // Rope dims (warpgroup 1, mb 3): a pair's other dim is held by lane ^ 4
-        // (g +- 1, same head), and every lane takes part in the shuffle.
-        if (cs != nullptr && wg == 1 && mb == 3) {
-          const float other = ukv_shfl_xor(v, 4, UKV_WARP);
-          const int d = dim_of(mb, i);
-          const float2 c = *reinterpret_cast<const float2*>(cs + ((d - (kD - 64)) & ~1));
-          v = (d & 1) == 0 ? v * c.x + other * c.y : v * c.x - other * c.y;
-        }
-        if (h0 + h >= p.num_heads) continue;
-        ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token +
-                        (int64_t)(h0 + h) * p.out_stride_head;
-        out[dim_of(mb, i)] = ukv_float_to_bf16(v);
-      }
+    for (int i = 0; i < kRegs; ++i) o[mb][i] = 0.f;
+  const bool value = tid < kThreads, score = tid >= kScoreTid;
+  // Registers: the producers lend theirs while the tiles run, as in
+  // attention_swap_kernel (each side waits at a named barrier first).
+  if (!value && !score) {
+    ukv_setmaxnreg_dec<kProducerRegs>();
+    ukv_named_arrive(kRegsLentBarrier, kRoleThreads);
+    pipe.produce(p, work.keys);
+    ukv_named_sync(kRegsBackBarrier, kRoleThreads);
+    ukv_setmaxnreg_inc<kRegsAtEntry>();
   } else {
-    float* rec = static_cast<float*>(p.workspace) +
-                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(NH);
-    if (tid < NH) {
-      rec[tid] = m_h[tid];
-      rec[NH + tid] = l_h[tid];
+    // One site for the consumers' side of each hand-over (synccheck reports
+    // threads reaching one barrier at two places as divergent).
+    ukv_named_sync(kRegsLentBarrier, kRoleThreads);
+    if (score) {
+    ukv_setmaxnreg_inc<kScoreRegs>();
+    ukv_named_sync(kQueryBarrier, kThreads + 128);
+    const int qk_slots[2] = {qk_slot(16 * q + g), qk_slot(16 * q + g + 8)};
+    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+    // This lane's code blocks for the scale maxima and factor words: tq and
+    // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
+    const int blk[2] = {tq, tq + 4};
+    float m_run[kCols], l_run[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      m_run[c] = -INFINITY;
+      l_run[c] = 0.f;
+    }
+    // Running scale maxima of the code blocks, word j: block j (low half), j + 4.
+    uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int i = tile - tile_begin, par = i & 1;
+      float* warp_w = reinterpret_cast<float*>(smem + L::kWarp) + par * 4 * NH;
+      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + par * 16;
+      const int stage = pipe.acquire(tile);
+      const char* ks = pipe.tile(stage);
+      float s[kRegs];
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) s[r] = 0.f;
+      raw_qk<NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+      const int* valid = valid_s + stage * kBK;
+      const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+      uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
+                         ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                         : 0u;
+      pipe.release(stage);  // the value warpgroups hold it until their PV
+      uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
+#pragma unroll
+      for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+      if (g == 0) smax_w[4 * q + tq] = smax;
+      float mx[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kRegs; ++r) {
+        const int e = (r & 2) ? 1 : 0, c = (r / 4) * 2 + (r & 1);
+        s[r] = v_key[e] ? s[r] * qk_h[head_of_c(c)] : -INFINITY;
+        mx[c] = fmaxf(mx[c], s[r]);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        mx[c] = ukv_xor_max<4, 16>(mx[c]);
+        if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+      }
+      ukv_named_sync(1, 128);
+      float base[kCols], alpha[kCols], sum[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int h = head_of_c(c);
+        const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
+        const float m_new = fmaxf(m_run[c], m_tile);
+        base[c] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[c] = exp2f(m_run[c] - base[c]);
+        m_run[c] = m_new;
+        sum[c] = 0.f;
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+        ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
+        ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
+        ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
+        ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
+      }
+      // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
+      if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
+      uint32_t* fac = fac_s + par * kRawFacWords;
+      const uint32_t ref_tq = ref_word(ref_s, tq);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (blk[j] >= kD / 64 - 1) continue;
+        const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
+        fac[raw_fac_at(blk[j], g & 3, q, g >> 2)] = raw_factor_word(sb[j][0], sb[j][1], ref);
+      }
+      if (q == 0 && g == 0) {
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
+      }
+      if (tid == kScoreTid) *reinterpret_cast<uint4*>(ref_slot + 4 * par) = make_uint4(ref_s[0], ref_s[1], ref_s[2], ref_s[3]);
+      // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
+      char* pt16 = pt_slot(par);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int r = (c / 2) * 4 + (c & 1);
+        const float p0 = exp2f(s[r] - base[c]), p1 = exp2f(s[r + 2] - base[c]);
+        sum[c] += p0 + p1;
+        raw_store_pt(pt16, pt16 + L::kPTBytes, head_of_c(c), 16 * q + 2 * g, p0, p1);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+      ukv_fence_async_shared();  // P^T before the value warpgroups' wgmma read it
+      ukv_mbar_arrive(&pfull[par]);
+    }
+    // Per-head (m, l): the row sums over lanes, then warps in a fixed order,
+    // through the parity buffer the last tile did not use.
+    float* lw = reinterpret_cast<float*>(smem + L::kWarp) + ((tile_end - tile_begin) & 1) * 4 * NH;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const float l = ukv_xor_sum<4, 16>(l_run[c]);
+      if (g == 0) lw[q * NH + head_of_c(c)] = l;
+      if (q == 0 && g == 0) m_h[head_of_c(c)] = m_run[c];
+    }
+    ukv_named_sync(1, 128);
+    const int h = tid - kScoreTid;
+    if (h < NH) l_h[h] = ((lw[h] + lw[NH + h]) + lw[2 * NH + h]) + lw[3 * NH + h];
+    ukv_mbar_arrive(done);
+    } else {
+    ukv_setmaxnreg_inc<kValueRegs>();
+    if (tile_begin < tile_end) raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, p.softmax_scale * kLog2e, smem + L::kQ, qk_h);
+    ukv_fence_async_shared();  // before the score warpgroup's wgmma read the query
+    ukv_named_arrive(kQueryBarrier, kThreads + 128);
+    // The scale maxima of this warpgroup's blocks 4 wg + mb its accumulators
+    // have seen (raw_pv_codes: they hold values over 2^(ref - 127)).
+    uint32_t ref_prev[4] = {0u, 0u, 0u, 0u};
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int i = tile - tile_begin, par = i & 1;
+      const int stage = pipe.acquire(tile);
+      ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
+      float a_h[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
+      const uint4 rw = *reinterpret_cast<const uint4*>(ref_slot + 4 * par);
+      const uint32_t ref_w[4] = {rw.x, rw.y, rw.z, rw.w};
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) {
+        const uint32_t ref_new = ref_w[mb] >> (16 * wg) & 0xFFFFu;
+        const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_prev[mb] - (int)ref_new) : 1.f;
+        ref_prev[mb] = ref_new;
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
+      }
+      const char* ks = pipe.tile(stage);
+      const uint32_t* fac = fac_s + par * kRawFacWords;
+      const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
+      const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
+      if (wg == 0) {
+        raw_pv<NH, 0, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+      } else {
+        raw_pv<NH, 4, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+      }
+      pipe.release(stage);
+      ukv_wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
+      ukv_mbar_arrive(&pempty[par]);  // P^T and the slot's words are read
     }
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
+    for (int mb = 0; mb < 4; ++mb) {
+      const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_prev[mb]) : 1.f;
 #pragma unroll
-      for (int i = 0; i < kRegs; ++i) rec[2 * NH + (size_t)head_of(i) * kD + dim_of(mb, i)] = o[mb][i];
+      for (int r = 0; r < kRegs; ++r) o[mb][r] *= unit;
+    }
+    // m_h and l_h, which swap_finish reads (racecheck orders the score
+    // warpgroup's writes before these threads' reads only through this wait).
+    ukv_mbar_wait(done, 0);
+    }
+    ukv_setmaxnreg_dec<kRegsAtEntry>();
+    ukv_named_arrive(kRegsBackBarrier, kRoleThreads);
   }
+  __syncthreads();
+  swap_finish<NH, true>(p, cfg, work, smem + L::kK, m_h, l_h, scale_h, value, wg, q, lane, o);
 #endif
 }
 
@@ -2555,8 +2893,9 @@ int plan_kernel_for(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, A
     case 32:
       *threads = swap_threads(kFp8);
       if (kFp8 && raw) {
-        *kernel = attention_swap_kernel<32, 4, true, true>;
-        *smem = SwapSmem<32, 4, true>::kBytes;
+        *kernel = attention_roles_kernel<32, 4>;
+        *smem = RoleSmem<32, 4>::kBytes;
+        *threads = kRoleThreads;
       } else {
         *kernel = attention_swap_kernel<32, 2, kFp8, false>;
         *smem = SwapSmem<32, 2>::kBytes;
