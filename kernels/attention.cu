@@ -2448,13 +2448,16 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 // apart, so a tile costs the sum of those phases. Here each phase has its own
 // warps and consecutive tiles overlap:
 //   value warpgroups 0, 1 (threads 0..255): PV of tile i over dims
-//     256 w .. 256 w + 255, in the split mode's accumulator layout;
+//     256 w .. 256 w + 255, in the split mode's accumulator layout, with the
+//     scale maxima and factor words of their code blocks;
 //   producer warps (256..383): the gather (RawPipeline);
 //   score warpgroup (384..511): QK over all 512 dims of tile i + 1 (or
-//     i + 2) and its softmax, writing P^T, the factor words, each head's
-//     rescale alpha and the running scale maxima into one of two slots.
+//     i + 2) and its softmax, writing P^T and each head's rescale alpha into
+//     one of two slots.
 // A slot passes to the value warpgroups through mbarrier `pfull` and back
-// through `pempty`; a stage is released by all 384 consumer threads.
+// through `pempty`; a stage is released by all 384 consumer threads. The
+// score warpgroup, one warp per scheduler, bounds the tile rate, so it does
+// nothing the value warpgroups can (bench/NOTES.md, 27c).
 constexpr int kRoleThreads = kThreads + kProducerWarps * UKV_WARP + 128;
 
 template <int NH, int ST>
@@ -2465,16 +2468,15 @@ struct RoleSmem {
   static constexpr size_t kQ = 0;                   // [8][NH][128 B] swizzled (raw_load_q)
   static constexpr size_t kK = kQ + 8 * kAtomCol;   // [stages] RawTile
   static constexpr size_t kPTBytes = (size_t)NH * 128;
-  // Per slot: P^T in f16 and in bf16 [NH][64] (pt_at), then the slots' factor
-  // words (raw_fac_at), head rescales alpha [NH] and scale maxima [4] (alt_ref).
+  // Per slot: P^T in f16 and in bf16 [NH][64] (pt_at); then the slots' head
+  // rescales alpha [2][NH] and the factor words (raw_fac_at, each value
+  // warpgroup writing its blocks').
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kFac = kPT + 2 * 2 * kPTBytes;       // u32 [2][kRawFacWords]
-  static constexpr size_t kAlpha = kFac + 2 * kRawFacWords * 4;  // f32 [2][NH]
-  static constexpr size_t kRef = kAlpha + 2 * NH * 4;            // u32 [2][4]
-  // The score warpgroup's exchanges, one buffer per tile parity: the warps'
-  // head maxima f32 [2][4][NH], their scale maxima u32 [2][16].
-  static constexpr size_t kWarp = kRef + 2 * 4 * 4;
-  static constexpr size_t kSmax = kWarp + 2 * 4 * NH * 4;
+  static constexpr size_t kAlpha = kPT + 2 * 2 * kPTBytes;     // f32 [2][NH]
+  static constexpr size_t kFac = kAlpha + 2 * NH * 4;            // u32 [kRawFacWords]
+  // The score warps' head maxima, one buffer per tile parity: f32 [2][NH][4 warps].
+  static constexpr size_t kWarp = kFac + kRawFacWords * 4;
+  static constexpr size_t kSmax = kWarp + 2 * 4 * NH * 4;        // u32 [2 value warpgroups][4 warps][4 blocks]
   static constexpr size_t kHead = kSmax + 2 * 16 * 4;           // f32 [4][NH]: m, l, scale, score factor
   static constexpr size_t kValid = kHead + 4 * NH * 4;          // int [stages][64]
   // u64: full, empty [stages]; pfull, pempty [2]; done
@@ -2486,10 +2488,11 @@ template <int NH, int ST>
 __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   using L = RoleSmem<NH, ST>;
-  // Registers per thread at entry and per role while the tiles run (below
-  // 160 the value warpgroups' wgmmas get serialized by ptxas).
+  // Registers per thread at entry and per role while the tiles run: with
+  // fewer the value warpgroups spill (and below 160 ptxas serializes the
+  // kernel's wgmmas).
   constexpr int kRegsAtEntry = 65536 / kRoleThreads;
-  constexpr int kProducerRegs = 24, kScoreRegs = 168, kValueRegs = 160;
+  constexpr int kProducerRegs = 24, kScoreRegs = 152, kValueRegs = 168;
   static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
                 "the roles' registers fit the SM");
   // Named barrier of the query hand-over: the value warps stored it, the score
@@ -2513,13 +2516,26 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   float* qk_h = scale_h + NH;
   uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
   float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
-  uint32_t* ref_slot = reinterpret_cast<uint32_t*>(smem + L::kRef);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* pfull = bars + 2 * kStages;
   uint64_t* pempty = pfull + 2;
   uint64_t* done = pempty + 2;  // the score warpgroup wrote m_h and l_h
   const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
   const auto pt_slot = [&](int par) { return smem + L::kPT + (size_t)par * 2 * L::kPTBytes; };
+  // A barrier of value warpgroup wg's 128 threads (named barrier 6 or 7;
+  // constant ids: with an id in a register ptxas reserves all 16 barriers).
+  const auto wg_sync = [wg] {
+    if (wg == 0) {
+      ukv_named_sync(6, 128);
+    } else {
+      ukv_named_sync(7, 128);
+    }
+  };
+
+  // This thread's keys: M rows 16 q + g and + 8 of the QK MMAs (score
+  // warpgroup), whose P^T k positions 16 q + 2 g, + 1 a value thread's factor
+  // words cover.
+  const int qk_slots[2] = {qk_slot(16 * q + g), qk_slot(16 * q + g + 8)};
 
   SplitWork work;
   if (!split_work(p, blockIdx.x, blockIdx.z, cfg, work)) return;
@@ -2558,23 +2574,18 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     if (score) {
     ukv_setmaxnreg_inc<kScoreRegs>();
     ukv_named_sync(kQueryBarrier, kThreads + 128);
-    const int qk_slots[2] = {qk_slot(16 * q + g), qk_slot(16 * q + g + 8)};
     const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-    // This lane's code blocks for the scale maxima and factor words: tq and
-    // tq + 4 (none for lane 3's second: block 7 holds the rope dims).
-    const int blk[2] = {tq, tq + 4};
-    float m_run[kCols], l_run[kCols];
+    // Per column: the head's score factor (qk_h), running max and sum.
+    float qk_c[kCols], m_run[kCols], l_run[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
+      qk_c[c] = qk_h[head_of_c(c)];
       m_run[c] = -INFINITY;
       l_run[c] = 0.f;
     }
-    // Running scale maxima of the code blocks, word j: block j (low half), j + 4.
-    uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
     for (int tile = tile_begin; tile < tile_end; ++tile) {
       const int i = tile - tile_begin, par = i & 1;
       float* warp_w = reinterpret_cast<float*>(smem + L::kWarp) + par * 4 * NH;
-      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + par * 16;
       const int stage = pipe.acquire(tile);
       const char* ks = pipe.tile(stage);
       float s[kRegs];
@@ -2583,74 +2594,45 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
       raw_qk<NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
       const int* valid = valid_s + stage * kBK;
       const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
-      uint32_t sb[2][2];  // [block of blk][key]: scale byte, 0 for a key without a row
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
-                         ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
-                         : 0u;
       pipe.release(stage);  // the value warpgroups hold it until their PV
-      uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
-#pragma unroll
-      for (int off = 4; off < UKV_WARP; off *= 2) smax = ukv_max_u16x2(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-      if (g == 0) smax_w[4 * q + tq] = smax;
       float mx[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
 #pragma unroll
       for (int r = 0; r < kRegs; ++r) {
         const int e = (r & 2) ? 1 : 0, c = (r / 4) * 2 + (r & 1);
-        s[r] = v_key[e] ? s[r] * qk_h[head_of_c(c)] : -INFINITY;
+        s[r] = v_key[e] ? s[r] * qk_c[c] : -INFINITY;
         mx[c] = fmaxf(mx[c], s[r]);
       }
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         mx[c] = ukv_xor_max<4, 16>(mx[c]);
-        if (g == 0) warp_w[q * NH + head_of_c(c)] = mx[c];
+        if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
       }
       ukv_named_sync(1, 128);
       float base[kCols], alpha[kCols], sum[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int h = head_of_c(c);
-        const float m_tile = fmaxf(fmaxf(warp_w[h], warp_w[NH + h]), fmaxf(warp_w[2 * NH + h], warp_w[3 * NH + h]));
-        const float m_new = fmaxf(m_run[c], m_tile);
+        const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * h);
+        const float m_new = fmaxf(m_run[c], fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w)));
         base[c] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[c] = exp2f(m_run[c] - base[c]);
+        alpha[c] = ukv_exp2_ftz(m_run[c] - base[c]);
         m_run[c] = m_new;
         sum[c] = 0.f;
       }
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-        ref_s[0] = ukv_max_u16x2(ref_s[0], v.x);
-        ref_s[1] = ukv_max_u16x2(ref_s[1], v.y);
-        ref_s[2] = ukv_max_u16x2(ref_s[2], v.z);
-        ref_s[3] = ukv_max_u16x2(ref_s[3], v.w);
-      }
       // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
       if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
-      uint32_t* fac = fac_s + par * kRawFacWords;
-      const uint32_t ref_tq = ref_word(ref_s, tq);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if (blk[j] >= kD / 64 - 1) continue;
-        const int ref = (int)(ref_tq >> (16 * j)) & 0xFFFF;
-        fac[raw_fac_at(blk[j], g & 3, q, g >> 2)] = raw_factor_word(sb[j][0], sb[j][1], ref);
-      }
       if (q == 0 && g == 0) {
 #pragma unroll
         for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
       }
-      if (tid == kScoreTid) *reinterpret_cast<uint4*>(ref_slot + 4 * par) = make_uint4(ref_s[0], ref_s[1], ref_s[2], ref_s[3]);
       // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
       char* pt16 = pt_slot(par);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const int r = (c / 2) * 4 + (c & 1);
-        const float p0 = exp2f(s[r] - base[c]), p1 = exp2f(s[r + 2] - base[c]);
+        const float p0 = ukv_exp2_ftz(s[r] - base[c]), p1 = ukv_exp2_ftz(s[r + 2] - base[c]);
         sum[c] += p0 + p1;
         raw_store_pt(pt16, pt16 + L::kPTBytes, head_of_c(c), 16 * q + 2 * g, p0, p1);
       }
@@ -2665,40 +2647,77 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const float l = ukv_xor_sum<4, 16>(l_run[c]);
-      if (g == 0) lw[q * NH + head_of_c(c)] = l;
+      if (g == 0) lw[4 * head_of_c(c) + q] = l;
       if (q == 0 && g == 0) m_h[head_of_c(c)] = m_run[c];
     }
     ukv_named_sync(1, 128);
     const int h = tid - kScoreTid;
-    if (h < NH) l_h[h] = ((lw[h] + lw[NH + h]) + lw[2 * NH + h]) + lw[3 * NH + h];
+    if (h < NH) {
+      const float4 l4 = *reinterpret_cast<const float4*>(lw + 4 * h);
+      l_h[h] = ((l4.x + l4.y) + l4.z) + l4.w;
+    }
     ukv_mbar_arrive(done);
     } else {
     ukv_setmaxnreg_inc<kValueRegs>();
     if (tile_begin < tile_end) raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, p.softmax_scale * kLog2e, smem + L::kQ, qk_h);
     ukv_fence_async_shared();  // before the score warpgroup's wgmma read the query
     ukv_named_arrive(kQueryBarrier, kThreads + 128);
-    // The scale maxima of this warpgroup's blocks 4 wg + mb its accumulators
-    // have seen (raw_pv_codes: they hold values over 2^(ref - 127)).
-    uint32_t ref_prev[4] = {0u, 0u, 0u, 0u};
+    // This lane's code block 4 wg + tq (none for warpgroup 1's lanes tq = 3:
+    // the rope block), and the running scale maxima of this warpgroup's blocks
+    // 4 wg + mb its accumulators have seen (raw_pv_codes: they hold values
+    // over 2^(ref - 127)).
+    const int blk = 4 * wg + tq;
+    uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + 16 * wg;
+    uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
     for (int tile = tile_begin; tile < tile_end; ++tile) {
       const int i = tile - tile_begin, par = i & 1;
       const int stage = pipe.acquire(tile);
+      const char* ks = pipe.tile(stage);
+      // The scale bytes of this lane's block for its two keys (0 for a key
+      // without a row), their maximum over the warp, then over the warpgroup;
+      // this lane's factor words 2^(s - max) for its key pair (PV k positions
+      // 16 q + 2 g, + 1). The first barrier also orders the last tile's reads
+      // of the factor words before these writes, the second these writes
+      // before the PV, and the maxima's reads before the next tile's writes.
+      const int* valid = valid_s + stage * kBK;
+      uint32_t sb[2] = {0u, 0u};
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (valid[qk_slots[e]] != 0 && blk < kD / 64 - 1)
+          sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk);
+      uint32_t smax = max(sb[0], sb[1]);
+#pragma unroll
+      for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+      if (g == 0) smax_w[4 * q + tq] = smax;
+      wg_sync();
+      uint32_t ref_old[4];
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+        ref_s[0] = max(ref_s[0], v.x);
+        ref_s[1] = max(ref_s[1], v.y);
+        ref_s[2] = max(ref_s[2], v.z);
+        ref_s[3] = max(ref_s[3], v.w);
+      }
+      if (blk < kD / 64 - 1) {
+        fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
+      }
+      // Tile i's P^T and alpha; each block's accumulators rescale by alpha
+      // and by their scale maximum's growth.
       ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
       float a_h[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
-      const uint4 rw = *reinterpret_cast<const uint4*>(ref_slot + 4 * par);
-      const uint32_t ref_w[4] = {rw.x, rw.y, rw.z, rw.w};
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) {
-        const uint32_t ref_new = ref_w[mb] >> (16 * wg) & 0xFFFFu;
-        const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_prev[mb] - (int)ref_new) : 1.f;
-        ref_prev[mb] = ref_new;
+        const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
 #pragma unroll
         for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
       }
-      const char* ks = pipe.tile(stage);
-      const uint32_t* fac = fac_s + par * kRawFacWords;
+      wg_sync();
+      const uint32_t* fac = fac_s;
       const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
       const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
       if (wg == 0) {
@@ -2714,7 +2733,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     }
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
-      const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_prev[mb]) : 1.f;
+      const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb]) : 1.f;
 #pragma unroll
       for (int r = 0; r < kRegs; ++r) o[mb][r] *= unit;
     }
