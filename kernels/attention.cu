@@ -1778,7 +1778,9 @@ __device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const
   if (tid < NH) {
     float lse = -INFINITY;
     scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
-    if (work.direct && p.lse != nullptr && h0 + tid < p.num_heads) p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+    if (work.direct && p.lse != nullptr && h0 + tid < p.num_heads) {
+      p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+    }
   }
   __syncthreads();
 
@@ -2572,174 +2574,176 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     // threads reaching one barrier at two places as divergent).
     ukv_named_sync(kRegsLentBarrier, kRoleThreads);
     if (score) {
-    ukv_setmaxnreg_inc<kScoreRegs>();
-    ukv_named_sync(kQueryBarrier, kThreads + 128);
-    const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
-    // Per column: the head's score factor (qk_h), running max and sum.
-    float qk_c[kCols], m_run[kCols], l_run[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      qk_c[c] = qk_h[head_of_c(c)];
-      m_run[c] = -INFINITY;
-      l_run[c] = 0.f;
-    }
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-      const int i = tile - tile_begin, par = i & 1;
-      float* warp_w = reinterpret_cast<float*>(smem + L::kWarp) + par * 4 * NH;
-      const int stage = pipe.acquire(tile);
-      const char* ks = pipe.tile(stage);
-      float s[kRegs];
-#pragma unroll
-      for (int r = 0; r < kRegs; ++r) s[r] = 0.f;
-      raw_qk<NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
-      const int* valid = valid_s + stage * kBK;
-      const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
-      pipe.release(stage);  // the value warpgroups hold it until their PV
-      float mx[kCols];
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
-#pragma unroll
-      for (int r = 0; r < kRegs; ++r) {
-        const int e = (r & 2) ? 1 : 0, c = (r / 4) * 2 + (r & 1);
-        s[r] = v_key[e] ? s[r] * qk_c[c] : -INFINITY;
-        mx[c] = fmaxf(mx[c], s[r]);
-      }
+      ukv_setmaxnreg_inc<kScoreRegs>();
+      ukv_named_sync(kQueryBarrier, kThreads + 128);
+      const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
+      // Per column: the head's score factor (qk_h), running max and sum.
+      float qk_c[kCols], m_run[kCols], l_run[kCols];
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
-        mx[c] = ukv_xor_max<4, 16>(mx[c]);
-        if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
+        qk_c[c] = qk_h[head_of_c(c)];
+        m_run[c] = -INFINITY;
+        l_run[c] = 0.f;
+      }
+      for (int tile = tile_begin; tile < tile_end; ++tile) {
+        const int i = tile - tile_begin, par = i & 1;
+        float* warp_w = reinterpret_cast<float*>(smem + L::kWarp) + par * 4 * NH;
+        const int stage = pipe.acquire(tile);
+        const char* ks = pipe.tile(stage);
+        float s[kRegs];
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) s[r] = 0.f;
+        raw_qk<NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+        const int* valid = valid_s + stage * kBK;
+        const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
+        pipe.release(stage);  // the value warpgroups hold it until their PV
+        float mx[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+          const int e = (r & 2) ? 1 : 0, c = (r / 4) * 2 + (r & 1);
+          s[r] = v_key[e] ? s[r] * qk_c[c] : -INFINITY;
+          mx[c] = fmaxf(mx[c], s[r]);
+        }
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          mx[c] = ukv_xor_max<4, 16>(mx[c]);
+          if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
+        }
+        ukv_named_sync(1, 128);
+        float base[kCols], alpha[kCols], sum[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const int h = head_of_c(c);
+          const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * h);
+          const float m_new = fmaxf(m_run[c], fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w)));
+          base[c] = m_new == -INFINITY ? 0.f : m_new;
+          alpha[c] = ukv_exp2_ftz(m_run[c] - base[c]);
+          m_run[c] = m_new;
+          sum[c] = 0.f;
+        }
+        // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
+        if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
+        if (q == 0 && g == 0) {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
+        }
+        // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
+        char* pt16 = pt_slot(par);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          const int r = (c / 2) * 4 + (c & 1);
+          const float p0 = ukv_exp2_ftz(s[r] - base[c]), p1 = ukv_exp2_ftz(s[r + 2] - base[c]);
+          sum[c] += p0 + p1;
+          raw_store_pt(pt16, pt16 + L::kPTBytes, head_of_c(c), 16 * q + 2 * g, p0, p1);
+        }
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
+        ukv_fence_async_shared();  // P^T before the value warpgroups' wgmma read it
+        ukv_mbar_arrive(&pfull[par]);
+      }
+      // Per-head (m, l): the row sums over lanes, then warps in a fixed order,
+      // through the parity buffer the last tile did not use.
+      float* lw = reinterpret_cast<float*>(smem + L::kWarp) + ((tile_end - tile_begin) & 1) * 4 * NH;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const float l = ukv_xor_sum<4, 16>(l_run[c]);
+        if (g == 0) lw[4 * head_of_c(c) + q] = l;
+        if (q == 0 && g == 0) m_h[head_of_c(c)] = m_run[c];
       }
       ukv_named_sync(1, 128);
-      float base[kCols], alpha[kCols], sum[kCols];
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const int h = head_of_c(c);
-        const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * h);
-        const float m_new = fmaxf(m_run[c], fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w)));
-        base[c] = m_new == -INFINITY ? 0.f : m_new;
-        alpha[c] = ukv_exp2_ftz(m_run[c] - base[c]);
-        m_run[c] = m_new;
-        sum[c] = 0.f;
+      const int h = tid - kScoreTid;
+      if (h < NH) {
+        const float4 l4 = *reinterpret_cast<const float4*>(lw + 4 * h);
+        l_h[h] = ((l4.x + l4.y) + l4.z) + l4.w;
       }
-      // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
-      if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
-      if (q == 0 && g == 0) {
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
-      }
-      // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
-      char* pt16 = pt_slot(par);
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        const int r = (c / 2) * 4 + (c & 1);
-        const float p0 = ukv_exp2_ftz(s[r] - base[c]), p1 = ukv_exp2_ftz(s[r + 2] - base[c]);
-        sum[c] += p0 + p1;
-        raw_store_pt(pt16, pt16 + L::kPTBytes, head_of_c(c), 16 * q + 2 * g, p0, p1);
-      }
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) l_run[c] = l_run[c] * alpha[c] + sum[c];
-      ukv_fence_async_shared();  // P^T before the value warpgroups' wgmma read it
-      ukv_mbar_arrive(&pfull[par]);
-    }
-    // Per-head (m, l): the row sums over lanes, then warps in a fixed order,
-    // through the parity buffer the last tile did not use.
-    float* lw = reinterpret_cast<float*>(smem + L::kWarp) + ((tile_end - tile_begin) & 1) * 4 * NH;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      const float l = ukv_xor_sum<4, 16>(l_run[c]);
-      if (g == 0) lw[4 * head_of_c(c) + q] = l;
-      if (q == 0 && g == 0) m_h[head_of_c(c)] = m_run[c];
-    }
-    ukv_named_sync(1, 128);
-    const int h = tid - kScoreTid;
-    if (h < NH) {
-      const float4 l4 = *reinterpret_cast<const float4*>(lw + 4 * h);
-      l_h[h] = ((l4.x + l4.y) + l4.z) + l4.w;
-    }
-    ukv_mbar_arrive(done);
+      ukv_mbar_arrive(done);
     } else {
-    ukv_setmaxnreg_inc<kValueRegs>();
-    if (tile_begin < tile_end) raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, p.softmax_scale * kLog2e, smem + L::kQ, qk_h);
-    ukv_fence_async_shared();  // before the score warpgroup's wgmma read the query
-    ukv_named_arrive(kQueryBarrier, kThreads + 128);
-    // This lane's code block 4 wg + tq (none for warpgroup 1's lanes tq = 3:
-    // the rope block), and the running scale maxima of this warpgroup's blocks
-    // 4 wg + mb its accumulators have seen (raw_pv_codes: they hold values
-    // over 2^(ref - 127)).
-    const int blk = 4 * wg + tq;
-    uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + 16 * wg;
-    uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-      const int i = tile - tile_begin, par = i & 1;
-      const int stage = pipe.acquire(tile);
-      const char* ks = pipe.tile(stage);
-      // The scale bytes of this lane's block for its two keys (0 for a key
-      // without a row), their maximum over the warp, then over the warpgroup;
-      // this lane's factor words 2^(s - max) for its key pair (PV k positions
-      // 16 q + 2 g, + 1). The first barrier also orders the last tile's reads
-      // of the factor words before these writes, the second these writes
-      // before the PV, and the maxima's reads before the next tile's writes.
-      const int* valid = valid_s + stage * kBK;
-      uint32_t sb[2] = {0u, 0u};
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (valid[qk_slots[e]] != 0 && blk < kD / 64 - 1)
-          sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk);
-      uint32_t smax = max(sb[0], sb[1]);
-#pragma unroll
-      for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-      if (g == 0) smax_w[4 * q + tq] = smax;
-      wg_sync();
-      uint32_t ref_old[4];
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-        ref_s[0] = max(ref_s[0], v.x);
-        ref_s[1] = max(ref_s[1], v.y);
-        ref_s[2] = max(ref_s[2], v.z);
-        ref_s[3] = max(ref_s[3], v.w);
+      ukv_setmaxnreg_inc<kValueRegs>();
+      if (tile_begin < tile_end) {
+        raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, p.softmax_scale * kLog2e, smem + L::kQ, qk_h);
       }
-      if (blk < kD / 64 - 1) {
-        fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
-      }
-      // Tile i's P^T and alpha; each block's accumulators rescale by alpha
-      // and by their scale maximum's growth.
-      ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
-      float a_h[kCols];
+      ukv_fence_async_shared();  // before the score warpgroup's wgmma read the query
+      ukv_named_arrive(kQueryBarrier, kThreads + 128);
+      // This lane's code block 4 wg + tq (none for warpgroup 1's lanes tq = 3:
+      // the rope block), and the running scale maxima of this warpgroup's blocks
+      // 4 wg + mb its accumulators have seen (raw_pv_codes: they hold values
+      // over 2^(ref - 127)).
+      const int blk = 4 * wg + tq;
+      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + 16 * wg;
+      uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
+      for (int tile = tile_begin; tile < tile_end; ++tile) {
+        const int i = tile - tile_begin, par = i & 1;
+        const int stage = pipe.acquire(tile);
+        const char* ks = pipe.tile(stage);
+        // The scale bytes of this lane's block for its two keys (0 for a key
+        // without a row), their maximum over the warp, then over the warpgroup;
+        // this lane's factor words 2^(s - max) for its key pair (PV k positions
+        // 16 q + 2 g, + 1). The first barrier also orders the last tile's reads
+        // of the factor words before these writes, the second these writes
+        // before the PV, and the maxima's reads before the next tile's writes.
+        const int* valid = valid_s + stage * kBK;
+        uint32_t sb[2] = {0u, 0u};
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
+        for (int e = 0; e < 2; ++e)
+          if (valid[qk_slots[e]] != 0 && blk < kD / 64 - 1)
+            sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk);
+        uint32_t smax = max(sb[0], sb[1]);
+#pragma unroll
+        for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+        if (g == 0) smax_w[4 * q + tq] = smax;
+        wg_sync();
+        uint32_t ref_old[4];
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+          ref_s[0] = max(ref_s[0], v.x);
+          ref_s[1] = max(ref_s[1], v.y);
+          ref_s[2] = max(ref_s[2], v.z);
+          ref_s[3] = max(ref_s[3], v.w);
+        }
+        if (blk < kD / 64 - 1) {
+          fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
+        }
+        // Tile i's P^T and alpha; each block's accumulators rescale by alpha
+        // and by their scale maximum's growth.
+        ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
+        float a_h[kCols];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) {
+          const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
+#pragma unroll
+          for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
+        }
+        wg_sync();
+        const uint32_t* fac = fac_s;
+        const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
+        const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
+        if (wg == 0) {
+          raw_pv<NH, 0, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+        } else {
+          raw_pv<NH, 4, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+        }
+        pipe.release(stage);
+        ukv_wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
+        ukv_mbar_arrive(&pempty[par]);  // P^T and the slot's words are read
+      }
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) {
-        const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
+        const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb]) : 1.f;
 #pragma unroll
-        for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
+        for (int r = 0; r < kRegs; ++r) o[mb][r] *= unit;
       }
-      wg_sync();
-      const uint32_t* fac = fac_s;
-      const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
-      const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
-      if (wg == 0) {
-        raw_pv<NH, 0, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
-      } else {
-        raw_pv<NH, 4, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
-      }
-      pipe.release(stage);
-      ukv_wgmma_wait<0>();
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
-      ukv_mbar_arrive(&pempty[par]);  // P^T and the slot's words are read
-    }
-#pragma unroll
-    for (int mb = 0; mb < 4; ++mb) {
-      const float unit = 4 * wg + mb < kD / 64 - 1 ? raw_scale_f32(ref_s[mb]) : 1.f;
-#pragma unroll
-      for (int r = 0; r < kRegs; ++r) o[mb][r] *= unit;
-    }
-    // m_h and l_h, which swap_finish reads (racecheck orders the score
-    // warpgroup's writes before these threads' reads only through this wait).
-    ukv_mbar_wait(done, 0);
+      // m_h and l_h, which swap_finish reads (racecheck orders the score
+      // warpgroup's writes before these threads' reads only through this wait).
+      ukv_mbar_wait(done, 0);
     }
     ukv_setmaxnreg_dec<kRegsAtEntry>();
     ukv_named_arrive(kRegsBackBarrier, kRoleThreads);
