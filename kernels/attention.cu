@@ -1849,15 +1849,15 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   static_assert(kFp8 || !kRaw, "the raw variant reads FP8 rows");
+  static_assert(!kRaw || NH == 16, "32-head raw blocks run attention_roles_kernel");
   using L = SwapSmem<NH, ST, kRaw>;
-  // Raw variant at 16 heads (kAlt), a block of more than kSplitTiles tiles:
+  // Raw variant (16 heads, kAlt), a block of more than kSplitTiles tiles:
   // each warpgroup takes every other tile whole (all 512 dims), so the two
   // never wait for each other within a tile and one's softmax and barriers
   // overlap the other's fragment building and MMAs; they merge once at the
-  // end (`alt`). Otherwise (and always at 32 heads, whose accumulators of all
-  // 512 dims do not fit the registers) the warpgroups split the dims of each
-  // tile, which halves a tile's latency: the better choice for a block of a
-  // few tiles (bench/NOTES.md, version 25).
+  // end (`alt`). Otherwise the warpgroups split the dims of each tile, which
+  // halves a tile's latency: the better choice for a block of a few tiles
+  // (bench/NOTES.md, version 25).
   constexpr bool kAlt = L::kAlt;
   constexpr int kSplitTiles = 3;
   constexpr int kStages = L::kStages;
