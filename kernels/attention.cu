@@ -1627,6 +1627,44 @@ __device__ __forceinline__ uint32_t ref_word(const uint32_t (&ref)[4], int i) {
   return i == 0 ? ref[0] : i == 1 ? ref[1] : i == 2 ? ref[2] : ref[3];
 }
 
+// The scale maxima and factor words of the split layout, where warpgroup wg's
+// PV covers code blocks 4 wg .. 4 wg + 3 and lane tq of each warp reduces
+// block blk = 4 wg + tq (none for the rope block, blk 7). First this lane's
+// scale bytes of blk for its two keys (0 for a key without a row) and their
+// maximum over the warp's 16 keys, stored at smax_w[4 q + tq] (the
+// warpgroup's [4 warps][4 blocks]).
+__device__ __forceinline__ void raw_block_scales(const char* ks, const bool (&v_key)[2], const int (&slot)[2], int blk,
+                                                 int q, int lane, uint32_t* smax_w, uint32_t (&sb)[2]) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    if (v_key[e] && blk < kD / 64 - 1)
+      sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(slot[e]) + RawTile::kScales + 2 * blk);
+  uint32_t smax = max(sb[0], sb[1]);
+#pragma unroll
+  for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
+  if ((lane >> 2) == 0) smax_w[4 * q + (lane & 3)] = smax;
+}
+
+// Then, past a barrier of the warpgroup: its four running maxima ref (word
+// mb: block 4 wg + mb; the old values to ref_old) take in the tile's, and
+// this lane writes its factor words of blk (raw_fac_at) for its key pair.
+__device__ __forceinline__ void raw_block_factors(const uint32_t* smax_w, int blk, int q, int lane,
+                                                  const uint32_t (&sb)[2], uint32_t (&ref)[4],
+                                                  uint32_t (&ref_old)[4], uint32_t* fac) {
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref[mb];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
+    ref[0] = max(ref[0], v.x);
+    ref[1] = max(ref[1], v.y);
+    ref[2] = max(ref[2], v.z);
+    ref[3] = max(ref[3], v.w);
+  }
+  const int g = lane >> 2, tq = lane & 3;
+  if (blk < kD / 64 - 1) fac[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref, tq));
+}
+
 // The QK row (its slot, qk_slot) of the key at k position 8 hh + i of k-step kk.
 __device__ __forceinline__ int raw_pv_slot(int kk, int hh, int i) {
   return qk_slot(16 * kk + 4 * hh + (i >> 1) + 8 * (i & 1));
@@ -2221,15 +2259,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         [[maybe_unused]] const int blk = 4 * wg + tq;
         [[maybe_unused]] uint32_t sb[2] = {0u, 0u};
         if constexpr (kRaw) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (v_key[e] && blk < kD / 64 - 1)
-              sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(slot_of(16 * q + g + 8 * e)) + RawTile::kScales +
-                                                        2 * blk);
-          uint32_t smax = max(sb[0], sb[1]);
-#pragma unroll
-          for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-          if (g == 0) smax_s[16 * wg + 4 * q + tq] = smax;
+          const int slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
+          raw_block_scales(ks, v_key, slots, blk, q, lane, smax_s + 16 * wg, sb);
         }
         consumer_sync();
         float base[kOwn / 2], alpha[kOwn / 2];
@@ -2255,19 +2286,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         // rounded values.
         uint32_t ref_old[4] = {};
         if constexpr (kRaw) {
-#pragma unroll
-          for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const uint4 v = *reinterpret_cast<const uint4*>(smax_s + 16 * wg + 4 * w);
-            ref_s[0] = max(ref_s[0], v.x);
-            ref_s[1] = max(ref_s[1], v.y);
-            ref_s[2] = max(ref_s[2], v.z);
-            ref_s[3] = max(ref_s[3], v.w);
-          }
-          if (blk < kD / 64 - 1) {
-            fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
-          }
+          raw_block_factors(smax_s + 16 * wg, blk, q, lane, sb, ref_s, ref_old, fac_s);
 #pragma unroll
           for (int c = 0; c < kOwn / 2; ++c) {
             const int j = (c / 2) * 4 + (c & 1), h = own_head(j);
@@ -2684,30 +2703,12 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         // of the factor words before these writes, the second these writes
         // before the PV, and the maxima's reads before the next tile's writes.
         const int* valid = valid_s + stage * kBK;
+        const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
         uint32_t sb[2] = {0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (valid[qk_slots[e]] != 0 && blk < kD / 64 - 1)
-            sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk);
-        uint32_t smax = max(sb[0], sb[1]);
-#pragma unroll
-        for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));
-        if (g == 0) smax_w[4 * q + tq] = smax;
+        raw_block_scales(ks, v_key, qk_slots, blk, q, lane, smax_w, sb);
         wg_sync();
         uint32_t ref_old[4];
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb) ref_old[mb] = ref_s[mb];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint4 v = *reinterpret_cast<const uint4*>(smax_w + 4 * w);
-          ref_s[0] = max(ref_s[0], v.x);
-          ref_s[1] = max(ref_s[1], v.y);
-          ref_s[2] = max(ref_s[2], v.z);
-          ref_s[3] = max(ref_s[3], v.w);
-        }
-        if (blk < kD / 64 - 1) {
-          fac_s[raw_fac_at(blk, g & 3, q, g >> 2)] = raw_factor_word(sb[0], sb[1], (int)ref_word(ref_s, tq));
-        }
+        raw_block_factors(smax_w, blk, q, lane, sb, ref_s, ref_old, fac_s);
         // Tile i's P^T and alpha; each block's accumulators rescale by alpha
         // and by their scale maximum's growth.
         ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
