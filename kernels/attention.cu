@@ -1736,13 +1736,13 @@ __device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const 
   }
 }
 // The raw kernels' query prologue. Their QK code blocks run on f16 MMAs
-// (raw_qk_block_f16): head h's query is scaled by 2^e so that its largest |q| lies in
-// [2^14, 2^15), where f16 holds each of its bf16 values exactly down to
-// 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax scale.
-// Warp w of kLoadWarps owns rows w, w + kLoadWarps, ...: every row is loaded once (lane l:
-// chunks l and l + 32), its largest |q| reduced over the warp, and
-// the row stored scaled in the raw variant's k order (qk_logical_pair):
-// the code blocks in f16, the rope block in bf16.
+// (raw_qk_block_f16): head h's query is scaled by 2^e so that its largest
+// |q| lies in [2^14, 2^15), where f16 holds each of its bf16 values exactly
+// down to 2^-32 of that largest one; qk_h[h] folds 2^-e into the softmax
+// scale. Warp w of kLoadWarps owns rows w, w + kLoadWarps, ...: every row is
+// loaded once (lane l: chunks l and l + 32), its largest |q| reduced over the
+// warp, and the row stored scaled in the raw variant's k order
+// (qk_logical_pair): the code blocks in f16, the rope block in bf16.
 template <int NH, int kLoadWarps>
 __device__ __forceinline__ void raw_load_q(const ukv_attention_params& p, int t, int h0, int warp, int lane,
                                            float qk_scale, char* q_smem, float* qk_h) {
@@ -2020,7 +2020,6 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       ukv_setmaxnreg_inc<kRawConsumerRegs>();
     }
     const float qk_scale = p.softmax_scale * kLog2e;
-    // Chunk `chunk` (16 bytes) of query row r of the block (zeros past the heads).
     if (kRaw && tile_begin < tile_end) {
       raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, qk_scale, smem + L::kQ, qk_h);
     } else if (!kRaw && tile_begin < tile_end) {
@@ -2517,7 +2516,8 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
                 "the roles' registers fit the SM");
   // Named barrier of the query hand-over: the value warps stored it, the score
-  // warpgroup may read it (1: the score warpgroup's own; 4, 5: registers).
+  // warpgroup may read it (1: the score warpgroup's own; 4, 5: registers;
+  // 6, 7: value warpgroup 0's and 1's).
   constexpr int kQueryBarrier = 3;
   constexpr int kStages = ST;
   constexpr int kRegs = NH / 2;  // S^T and each O^T block: fragment registers per thread
@@ -2722,19 +2722,18 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
           for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
         }
         wg_sync();
-        const uint32_t* fac = fac_s;
         const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
         const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
         if (wg == 0) {
-          raw_pv<NH, 0, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+          raw_pv<NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
         } else {
-          raw_pv<NH, 4, 4>(ks, q, lane, fac, pt16_desc, ptbf_desc, o);
+          raw_pv<NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
         }
         pipe.release(stage);
         ukv_wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) ukv_wgmma_fence_regs(o[mb]);
-        ukv_mbar_arrive(&pempty[par]);  // P^T and the slot's words are read
+        ukv_mbar_arrive(&pempty[par]);  // the slot's P^T and alpha are read
       }
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) {
@@ -2915,12 +2914,12 @@ int plan_kernel_for(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, A
       }
       return UKV_SHIM_OK;
     case 32:
-      *threads = swap_threads(kFp8);
       if (kFp8 && raw) {
         *kernel = attention_roles_kernel<32, 4>;
         *smem = RoleSmem<32, 4>::kBytes;
         *threads = kRoleThreads;
       } else {
+        *threads = swap_threads(kFp8);
         *kernel = attention_swap_kernel<32, 2, kFp8, false>;
         *smem = SwapSmem<32, 2>::kBytes;
       }
