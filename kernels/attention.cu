@@ -554,15 +554,19 @@ struct RawTile {
 #if defined(UKV_HAS_WGMMA)
 __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * RawTile::kRowBytes; }
 
-// The raw variant's pipeline: the producer warps only gather (two bulk copies
-// per key, or a zero row with in-range scale bytes for a key that names no
-// row); consumers wait for `full`, build fragments and release the stage with
-// `empty` as soon as their last read of it is done, before their MMAs finish.
+// The raw variant's pipeline: the producer warps only gather (a key's nope
+// row in one bulk copy, its rope row in 16-byte cp.async spread over the
+// warp's lanes, or a zero row with in-range scale bytes for a key that names
+// no row); consumers wait for `full`, build fragments and release the stage
+// with `empty` as soon as their last read of it is done, before their MMAs
+// finish. A bulk copy takes its addresses in uniform registers, so a warp
+// issues them one lane at a time (about 60 cycles each); with two per key
+// that loop bounded the tile rate (bench/NOTES.md, 28b).
 template <int kStages>
 struct RawPipeline {
   char* stages;
   int* valid;      // int [kStages][64]: slot holds a row
-  uint64_t* full;  // [kStages]: one arrival per key plus the copies' bytes
+  uint64_t* full;  // [kStages]: one arrival per key and per producer thread, plus the bulk copies' bytes
   uint64_t* empty; // [kStages]: one arrival per consumer thread of the tile
   int tile_begin, tile_end;
 
@@ -578,24 +582,42 @@ struct RawPipeline {
   __device__ __forceinline__ void init(int consumers) const {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        ukv_mbar_init(&full[s], kBK);
+        ukv_mbar_init(&full[s], kBK + kProducerWarps * UKV_WARP);
         ukv_mbar_init(&empty[s], consumers);
       }
       ukv_mbar_init_fence();
     }
   }
 
+  // The rope rows of a producer warp's 16 keys (slots slot0 .. slot0 + 15; key
+  // k's index in lane k): lane l copies chunk l % 8 of keys l / 8, + 4, + 8,
+  // + 12. A key without a row is skipped (issue_row zero-fills its slot), and
+  // this thread's arrival on `full` waits for its copies. The lane id is read,
+  // not derived from threadIdx.x, which the 16-head kernel otherwise spills.
+  __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, int stage,
+                                             int slot0) const {
+    const int lane = ukv_lane_id();
+    const char* mine =
+        key_valid(p, pk) ? static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes
+                         : nullptr;
+    char* dst = tile(stage) + raw_row(slot0 + lane / 8) + RawTile::kNope + 16 * (lane % 8);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const char* src = ukv_shfl_ptr(mine, 4 * j + lane / 8);
+      if (src != nullptr) ukv_cp_async16(dst + 4 * j * RawTile::kRowBytes, src + 16 * (lane % 8), true);
+    }
+    ukv_cp_async_mbar_arrive(&full[stage]);
+  }
+
+  // A key's nope row (codes and scale bytes) in one bulk copy.
   __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, int stage, int slot) const {
     char* row = tile(stage) + raw_row(slot);
     const bool ok = key_valid(p, pk);
     valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
     if (ok) {
-      const ukv_kv_source& src = p.src[pk.source];
-      ukv_mbar_arrive_expect(&full[stage], RawTile::kRowBytes);
-      ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, RawTile::kNope,
-                    &full[stage]);
-      ukv_bulk_copy(row + RawTile::kNope, static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes,
-                    kFp8RopeBytes, &full[stage]);
+      ukv_mbar_arrive_expect(&full[stage], RawTile::kNope);
+      ukv_bulk_copy(row, static_cast<const char*>(p.src[pk.source].kv.data) + (int64_t)pk.raw * kFp8NopeBytes,
+                    RawTile::kNope, &full[stage]);
     } else {
       // Zeros, and scale bytes 127 (factor 1) so the row takes the fast path.
       for (uint32_t c = 0; c < RawTile::kRowBytes / 16; ++c) {
@@ -607,10 +629,10 @@ struct RawPipeline {
     }
   }
 
-  // The producer warps' share: lanes 0..15 of producer warp w issue keys
-  // 16w..16w+15 of each tile (indices loaded a tile ahead); a stage is
-  // refilled as soon as the consumers release it. The other lanes follow the
-  // loop, so each warp reaches the epilogue's barriers converged.
+  // The producer warps' share: lanes 0..15 of producer warp w issue the nope
+  // rows of keys 16w..16w+15 of each tile (indices loaded a tile ahead), all
+  // 32 lanes their rope rows; a stage is refilled as soon as the consumers
+  // release it.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
     constexpr int kKeysPerWarp = kBK / kProducerWarps;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
@@ -621,12 +643,17 @@ struct RawPipeline {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) first[i] = fetch(tile_begin + i);
 #pragma unroll
-    for (int i = 0; i < kStages; ++i)
-      if (issuer && tile_begin + i < tile_end) issue_row(p, first[i], i, key);
+    for (int i = 0; i < kStages; ++i) {
+      if (tile_begin + i < tile_end) {
+        issue_rope(p, first[i], i, warp * kKeysPerWarp);
+        if (issuer) issue_row(p, first[i], i, key);
+      }
+    }
     PendingKey next = fetch(tile_begin + kStages);
     for (int tile = tile_begin + kStages; tile < tile_end; ++tile) {
       const int i = tile - tile_begin, stage = i % kStages;
       ukv_mbar_wait(&empty[stage], parity(i - kStages));
+      issue_rope(p, next, stage, warp * kKeysPerWarp);
       if (issuer) issue_row(p, next, stage, key);
       next = fetch(tile + 1);
     }
@@ -2489,11 +2516,12 @@ struct RoleSmem {
   static constexpr size_t kK = kQ + 8 * kAtomCol;   // [stages] RawTile
   static constexpr size_t kPTBytes = (size_t)NH * 128;
   // Per slot: P^T in f16 and in bf16 [NH][64] (pt_at); then the slots' head
-  // rescales alpha [2][NH] and the factor words (raw_fac_at, each value
-  // warpgroup writing its blocks').
+  // rescales alpha [2][NH] and whether any is below 1, and the factor words
+  // (raw_fac_at, each value warpgroup writing its blocks').
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
   static constexpr size_t kAlpha = kPT + 2 * 2 * kPTBytes;     // f32 [2][NH]
-  static constexpr size_t kFac = kAlpha + 2 * NH * 4;            // u32 [kRawFacWords]
+  static constexpr size_t kRescale = kAlpha + 2 * NH * 4;        // u32 [2]: any alpha below 1
+  static constexpr size_t kFac = kRescale + 16;                  // u32 [kRawFacWords]
   // The score warps' head maxima, one buffer per tile parity: f32 [2][NH][4 warps].
   static constexpr size_t kWarp = kFac + kRawFacWords * 4;
   static constexpr size_t kSmax = kWarp + 2 * 4 * NH * 4;        // u32 [2 value warpgroups][4 warps][4 blocks]
@@ -2512,7 +2540,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   // fewer the value warpgroups spill (and below 160 ptxas serializes the
   // kernel's wgmmas).
   constexpr int kRegsAtEntry = 65536 / kRoleThreads;
-  constexpr int kProducerRegs = 24, kScoreRegs = 152, kValueRegs = 168;
+  constexpr int kProducerRegs = 32, kScoreRegs = 144, kValueRegs = 168;
   static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
                 "the roles' registers fit the SM");
   // Named barrier of the query hand-over: the value warps stored it, the score
@@ -2520,6 +2548,11 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   // 6, 7: value warpgroup 0's and 1's).
   constexpr int kQueryBarrier = 3;
   constexpr int kStages = ST;
+  // How far (log2) a tile's maximum may pass a head's reference before the
+  // reference moves: P^T then holds values below 2^8, which f16 and bf16 keep
+  // to the same relative precision as values below 1, and the row sums stay
+  // far from f32's range.
+  constexpr float kLazyLog2 = 8.f;
   constexpr int kRegs = NH / 2;  // S^T and each O^T block: fragment registers per thread
   constexpr int kCols = NH / 4;  // head columns per thread
   constexpr int kScoreTid = kThreads + kProducerWarps * UKV_WARP;
@@ -2537,6 +2570,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   float* qk_h = scale_h + NH;
   uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
   float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
+  uint32_t* rescale_s = reinterpret_cast<uint32_t*>(smem + L::kRescale);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* pfull = bars + 2 * kStages;
   uint64_t* pempty = pfull + 2;
@@ -2631,23 +2665,32 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
           if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
         }
         ukv_named_sync(1, 128);
+        // A head's reference m_run moves only when the tile's maximum passes it
+        // by more than kLazyLog2, so most tiles rescale nothing (alpha 1) and
+        // the value warpgroups skip the multiply (P stays below 2^kLazyLog2).
         float base[kCols], alpha[kCols], sum[kCols];
+        bool moved = false;
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           const int h = head_of_c(c);
           const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * h);
-          const float m_new = fmaxf(m_run[c], fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w)));
-          base[c] = m_new == -INFINITY ? 0.f : m_new;
-          alpha[c] = ukv_exp2_ftz(m_run[c] - base[c]);
-          m_run[c] = m_new;
+          const float m_tile = fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w));
+          const bool move = m_tile > m_run[c] + kLazyLog2;
+          alpha[c] = move ? ukv_exp2_ftz(m_run[c] - m_tile) : 1.f;
+          m_run[c] = move ? m_tile : m_run[c];
+          moved = moved || move;
+          base[c] = m_run[c] == -INFINITY ? 0.f : m_run[c];
           sum[c] = 0.f;
         }
+        // Every warp sees every head's maximum, so warp 0's vote covers the block.
+        const bool any_moved = ukv_ballot(moved) != 0;
         // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
         if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
         if (q == 0 && g == 0) {
 #pragma unroll
           for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
         }
+        if (q == 0 && lane == 0) rescale_s[par] = any_moved ? 1u : 0u;
         // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
         char* pt16 = pt_slot(par);
 #pragma unroll
@@ -2710,16 +2753,22 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         uint32_t ref_old[4];
         raw_block_factors(smax_w, blk, q, lane, sb, ref_s, ref_old, fac_s);
         // Tile i's P^T and alpha; each block's accumulators rescale by alpha
-        // and by their scale maximum's growth.
+        // and by their scale maximum's growth, if either moved (the same
+        // answer in every thread of the warpgroup).
         ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
-        float a_h[kCols];
+        bool rescale = rescale_s[par] != 0u;
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
+        for (int mb = 0; mb < 4; ++mb) rescale = rescale || ref_old[mb] != ref_s[mb];
+        if (rescale) {
+          float a_h[kCols];
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb) {
-          const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
+          for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
 #pragma unroll
-          for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
+          for (int mb = 0; mb < 4; ++mb) {
+            const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;
+#pragma unroll
+            for (int r = 0; r < kRegs; ++r) o[mb][r] *= a_h[(r / 4) * 2 + (r & 1)] * beta;
+          }
         }
         wg_sync();
         const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);

@@ -563,6 +563,24 @@ __device__ __forceinline__ void ukv_mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ukv_smem_addr(bar)) : "memory");
 #endif
 }
+// One of `bar`'s expected arrivals, made once every cp.async this thread has
+// issued so far has landed (a phase then also covers those copies).
+__device__ __forceinline__ void ukv_cp_async_mbar_arrive(uint64_t* bar) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ukv_smem_addr(bar)) : "memory");
+#endif
+}
+// The lane index from its special register: ptxas can re-read it where a
+// value derived from threadIdx.x would have to stay live (or spill).
+__device__ __forceinline__ int ukv_lane_id() {
+  int lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+// Lane `src`'s pointer.
+__device__ __forceinline__ const char* ukv_shfl_ptr(const char* p, int src) {
+  return reinterpret_cast<const char*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(p), src));
+}
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src`
 // to shared `dst`, completing on `bar`.
 __device__ __forceinline__ void ukv_bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
