@@ -2544,9 +2544,11 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
                 "the roles' registers fit the SM");
   // Named barrier of the query hand-over: the value warps stored it, the score
-  // warpgroup may read it (1: the score warpgroup's own; 4, 5: registers;
+  // warpgroup may read it (1, 2: the score warpgroup's own; 4, 5: registers;
   // 6, 7: value warpgroup 0's and 1's).
   constexpr int kQueryBarrier = 3;
+  // The score warpgroup's per-tile vote (bar.red) on whether a reference moves.
+  constexpr int kMovedBarrier = 2;
   constexpr int kStages = ST;
   // How far (log2) a tile's maximum may pass a head's reference before the
   // reference moves: P^T then holds values below 2^8, which f16 and bf16 keep
@@ -2650,47 +2652,57 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         const int* valid = valid_s + stage * kBK;
         const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
         pipe.release(stage);  // the value warpgroups hold it until their PV
-        float mx[kCols];
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) mx[c] = -INFINITY;
-#pragma unroll
-        for (int r = 0; r < kRegs; ++r) {
-          const int e = (r & 2) ? 1 : 0, c = (r / 4) * 2 + (r & 1);
-          s[r] = v_key[e] ? s[r] * qk_c[c] : -INFINITY;
-          mx[c] = fmaxf(mx[c], s[r]);
-        }
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          mx[c] = ukv_xor_max<4, 16>(mx[c]);
-          if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
-        }
-        ukv_named_sync(1, 128);
         // A head's reference m_run moves only when the tile's maximum passes it
         // by more than kLazyLog2, so most tiles rescale nothing (alpha 1) and
         // the value warpgroups skip the multiply (P stays below 2^kLazyLog2).
-        float base[kCols], alpha[kCols], sum[kCols];
-        bool moved = false;
+        // Whether any head's does is one barrier with an OR over the
+        // warpgroup; only then are the heads' exact maxima exchanged.
+        float mx[kCols];
+        bool over = false;
+#pragma unroll
+        for (int r = 0; r < kRegs; ++r) {
+          const int e = (r & 2) ? 1 : 0;
+          s[r] = v_key[e] ? s[r] * qk_c[(r / 4) * 2 + (r & 1)] : -INFINITY;
+        }
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          const int h = head_of_c(c);
-          const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * h);
-          const float m_tile = fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w));
-          const bool move = m_tile > m_run[c] + kLazyLog2;
-          alpha[c] = move ? ukv_exp2_ftz(m_run[c] - m_tile) : 1.f;
-          m_run[c] = move ? m_tile : m_run[c];
-          moved = moved || move;
+          const int r = (c / 2) * 4 + (c & 1);
+          mx[c] = fmaxf(s[r], s[r + 2]);
+          over = over || mx[c] > m_run[c] + kLazyLog2;
+        }
+        const bool moved = ukv_named_sync_or(kMovedBarrier, 128, over);
+        float base[kCols], alpha[kCols], sum[kCols];
+        if (moved) {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) {
+            mx[c] = ukv_xor_max<4, 16>(mx[c]);
+            if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
+          }
+          ukv_named_sync(1, 128);
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) {
+            const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * head_of_c(c));
+            const float m_tile = fmaxf(fmaxf(m4.x, m4.y), fmaxf(m4.z, m4.w));
+            const bool move = m_tile > m_run[c] + kLazyLog2;
+            alpha[c] = move ? ukv_exp2_ftz(m_run[c] - m_tile) : 1.f;
+            m_run[c] = move ? m_tile : m_run[c];
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) alpha[c] = 1.f;
+        }
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
           base[c] = m_run[c] == -INFINITY ? 0.f : m_run[c];
           sum[c] = 0.f;
         }
-        // Every warp sees every head's maximum, so warp 0's vote covers the block.
-        const bool any_moved = ukv_ballot(moved) != 0;
         // The slot of tile i - 2 must be free: the value warpgroups' PV of it done.
         if (i >= 2) ukv_mbar_wait(&pempty[par], (uint32_t)((i - 2) >> 1) & 1u);
-        if (q == 0 && g == 0) {
+        if (moved && q == 0 && g == 0) {
 #pragma unroll
           for (int c = 0; c < kCols; ++c) alpha_s[par * NH + head_of_c(c)] = alpha[c];
         }
-        if (q == 0 && lane == 0) rescale_s[par] = any_moved ? 1u : 0u;
+        if (q == 0 && lane == 0) rescale_s[par] = moved ? 1u : 0u;
         // P^T[head][k] with k = 16 q + 2 g + e for the key of row 16 q + g + 8 e.
         char* pt16 = pt_slot(par);
 #pragma unroll
@@ -2756,13 +2768,14 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         // and by their scale maximum's growth, if either moved (the same
         // answer in every thread of the warpgroup).
         ukv_mbar_wait(&pfull[par], (uint32_t)(i >> 1) & 1u);
-        bool rescale = rescale_s[par] != 0u;
+        const bool moved = rescale_s[par] != 0u;
+        bool rescale = moved;
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) rescale = rescale || ref_old[mb] != ref_s[mb];
         if (rescale) {
-          float a_h[kCols];
+          float a_h[kCols];  // the slot's alpha words are written only when a reference moved
 #pragma unroll
-          for (int c = 0; c < kCols; ++c) a_h[c] = alpha_s[par * NH + head_of_c(c)];
+          for (int c = 0; c < kCols; ++c) a_h[c] = moved ? alpha_s[par * NH + head_of_c(c)] : 1.f;
 #pragma unroll
           for (int mb = 0; mb < 4; ++mb) {
             const float beta = 4 * wg + mb < kD / 64 - 1 ? raw_pow2((int)ref_old[mb] - (int)ref_s[mb]) : 1.f;

@@ -303,6 +303,17 @@ __device__ __forceinline__ void ukv_named_arrive(int id, int threads) {
 __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return (uint64_t)__ballot_sync(0xffffffffu, pred);
 }
+// Barrier `id` of `threads` threads that also returns whether `pred` held in
+// any of them (one bar.red instead of a ballot and a shared-memory exchange).
+__device__ __forceinline__ bool ukv_named_sync_or(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred in, out;\nsetp.ne.u32 in, %1, 0;\nbar.red.or.pred out, %2, %3, in;\nselp.u32 %0, 1, 0, out;\n}\n"
+      : "=r"(any)
+      : "r"((uint32_t)pred), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 
 // 1-based index of the lowest set bit, 0 when none.
 __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long)x); }
