@@ -608,13 +608,34 @@ fn bench_cache_stores(
                 };
                 ok(status, op);
             });
+            let bytes = t * (dims * 2 + 4 + written);
             Row {
                 op: op.into(),
                 t,
                 h: 0,
                 keys: 0,
                 us,
-                bytes: (t * (dims * 2 + 4 + written)) as f64,
+                bytes: bytes as f64,
+                flops: 0.0,
+            }
+            .print(c);
+            // The same bytes through the copy kernel (half read from rotating
+            // sources like the op's inputs, half written): what a dependent
+            // call of this size reaches at all, where launch and DRAM latency
+            // weigh as much as bandwidth.
+            let half = (bytes / 2).div_ceil(16) * 16;
+            let (src, dst) = (Dev::new(ctx, sets * half), Dev::new(ctx, half));
+            let us = per_call_us(stream, sets, |i, _| {
+                let from = unsafe { (src.ptr as *const u8).add(i * half) };
+                unsafe { copy_kernel(0, dst.ptr, from.cast(), half, stream) }.unwrap();
+            });
+            Row {
+                op: "  same-size copy".into(),
+                t,
+                h: 0,
+                keys: 0,
+                us,
+                bytes: (2 * half) as f64,
                 flops: 0.0,
             }
             .print(c);
