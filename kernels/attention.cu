@@ -560,8 +560,8 @@ __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * 
 // no row); consumers wait for `full`, build fragments and release the stage
 // with `empty` as soon as their last read of it is done, before their MMAs
 // finish. A bulk copy takes its addresses in uniform registers, so a warp
-// issues them one lane at a time (about 60 cycles each); with two per key
-// that loop bounded the tile rate (bench/NOTES.md, 28b).
+// issues them one lane at a time (about 80 cycles each); with two per key
+// that loop bounded the tile rate (bench/NOTES.md, 28a).
 template <int kStages>
 struct RawPipeline {
   char* stages;
