@@ -2516,11 +2516,12 @@ struct RoleSmem {
   static constexpr size_t kK = kQ + 8 * kAtomCol;   // [stages] RawTile
   static constexpr size_t kPTBytes = (size_t)NH * 128;
   // Per slot: P^T in f16 and in bf16 [NH][64] (pt_at); then the slots' head
-  // rescales alpha [2][NH] and whether any is below 1, and the factor words
-  // (raw_fac_at, each value warpgroup writing its blocks').
+  // rescales alpha [2][NH] (written only when a head's reference moved) and
+  // whether one did, and the factor words (raw_fac_at, each value warpgroup
+  // writing its blocks').
   static constexpr size_t kPT = (kK + kStages * kTileBytes + 1023) / 1024 * 1024;
   static constexpr size_t kAlpha = kPT + 2 * 2 * kPTBytes;     // f32 [2][NH]
-  static constexpr size_t kRescale = kAlpha + 2 * NH * 4;        // u32 [2]: any alpha below 1
+  static constexpr size_t kRescale = kAlpha + 2 * NH * 4;        // u32 [2]: a reference moved
   static constexpr size_t kFac = kRescale + 16;                  // u32 [kRawFacWords]
   // The score warps' head maxima, one buffer per tile parity: f32 [2][NH][4 warps].
   static constexpr size_t kWarp = kFac + kRawFacWords * 4;
