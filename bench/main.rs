@@ -156,13 +156,26 @@ impl Row {
     }
 }
 
+/// Microseconds per call of the copy kernel moving `bytes` (a multiple of 16)
+/// into one buffer, `launches` calls in one graph, call i reading source
+/// i % `sources`.
+fn copy_us(
+    ctx: *mut unikv_context,
+    stream: &OwnedStream,
+    bytes: usize,
+    sources: usize,
+    launches: usize,
+) -> f64 {
+    let (src, dst) = (Dev::new(ctx, sources * bytes), Dev::new(ctx, bytes));
+    per_call_us(stream, launches, |i, _| {
+        let from = unsafe { (src.ptr as *const u8).add(i % sources * bytes) };
+        unsafe { copy_kernel(0, dst.ptr, from.cast(), bytes, stream) }.unwrap();
+    })
+}
+
 fn measure_copy(ctx: *mut unikv_context, stream: &OwnedStream) -> f64 {
     let bytes = 2usize << 30;
-    let (a, b) = (Dev::new(ctx, bytes), Dev::new(ctx, bytes));
-    let us = per_call_us(stream, 4, |_, _| {
-        unsafe { copy_kernel(0, b.ptr, a.ptr, bytes, stream) }.unwrap();
-    });
-    2.0 * bytes as f64 / (us * 1e-6)
+    2.0 * bytes as f64 / (copy_us(ctx, stream, bytes, 1, 4) * 1e-6)
 }
 
 fn main() {
@@ -624,17 +637,12 @@ fn bench_cache_stores(
             // call of this size reaches at all, where launch and DRAM latency
             // weigh as much as bandwidth.
             let half = (bytes / 2).div_ceil(16) * 16;
-            let (src, dst) = (Dev::new(ctx, sets * half), Dev::new(ctx, half));
-            let us = per_call_us(stream, sets, |i, _| {
-                let from = unsafe { (src.ptr as *const u8).add(i * half) };
-                unsafe { copy_kernel(0, dst.ptr, from.cast(), half, stream) }.unwrap();
-            });
             Row {
                 op: "  same-size copy".into(),
                 t,
                 h: 0,
                 keys: 0,
-                us,
+                us: copy_us(ctx, stream, half, sets, sets),
                 bytes: (2 * half) as f64,
                 flops: 0.0,
             }

@@ -591,15 +591,15 @@ struct RawPipeline {
 
   // The rope rows of a producer warp's 16 keys (slots slot0 .. slot0 + 15; key
   // k's index in lane k): lane l copies chunk l % 8 of keys l / 8, + 4, + 8,
-  // + 12. A key without a row is skipped (issue_row zero-fills its slot), and
-  // this thread's arrival on `full` waits for its copies. The lane id is read,
-  // not derived from threadIdx.x, which the 16-head kernel otherwise spills.
-  __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, int stage,
+  // + 12. A key without a row (ok: key_valid) is skipped (issue_row zero-fills
+  // its slot), and this thread's arrival on `full` waits for its copies. The
+  // lane id is read, not derived from threadIdx.x, which the 16-head kernel
+  // otherwise spills.
+  __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                              int slot0) const {
     const int lane = ukv_lane_id();
     const char* mine =
-        key_valid(p, pk) ? static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes
-                         : nullptr;
+        ok ? static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes : nullptr;
     char* dst = tile(stage) + raw_row(slot0 + lane / 8) + RawTile::kNope + 16 * (lane % 8);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -610,9 +610,9 @@ struct RawPipeline {
   }
 
   // A key's nope row (codes and scale bytes) in one bulk copy.
-  __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, int stage, int slot) const {
+  __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
+                                            int slot) const {
     char* row = tile(stage) + raw_row(slot);
-    const bool ok = key_valid(p, pk);
     valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
     if (ok) {
       ukv_mbar_arrive_expect(&full[stage], RawTile::kNope);
@@ -645,16 +645,18 @@ struct RawPipeline {
 #pragma unroll
     for (int i = 0; i < kStages; ++i) {
       if (tile_begin + i < tile_end) {
-        issue_rope(p, first[i], i, warp * kKeysPerWarp);
-        if (issuer) issue_row(p, first[i], i, key);
+        const bool ok = key_valid(p, first[i]);
+        issue_rope(p, first[i], ok, i, warp * kKeysPerWarp);
+        if (issuer) issue_row(p, first[i], ok, i, key);
       }
     }
     PendingKey next = fetch(tile_begin + kStages);
     for (int tile = tile_begin + kStages; tile < tile_end; ++tile) {
       const int i = tile - tile_begin, stage = i % kStages;
       ukv_mbar_wait(&empty[stage], parity(i - kStages));
-      issue_rope(p, next, stage, warp * kKeysPerWarp);
-      if (issuer) issue_row(p, next, stage, key);
+      const bool ok = key_valid(p, next);
+      issue_rope(p, next, ok, stage, warp * kKeysPerWarp);
+      if (issuer) issue_row(p, next, ok, stage, key);
       next = fetch(tile + 1);
     }
   }
