@@ -87,6 +87,13 @@ enum unikv_status
   UNIKV_INTERNAL = 14,
   // A scalar argument has an invalid value (zero sizes, non-finite scale, ...).
   UNIKV_INVALID_ARGUMENT = 15,
+  // A handle argument is not a live handle of the expected kind: already
+  // destroyed, a handle of another kind, or a pointer this library never
+  // returned (see "Handles" at the top of the header for what is detected).
+  UNIKV_INVALID_HANDLE = 16,
+  // An output buffer partially overlaps another argument's memory (exact
+  // in-place use is allowed only where a function says so).
+  UNIKV_OVERLAPPING_BUFFERS = 17,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -837,7 +844,7 @@ typedef struct unikv_store_compressed_args {
   uint32_t num_rows;
 } unikv_store_compressed_args;
 
-#define unikv_status_ALL { UNIKV_OK, UNIKV_NULL_ARGUMENT, UNIKV_BAD_STRUCT_SIZE, UNIKV_BAD_ENUM, UNIKV_BAD_DTYPE, UNIKV_BAD_SHAPE, UNIKV_BAD_STRIDE, UNIKV_BAD_ALIGNMENT, UNIKV_CAPACITY_EXCEEDED, UNIKV_OUT_OF_RANGE, UNIKV_INVALID_STATE, UNIKV_BACKEND_UNAVAILABLE, UNIKV_OUT_OF_MEMORY, UNIKV_GPU_ERROR, UNIKV_INTERNAL, UNIKV_INVALID_ARGUMENT, }
+#define unikv_status_ALL { UNIKV_OK, UNIKV_NULL_ARGUMENT, UNIKV_BAD_STRUCT_SIZE, UNIKV_BAD_ENUM, UNIKV_BAD_DTYPE, UNIKV_BAD_SHAPE, UNIKV_BAD_STRIDE, UNIKV_BAD_ALIGNMENT, UNIKV_CAPACITY_EXCEEDED, UNIKV_OUT_OF_RANGE, UNIKV_INVALID_STATE, UNIKV_BACKEND_UNAVAILABLE, UNIKV_OUT_OF_MEMORY, UNIKV_GPU_ERROR, UNIKV_INTERNAL, UNIKV_INVALID_ARGUMENT, UNIKV_INVALID_HANDLE, UNIKV_OVERLAPPING_BUFFERS, }
 
 #ifdef __cplusplus
 extern "C" {

@@ -36,6 +36,10 @@ pub enum Error {
     Gpu(String),
     #[error("{0}")]
     Internal(String),
+    #[error("{0}")]
+    InvalidHandle(String),
+    #[error("{0}")]
+    Overlap(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -40,12 +40,19 @@ pub enum unikv_status {
     UNIKV_INTERNAL = 14,
     /// A scalar argument has an invalid value (zero sizes, non-finite scale, ...).
     UNIKV_INVALID_ARGUMENT = 15,
+    /// A handle argument is not a live handle of the expected kind: already
+    /// destroyed, a handle of another kind, or a pointer this library never
+    /// returned (see "Handles" at the top of the header for what is detected).
+    UNIKV_INVALID_HANDLE = 16,
+    /// An output buffer partially overlaps another argument's memory (exact
+    /// in-place use is allowed only where a function says so).
+    UNIKV_OVERLAPPING_BUFFERS = 17,
 }
 
 use unikv_status::*;
 
 impl unikv_status {
-    pub const ALL: [unikv_status; 16] = [
+    pub const ALL: [unikv_status; 18] = [
         UNIKV_OK,
         UNIKV_NULL_ARGUMENT,
         UNIKV_BAD_STRUCT_SIZE,
@@ -62,6 +69,8 @@ impl unikv_status {
         UNIKV_GPU_ERROR,
         UNIKV_INTERNAL,
         UNIKV_INVALID_ARGUMENT,
+        UNIKV_INVALID_HANDLE,
+        UNIKV_OVERLAPPING_BUFFERS,
     ];
 
     /// A static, NUL-terminated description.
@@ -83,6 +92,8 @@ impl unikv_status {
             UNIKV_GPU_ERROR => b"GPU error\0",
             UNIKV_INTERNAL => b"internal error\0",
             UNIKV_INVALID_ARGUMENT => b"invalid argument\0",
+            UNIKV_INVALID_HANDLE => b"invalid handle\0",
+            UNIKV_OVERLAPPING_BUFFERS => b"overlapping buffers\0",
         }
     }
 }
@@ -105,6 +116,8 @@ impl From<&Error> for unikv_status {
             Error::OutOfMemory(_) => UNIKV_OUT_OF_MEMORY,
             Error::Gpu(_) => UNIKV_GPU_ERROR,
             Error::Internal(_) => UNIKV_INTERNAL,
+            Error::InvalidHandle(_) => UNIKV_INVALID_HANDLE,
+            Error::Overlap(_) => UNIKV_OVERLAPPING_BUFFERS,
         }
     }
 }
