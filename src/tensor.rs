@@ -117,18 +117,26 @@ impl<T, const N: usize> View<T, N> {
             .sum()
     }
 
-    /// Number of elements from the first to one past the last addressable element.
+    /// Number of elements from the first to one past the last addressable
+    /// element. Validation bounded it (in bytes) by `isize::MAX`, so neither
+    /// this nor `offset` of an in-range index can overflow.
     pub fn span_elems(&self) -> usize {
-        if self.shape.contains(&0) {
-            return 0;
-        }
-        1 + self
-            .shape
-            .iter()
-            .zip(self.strides.iter())
-            .map(|(n, s)| (n - 1) * s)
-            .sum::<usize>()
+        span_bytes(&self.shape, &self.strides, 1).expect("a validated view's span fits")
     }
+}
+
+/// Bytes from the first to one past the last addressable element of a
+/// row-major layout of `elem`-byte elements (0 when any extent is 0); None when
+/// the span does not fit in 64 bits.
+fn span_bytes(shape: &[usize], strides: &[usize], elem: usize) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut last = 0usize;
+    for (n, s) in shape.iter().zip(strides) {
+        last = last.checked_add((n - 1).checked_mul(*s)?)?;
+    }
+    last.checked_add(1)?.checked_mul(elem)
 }
 
 impl RawTensor {
@@ -200,13 +208,18 @@ impl RawTensor {
             "{name}: innermost stride is {}, expected 1",
             strides[N - 1]
         );
+        // Every product below is checked: a caller's shape and strides are
+        // arbitrary 63-bit values, and a wrapped product would let a view that
+        // reaches outside the address space (or before its base) pass.
         for axis in 0..N.saturating_sub(1) {
-            let below = shape[axis + 1] * strides[axis + 1];
+            let below = shape[axis + 1].checked_mul(strides[axis + 1]);
             ensure!(
-                strides[axis] >= below,
+                below.is_some_and(|below| strides[axis] >= below),
                 BadStride,
-                "{name}: strides[{axis}] = {} overlaps the {below} elements of the axis below",
-                strides[axis]
+                "{name}: strides[{axis}] = {} overlaps the {} x {} elements of the axis below",
+                strides[axis],
+                shape[axis + 1],
+                strides[axis + 1]
             );
         }
         let elem = dtype.size_bytes();
@@ -217,9 +230,21 @@ impl RawTensor {
             "{name}.data {:p} is not {align}-byte aligned",
             self.data
         );
+        let span = span_bytes(&shape, &strides, elem);
+        ensure!(
+            span.is_some_and(|bytes| bytes <= isize::MAX as usize
+                && (self.data as usize).checked_add(bytes).is_some()),
+            BadShape,
+            "{name}: shape {:?} with strides {:?} spans more than the address space from {:p}",
+            &self.shape[..N],
+            &self.strides[..N],
+            self.data
+        );
         for (axis, stride) in strides.iter().enumerate().take(N.saturating_sub(1)) {
             ensure!(
-                (stride * elem) % align == 0,
+                stride
+                    .checked_mul(elem)
+                    .is_some_and(|bytes| bytes % align == 0),
                 BadAlignment,
                 "{name}: strides[{axis}] = {stride} elements is not a multiple of {align} bytes"
             );
@@ -230,12 +255,6 @@ impl RawTensor {
             strides,
             _elem: PhantomData,
         };
-        let bytes = (view.span_elems() as u128) * elem as u128;
-        ensure!(
-            bytes <= isize::MAX as u128,
-            BadShape,
-            "{name}: spans {bytes} bytes, more than the address space"
-        );
         Ok(view)
     }
 }
@@ -343,4 +362,64 @@ pub const ROW_ALIGN: usize = 16;
 pub fn checked_mul(name: &str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b)
         .ok_or_else(|| err!(BadShape, "{name}: {a} x {b} overflows"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    fn raw(data: usize, shape: &[i64], strides: &[i64]) -> RawTensor {
+        let mut t = RawTensor {
+            data: data as *mut u8,
+            dtype: DType::I32.to_raw(),
+            ndim: shape.len() as u32,
+            shape: [0; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+        };
+        t.shape[..shape.len()].copy_from_slice(shape);
+        t.strides[..strides.len()].copy_from_slice(strides);
+        t
+    }
+
+    fn view2(t: &RawTensor) -> Result<Matrix<i32>> {
+        t.view("t", [Extent::AtLeast(0), Extent::AtLeast(0)], 4)
+    }
+
+    #[test]
+    fn strides_whose_products_wrap_are_rejected() {
+        let base = 0x1000_0000;
+        // strides[0] = i64::MAX over 3 rows: row 2 would wrap to base - 8.
+        let e = view2(&raw(base, &[3, 2], &[i64::MAX, 1])).unwrap_err();
+        assert!(matches!(e, Error::BadShape(_)), "{e}");
+        // (2^33 + 1) rows of stride 2^31 wrap to a small span; 2^33 rows do
+        // not. Both span more than the address space.
+        for rows in [1i64 << 33, (1 << 33) + 1] {
+            let e = view2(&raw(base, &[rows, 512], &[1 << 31, 1])).unwrap_err();
+            assert!(matches!(e, Error::BadShape(_)), "{rows} rows: {e}");
+        }
+        // shape * stride of the axis below wraps: [2, 2^62, 4] with strides
+        // [8, 4, 1] claims rows of 2^64 elements.
+        let e = raw(base, &[2, 1 << 62, 4], &[8, 4, 1])
+            .view::<i32, 3>("t", [Extent::AtLeast(0); 3], 4)
+            .unwrap_err();
+        assert!(matches!(e, Error::BadStride(_)), "{e}");
+    }
+
+    #[test]
+    fn a_span_past_the_top_of_the_address_space_is_rejected() {
+        let top = usize::MAX - 4095;
+        let e = view2(&raw(top, &[2, 1024], &[1024, 1])).unwrap_err();
+        assert!(matches!(e, Error::BadShape(_)), "{e}");
+        assert!(view2(&raw(top, &[1, 1023], &[1023, 1])).is_ok());
+    }
+
+    #[test]
+    fn in_range_views_keep_their_span() {
+        let v = view2(&raw(0x1000, &[3, 5], &[8, 1])).unwrap();
+        assert_eq!(v.span_elems(), 2 * 8 + 5);
+        assert_eq!(v.offset([2, 4]), 20);
+        let empty = view2(&raw(0x1000, &[0, 5], &[1 << 60, 1])).unwrap();
+        assert_eq!(empty.span_elems(), 0);
+    }
 }

@@ -211,6 +211,19 @@ impl GpuBackend {
     }
 }
 
+/// A count the kernels index with 32-bit integers. Validation bounds most of
+/// them already; this keeps a caller value past 2^31 - 1 (a huge token count
+/// over tensors whose extents claim that much) from wrapping into a negative
+/// launch parameter.
+fn i32_of(name: &str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| {
+        err!(
+            InvalidArgument,
+            "{name}: {value} exceeds the GPU kernels' 32-bit limit of 2^31 - 1"
+        )
+    })
+}
+
 /// A layer's rows as the kernels take them, with the bf16 row stride.
 fn pool_rows(rows: &LayerRows) -> (shim::PoolRows, i64) {
     match rows {
@@ -435,11 +448,11 @@ impl Backend for GpuBackend {
             pool: pool_rows(&a.pool_layer).0,
             kv_stride: a.kv.strides[0] as i64,
             pool_rows: a.pool_layer.rows() as i64,
-            num_tokens: a.num_tokens as i32,
-            num_requests: a.req_slots.shape[0] as i32,
-            window: g.config.window as i32,
-            ring: g.ring as i32,
-            num_slots: g.num_slots as i32,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_requests: i32_of("num_requests", a.req_slots.shape[0])?,
+            window: i32_of("window", g.config.window)?,
+            ring: i32_of("ring", g.ring)?,
+            num_slots: i32_of("num_slots", g.num_slots)?,
             reserved: 0,
         };
         // SAFETY: pointers validated by `ops::store`; device memory by contract.
@@ -462,7 +475,7 @@ impl Backend for GpuBackend {
             kv_stride: a.kv.strides[0] as i64,
             swa_rows: a.geometry.swa_rows as i64,
             compressed_rows: a.compressed_rows as i64,
-            num_rows: a.num_rows as i32,
+            num_rows: i32_of("num_rows", a.num_rows)?,
             reserved: 0,
         };
         // SAFETY: as above.
@@ -540,8 +553,8 @@ impl Backend for GpuBackend {
             table_stride: a.rope_table.strides[0] as i64,
             max_pos: a.rope_table.shape[0] as i64,
             pool_rows: a.pool_layer.rows() as i64,
-            num_tokens: a.num_tokens as i32,
-            num_heads: a.num_heads as i32,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_heads: i32_of("num_heads", a.num_heads)?,
             q_eps: a.q_eps,
             kv_eps: a.kv_eps,
             positions_i64: a.positions.is_i64() as i32,
@@ -582,14 +595,14 @@ impl Backend for GpuBackend {
             hca: Self::stream_out(&a.hca),
             csa: Self::stream_out(&a.csa),
             c128_stride: a.c128_page_indices.map_or(0, |m| m.strides[0] as i64),
-            c128_width: a.c128_page_indices.map_or(0, |m| m.shape[1] as i32),
-            num_tokens: a.num_tokens as i32,
-            num_requests: a.req_slots.shape[0] as i32,
-            window: g.config.window as i32,
-            ring: g.ring as i32,
-            num_slots: g.num_slots as i32,
-            swa_rows: g.swa_rows as i32,
-            hca_rows: g.compressed_rows(Ratio::Hca) as i32,
+            c128_width: i32_of("c128_width", a.c128_page_indices.map_or(0, |m| m.shape[1]))?,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_requests: i32_of("num_requests", a.req_slots.shape[0])?,
+            window: i32_of("window", g.config.window)?,
+            ring: i32_of("ring", g.ring)?,
+            num_slots: i32_of("num_slots", g.num_slots)?,
+            swa_rows: i32_of("swa_rows", g.swa_rows)?,
+            hca_rows: i32_of("hca_rows", g.compressed_rows(Ratio::Hca))?,
             csa_topk: a.csa_topk.min(i32::MAX as usize) as i32,
             reserved: 0,
         };
@@ -626,11 +639,11 @@ impl Backend for GpuBackend {
             indices: a.csa.indices.as_ptr(),
             table_stride: a.csa_page_indices.strides[0] as i64,
             capacity: a.csa.indices.shape[0] as i64,
-            width: a.csa_page_indices.shape[1] as i32,
-            num_tokens: a.num_tokens as i32,
-            window: g.config.window as i32,
-            swa_rows: g.swa_rows as i32,
-            csa_rows: g.compressed_rows(Ratio::Csa) as i32,
+            width: i32_of("width", a.csa_page_indices.shape[1])?,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            window: i32_of("window", g.config.window)?,
+            swa_rows: i32_of("swa_rows", g.swa_rows)?,
+            csa_rows: i32_of("csa_rows", g.compressed_rows(Ratio::Csa))?,
             reserved: 0,
         };
         // SAFETY: as above.
@@ -673,15 +686,15 @@ impl Backend for GpuBackend {
             prefix: Self::stream_out(&a.prefix),
             extend: Self::stream_out(&a.extend),
             table_stride: a.page_indices.map_or(0, |m| m.strides[0] as i64),
-            width: a.page_indices.map_or(0, |m| m.shape[1] as i32),
-            ratio: a.ratio.value() as i32,
-            num_tokens: a.num_tokens as i32,
-            num_requests: a.req_slots.shape[0] as i32,
-            window: g.config.window as i32,
-            ring: g.ring as i32,
-            num_slots: g.num_slots as i32,
-            swa_rows: g.swa_rows as i32,
-            compressed_rows: g.compressed_rows(a.ratio) as i32,
+            width: i32_of("width", a.page_indices.map_or(0, |m| m.shape[1]))?,
+            ratio: i32_of("ratio", a.ratio.value())?,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_requests: i32_of("num_requests", a.req_slots.shape[0])?,
+            window: i32_of("window", g.config.window)?,
+            ring: i32_of("ring", g.ring)?,
+            num_slots: i32_of("num_slots", g.num_slots)?,
+            swa_rows: i32_of("swa_rows", g.swa_rows)?,
+            compressed_rows: i32_of("compressed_rows", g.compressed_rows(a.ratio))?,
             reserved: 0,
         };
         // SAFETY: as above.
@@ -735,9 +748,9 @@ impl Backend for GpuBackend {
             out_stride_head: a.out.strides[1] as i64,
             lse_stride_token: a.lse.map_or(0, |l| l.strides[0] as i64),
             workspace_bytes: a.workspace.bytes as i64,
-            num_sources: a.sources().len() as i32,
-            num_tokens: a.num_tokens as i32,
-            num_heads: a.num_heads as i32,
+            num_sources: i32_of("num_sources", a.sources().len())?,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_heads: i32_of("num_heads", a.num_heads)?,
             skip_negative: a.skip_negative as i32,
             softmax_scale: a.softmax_scale,
             reserved: 0,
@@ -775,9 +788,9 @@ impl Backend for GpuBackend {
             in_stride_head: a.parts_out.strides[2] as i64,
             lse_stride_token: a.lse.map_or(0, |l| l.strides[0] as i64),
             in_lse_stride_token: a.parts_lse.strides[1] as i64,
-            num_parts: a.num_parts as i32,
-            num_tokens: a.num_tokens as i32,
-            num_heads: a.num_heads as i32,
+            num_parts: i32_of("num_parts", a.num_parts)?,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_heads: i32_of("num_heads", a.num_heads)?,
             reserved: 0,
         };
         // SAFETY: views validated by `ops::merge`; device memory by contract.
@@ -830,8 +843,8 @@ impl Backend for GpuBackend {
             weights_out_stride: a.weights_out.strides[0] as i64,
             table_stride: a.rope_table.strides[0] as i64,
             max_pos: a.rope_table.shape[0] as i64,
-            num_tokens: a.num_tokens as i32,
-            num_heads: a.num_heads as i32,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_heads: i32_of("num_heads", a.num_heads)?,
             positions_i64: i32::from(a.positions.is_i64()),
             format: format_code(a.fmt),
             weight_scale: a.weight_scale,
@@ -863,7 +876,7 @@ impl Backend for GpuBackend {
             bytes_per_page: a.geometry.bytes_per_page() as i64,
             token_slots: a.target.token_slots() as i64,
             page_shift: a.target.page_size.trailing_zeros() as i32,
-            num_tokens: n as i32,
+            num_tokens: i32_of("num_tokens", n)?,
             key_f32: i32::from(a.key.is_f32()),
             positions_i64: i32::from(a.positions.is_i64()),
             loc_i64: i32::from(a.target.loc.is_i64()),
@@ -913,11 +926,11 @@ impl Backend for GpuBackend {
             cache_pages: sc.map_or(0, |c| c.cache.shape[0] as i64),
             requests: s.page_table.shape[0].min(i32::MAX as usize) as i32,
             max_pages: s.page_table.shape[1].min(i32::MAX as usize) as i32,
-            logits_width: s.logits.shape[1] as i32,
+            logits_width: i32_of("logits_width", s.logits.shape[1])?,
             topk_width: s.topk_indices.shape[1].min(i32::MAX as usize) as i32,
-            num_tokens: s.num_tokens as i32,
-            num_heads: sc.map_or(0, |c| c.num_heads as i32),
-            topk: s.topk as i32,
+            num_tokens: i32_of("num_tokens", s.num_tokens)?,
+            num_heads: i32_of("num_heads", sc.map_or(0, |c| c.num_heads))?,
+            topk: i32_of("topk", s.topk)?,
             positions_i64: i32::from(s.positions.is_i64()),
             format: sc.map_or(0, |c| format_code(c.geometry.format())),
             score: i32::from(sc.is_some()),
@@ -965,12 +978,12 @@ impl Backend for GpuBackend {
             weights_stride: a.topk_weights.strides[0] as i64,
             ids_stride: a.topk_ids.strides[0] as i64,
             vocab: a.tid2eid.shape[0] as i64,
-            num_tokens: a.num_tokens as i32,
-            num_experts: a.num_experts() as i32,
-            routed: a.routed() as i32,
-            shared: a.num_shared as i32,
+            num_tokens: i32_of("num_tokens", a.num_tokens)?,
+            num_experts: i32_of("num_experts", a.num_experts())?,
+            routed: i32_of("routed", a.routed())?,
+            shared: i32_of("shared", a.num_shared)?,
             num_real_host: match a.real_tokens {
-                RealTokens::Host(n) => n as i32,
+                RealTokens::Host(n) => i32_of("num_tokens", n)?,
                 RealTokens::Device(_) => 0,
             },
             input_ids_i64: i32::from(a.input_ids.is_i64()),
