@@ -136,10 +136,28 @@ impl Geometry {
             ensure!(
                 rows.is_some(),
                 InvalidArgument,
-                "params.c128_blocks: layer {layer} would exceed the address space"
+                "{}: layer {layer} would exceed the address space",
+                geometry.size_culprit(isize::MAX as usize / (HEAD_DIM * 2))
             );
         }
         Ok(geometry)
+    }
+
+    /// The parameter to name when a layer has more rows than `limit`: the
+    /// SWA region's larger factor when that region alone passes the limit,
+    /// else the compressed rows on top of it.
+    pub fn size_culprit(&self, limit: usize) -> &'static str {
+        if self.swa_rows <= limit {
+            "params.c128_blocks"
+        } else if self.ring > self.num_slots {
+            if self.config.spec_extra > self.config.window {
+                "params.spec_extra"
+            } else {
+                "params.window"
+            }
+        } else {
+            "params.max_requests"
+        }
     }
 
     fn compressed_rows_checked(&self, ratio: Ratio) -> Option<usize> {

@@ -11,7 +11,7 @@ use half::bf16;
 use crate::cache_layouts::unified::{NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::context::Context;
 use crate::dtype::DType;
-use crate::error::{ensure, Result};
+use crate::error::{ensure, err, Error, Result};
 use crate::fp8::Fp8Format;
 use crate::geometry::{Geometry, PoolConfig, HEAD_DIM};
 use crate::slots::SlotAllocator;
@@ -93,33 +93,51 @@ impl Pool {
         );
         let geometry = Geometry::new(config)?;
         for layer in 0..geometry.num_layers() {
+            let culprit = geometry.size_culprit(i32::MAX as usize);
             ensure!(
                 geometry.rows(layer) <= i32::MAX as usize,
                 InvalidArgument,
-                "params.c128_blocks: layer {layer} has {} rows, more than 32-bit row ids address",
-                geometry.rows(layer)
+                "{culprit}: layer {layer} has {} rows ((max_requests + 1) * (window + spec_extra) = {} SWA rows), more than 32-bit row ids address",
+                geometry.rows(layer),
+                geometry.swa_rows
             );
         }
-        let slots = SlotAllocator::new(geometry.config.max_requests);
+        let max_requests = u32::try_from(geometry.config.max_requests).map_err(|_| {
+            err!(
+                InvalidArgument,
+                "params.max_requests: {} exceeds 2^32 - 1",
+                geometry.config.max_requests
+            )
+        })?;
+        let slots = SlotAllocator::new(max_requests);
+        let mut layers = Vec::new();
+        layers
+            .try_reserve_exact(geometry.num_layers())
+            .map_err(|_| {
+                err!(
+                    OutOfMemory,
+                    "params.num_layers: cannot allocate the layer table"
+                )
+            })?;
         let Some(buffers) = adopt else {
             let mut pool = Pool {
                 ctx,
                 geometry,
                 dtype,
-                layers: Vec::new(),
+                layers,
                 owned: true,
                 slots,
             };
             for layer in 0..pool.geometry.num_layers() {
                 let (data, rope) = layer_bytes(dtype, pool.geometry.rows(layer));
                 // On failure `pool` drops and frees the buffers allocated so far.
-                let data = pool.ctx.backend().alloc(data)?;
+                let data = pool.alloc_layer(layer, data)?;
                 pool.layers.push(LayerBuffers {
                     data,
                     rope: std::ptr::null_mut(),
                 });
                 if rope > 0 {
-                    pool.layers[layer].rope = pool.ctx.backend().alloc(rope)?;
+                    pool.layers[layer].rope = pool.alloc_layer(layer, rope)?;
                 }
             }
             return Ok(pool);
@@ -153,13 +171,27 @@ impl Pool {
                 );
             }
         }
+        layers.extend_from_slice(buffers);
         Ok(Pool {
             ctx,
             geometry,
             dtype,
-            layers: buffers.to_vec(),
+            layers,
             owned: false,
             slots,
+        })
+    }
+
+    /// One of a layer's buffers; an allocation failure names the pool's
+    /// parameters, not the allocator's argument.
+    fn alloc_layer(&self, layer: usize, bytes: usize) -> Result<*mut u8> {
+        self.ctx.backend().alloc(bytes).map_err(|e| match e {
+            Error::OutOfMemory(_) => err!(
+                OutOfMemory,
+                "params: cannot allocate the {bytes} bytes of layer {layer} ({} rows)",
+                self.geometry.rows(layer)
+            ),
+            e => e,
         })
     }
 
