@@ -14,8 +14,17 @@
  *   at fault. No C++ exception or Rust panic ever crosses this boundary; an
  *   internal failure returns UNIKV_INTERNAL and makes the context unusable.
  * - Handles are opaque; each *_create has a *_destroy that accepts NULL.
+ *   Every call checks its handles against a registry of live ones before
+ *   touching them: a destroyed handle, a second destroy, a handle of another
+ *   kind or a pointer unikv never returned gives UNIKV_INVALID_HANDLE (destroy
+ *   functions ignore it and set the last error). Undefined still: a destroyed
+ *   handle whose address a new handle of the same kind has taken, and
+ *   destroying a handle while another thread's call uses it.
  * - Parameter and argument structs start with `size_t struct_size`: set it to
  *   sizeof(the struct). Info structs filled by the library also read it first.
+ *   A struct_size more than 4096 bytes past the library's own size is
+ *   UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the library's
+ *   size must be zero.
  * - Enum inputs are uint32_t and range-checked (UNIKV_BAD_ENUM).
  * - Tensors (unikv_tensor) are row-major with innermost stride 1; strides are
  *   in elements. Tensor data lives in the context's memory: host memory on the
@@ -47,6 +56,11 @@
 #else
 #define UNIKV_NODISCARD
 #endif
+
+// How far past its own size the library reads a newer caller's struct (to
+// check the unknown fields are zero): a garbage `struct_size` must not make
+// it read caller memory until a fault.
+#define MAX_UNKNOWN_BYTES 4096
 
 // Result of every fallible call. Values are stable and never reused.
 enum unikv_status
@@ -196,7 +210,8 @@ typedef struct unikv_context_options {
   uint32_t backend;
   // Device ordinal of GPU backends (ignored by the CPU backend, must be >= 0).
   int32_t device;
-  // CPU backend worker threads; 0 = one per available core.
+  // CPU backend worker threads; 0 = one per available core. At most 1024
+  // (INVALID_ARGUMENT above); OUT_OF_MEMORY when the system cannot start them.
   uint32_t cpu_threads;
   // Non-zero: before each GPU launch, synchronize and check every value that
   // lives in device memory (indices, positions, slots), returning a precise
@@ -875,8 +890,10 @@ unikv_status unikv_context_create(const struct unikv_context_options *options,
                                   struct unikv_context **out);
 
 // Releases the caller's reference to a context. Pools and plans made from it
-// keep it alive until they are destroyed. NULL is accepted and ignored.
-// Externally synchronized: no other call may use this handle concurrently.
+// keep it alive until they are destroyed. NULL is accepted and ignored; a
+// pointer that is not a live context (destroyed already, another kind of
+// handle) is ignored too, and the thread's last error says so. Externally
+// synchronized: no other call may use this handle concurrently.
 void unikv_context_destroy(struct unikv_context *ctx);
 
 // Reports the backend a context got, its device, worker threads and whether
@@ -938,9 +955,10 @@ unikv_status unikv_pool_create(const struct unikv_context *ctx,
                                const struct unikv_pool_params *params,
                                struct unikv_pool **out);
 
-// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted.
-// Externally synchronized: no other call may use this handle concurrently, and
-// work queued on streams must no longer need the buffers.
+// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted;
+// a pointer that is not a live pool is ignored (the thread's last error says
+// so). Externally synchronized: no other call may use this handle
+// concurrently, and work queued on streams must no longer need the buffers.
 void unikv_pool_destroy(struct unikv_pool *pool);
 
 // Fills `info` (host memory; set `info->struct_size` first) with the pool's
@@ -974,7 +992,9 @@ unikv_status unikv_decode_plan_create(const struct unikv_context *ctx,
                                       const struct unikv_attention_plan_params *params,
                                       struct unikv_decode_plan **out);
 
-// Destroys a decode plan. NULL is accepted. Externally synchronized.
+// Destroys a decode plan. NULL is accepted; a pointer that is not a live
+// decode plan is ignored (the thread's last error says so). Externally
+// synchronized.
 void unikv_decode_plan_destroy(struct unikv_decode_plan *plan);
 
 // Bytes of workspace every launch through the plan needs (0 on the CPU
@@ -989,7 +1009,9 @@ unikv_status unikv_prefill_plan_create(const struct unikv_context *ctx,
                                        const struct unikv_attention_plan_params *params,
                                        struct unikv_prefill_plan **out);
 
-// Destroys a prefill plan. NULL is accepted. Externally synchronized.
+// Destroys a prefill plan. NULL is accepted; a pointer that is not a live
+// prefill plan is ignored (the thread's last error says so). Externally
+// synchronized.
 void unikv_prefill_plan_destroy(struct unikv_prefill_plan *plan);
 
 // Workspace bytes of a prefill plan; see `unikv_decode_plan_workspace_size`.

@@ -25,8 +25,17 @@ fn preamble() -> String {
  *   at fault. No C++ exception or Rust panic ever crosses this boundary; an
  *   internal failure returns UNIKV_INTERNAL and makes the context unusable.
  * - Handles are opaque; each *_create has a *_destroy that accepts NULL.
+ *   Every call checks its handles against a registry of live ones before
+ *   touching them: a destroyed handle, a second destroy, a handle of another
+ *   kind or a pointer unikv never returned gives UNIKV_INVALID_HANDLE (destroy
+ *   functions ignore it and set the last error). Undefined still: a destroyed
+ *   handle whose address a new handle of the same kind has taken, and
+ *   destroying a handle while another thread's call uses it.
  * - Parameter and argument structs start with `size_t struct_size`: set it to
  *   sizeof(the struct). Info structs filled by the library also read it first.
+ *   A struct_size more than 4096 bytes past the library's own size is
+ *   UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the library's
+ *   size must be zero.
  * - Enum inputs are uint32_t and range-checked (UNIKV_BAD_ENUM).
  * - Tensors (unikv_tensor) are row-major with innermost stride 1; strides are
  *   in elements. Tensor data lives in the context's memory: host memory on the

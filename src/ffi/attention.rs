@@ -5,8 +5,9 @@ use std::os::raw::c_void;
 use crate::backend::Stream;
 use crate::dtype::DType;
 use crate::error::{ensure, Result};
-use crate::ffi::boundary::{boundary, enter_context, handle, read_params, write_out, Versioned};
+use crate::ffi::boundary::{boundary, enter_context, read_params, write_out, Versioned};
 use crate::ffi::context::{context, unikv_context};
+use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
@@ -21,10 +22,18 @@ pub struct unikv_decode_plan {
     inner: AttentionPlan,
 }
 
+impl Handle for unikv_decode_plan {
+    const KIND: &'static str = "unikv_decode_plan";
+}
+
 /// Opaque prefill plan; same rules as `unikv_decode_plan`.
 #[allow(non_camel_case_types)]
 pub struct unikv_prefill_plan {
     inner: AttentionPlan,
+}
+
+impl Handle for unikv_prefill_plan {
+    const KIND: &'static str = "unikv_prefill_plan";
 }
 
 /// Capture-time shapes of an attention plan.
@@ -174,17 +183,17 @@ pub unsafe extern "C" fn unikv_decode_plan_create(
     boundary(|| {
         ensure!(!out.is_null(), NullArgument, "out");
         let inner = create_plan(ctx, params, PlanKind::Decode)?;
-        out.write(Box::into_raw(Box::new(unikv_decode_plan { inner })));
+        out.write(new_handle(unikv_decode_plan { inner }));
         Ok(())
     })
 }
 
-/// Destroys a decode plan. NULL is accepted. Externally synchronized.
+/// Destroys a decode plan. NULL is accepted; a pointer that is not a live
+/// decode plan is ignored (the thread's last error says so). Externally
+/// synchronized.
 #[no_mangle]
 pub unsafe extern "C" fn unikv_decode_plan_destroy(plan: *mut unikv_decode_plan) {
-    if !plan.is_null() {
-        drop(Box::from_raw(plan));
-    }
+    let _ = boundary(|| destroy_handle("plan", plan));
 }
 
 /// Bytes of workspace every launch through the plan needs (0 on the CPU
@@ -212,17 +221,17 @@ pub unsafe extern "C" fn unikv_prefill_plan_create(
     boundary(|| {
         ensure!(!out.is_null(), NullArgument, "out");
         let inner = create_plan(ctx, params, PlanKind::Prefill)?;
-        out.write(Box::into_raw(Box::new(unikv_prefill_plan { inner })));
+        out.write(new_handle(unikv_prefill_plan { inner }));
         Ok(())
     })
 }
 
-/// Destroys a prefill plan. NULL is accepted. Externally synchronized.
+/// Destroys a prefill plan. NULL is accepted; a pointer that is not a live
+/// prefill plan is ignored (the thread's last error says so). Externally
+/// synchronized.
 #[no_mangle]
 pub unsafe extern "C" fn unikv_prefill_plan_destroy(plan: *mut unikv_prefill_plan) {
-    if !plan.is_null() {
-        drop(Box::from_raw(plan));
-    }
+    let _ = boundary(|| destroy_handle("plan", plan));
 }
 
 /// Workspace bytes of a prefill plan; see `unikv_decode_plan_workspace_size`.

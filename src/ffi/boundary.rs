@@ -7,7 +7,7 @@ use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::context::Context;
-use crate::error::{ensure, err, Error, Result};
+use crate::error::{ensure, err, Result};
 use crate::ffi::status::unikv_status;
 
 thread_local! {
@@ -71,15 +71,6 @@ pub fn boundary(body: impl FnOnce() -> Result<()>) -> unikv_status {
     status
 }
 
-/// Dereferences a handle, failing with `NullArgument` on NULL.
-///
-/// # Safety
-/// A non-NULL `ptr` points to a live object created by this library.
-pub unsafe fn handle<'a, T>(name: &str, ptr: *const T) -> Result<&'a T> {
-    ptr.as_ref()
-        .ok_or_else(|| Error::NullArgument(name.to_string()))
-}
-
 /// Writes an output value, failing with `NullArgument` on NULL.
 ///
 /// # Safety
@@ -101,6 +92,11 @@ pub unsafe trait Versioned: Copy {
     const MIN_SIZE: usize = std::mem::size_of::<Self>();
 }
 
+/// How far past its own size the library reads a newer caller's struct (to
+/// check the unknown fields are zero): a garbage `struct_size` must not make
+/// it read caller memory until a fault.
+pub const MAX_UNKNOWN_BYTES: usize = 4096;
+
 /// Reads a versioned input struct: fails on NULL and on a `struct_size` smaller
 /// than the first version; a larger size is accepted only when the bytes this
 /// version does not know are zero. Fields the caller's version lacks keep the
@@ -112,6 +108,12 @@ pub unsafe fn read_params<T: Versioned>(ptr: *const T, defaults: T) -> Result<T>
     ensure!(!ptr.is_null(), NullArgument, "{}", T::NAME);
     let size = (ptr as *const usize).read_unaligned();
     let ours = std::mem::size_of::<T>();
+    ensure!(
+        size <= ours + MAX_UNKNOWN_BYTES,
+        BadStructSize,
+        "{}.struct_size: {size} is more than {MAX_UNKNOWN_BYTES} bytes past this library's {ours} (set it to sizeof(the struct))",
+        T::NAME
+    );
     ensure!(
         size >= T::MIN_SIZE,
         BadStructSize,

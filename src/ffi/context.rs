@@ -7,8 +7,9 @@ use crate::backend::{BackendKind, CopyKind, Stream};
 use crate::context::{BackendChoice, Context, ContextOptions};
 use crate::error::{ensure, err, Result};
 use crate::ffi::boundary::{
-    boundary, enter_context, handle, read_params, write_info, write_out, Versioned,
+    boundary, enter_context, read_params, write_info, write_out, Versioned,
 };
+use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_backend;
 
@@ -18,6 +19,10 @@ use crate::ffi::types::unikv_backend;
 #[allow(non_camel_case_types)]
 pub struct unikv_context {
     pub(crate) inner: Arc<Context>,
+}
+
+impl Handle for unikv_context {
+    const KIND: &'static str = "unikv_context";
 }
 
 /// Options of `unikv_context_create`.
@@ -32,7 +37,8 @@ pub struct unikv_context_options {
     pub backend: u32,
     /// Device ordinal of GPU backends (ignored by the CPU backend, must be >= 0).
     pub device: i32,
-    /// CPU backend worker threads; 0 = one per available core.
+    /// CPU backend worker threads; 0 = one per available core. At most 1024
+    /// (INVALID_ARGUMENT above); OUT_OF_MEMORY when the system cannot start them.
     pub cpu_threads: u32,
     /// Non-zero: before each GPU launch, synchronize and check every value that
     /// lives in device memory (indices, positions, slots), returning a precise
@@ -124,19 +130,19 @@ pub unsafe extern "C" fn unikv_context_create(
             cpu_threads: o.cpu_threads as usize,
             validate: o.validate != 0,
         })?;
-        out.write(Box::into_raw(Box::new(unikv_context { inner })));
+        out.write(new_handle(unikv_context { inner }));
         Ok(())
     })
 }
 
 /// Releases the caller's reference to a context. Pools and plans made from it
-/// keep it alive until they are destroyed. NULL is accepted and ignored.
-/// Externally synchronized: no other call may use this handle concurrently.
+/// keep it alive until they are destroyed. NULL is accepted and ignored; a
+/// pointer that is not a live context (destroyed already, another kind of
+/// handle) is ignored too, and the thread's last error says so. Externally
+/// synchronized: no other call may use this handle concurrently.
 #[no_mangle]
 pub unsafe extern "C" fn unikv_context_destroy(ctx: *mut unikv_context) {
-    if !ctx.is_null() {
-        drop(Box::from_raw(ctx));
-    }
+    let _ = boundary(|| destroy_handle("ctx", ctx));
 }
 
 /// Reports the backend a context got, its device, worker threads and whether

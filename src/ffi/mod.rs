@@ -27,6 +27,7 @@ pub mod routing;
 pub mod store;
 // Internals.
 pub mod boundary;
+pub mod handles;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 

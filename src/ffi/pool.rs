@@ -6,9 +6,10 @@ use crate::cache_layouts::unified;
 use crate::dtype::DType;
 use crate::error::{ensure, Result};
 use crate::ffi::boundary::{
-    boundary, enter_context, handle, read_params, write_info, write_out, Versioned,
+    boundary, enter_context, read_params, write_info, write_out, Versioned,
 };
 use crate::ffi::context::{context, unikv_context};
+use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::status::unikv_status;
 use crate::geometry::{PoolConfig, Ratio};
 use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
@@ -19,6 +20,10 @@ use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
 #[allow(non_camel_case_types)]
 pub struct unikv_pool {
     pub(crate) inner: Pool,
+}
+
+impl Handle for unikv_pool {
+    const KIND: &'static str = "unikv_pool";
 }
 
 /// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
@@ -211,19 +216,18 @@ pub unsafe extern "C" fn unikv_pool_create(
             c128_blocks: p.c128_blocks as usize,
         };
         let inner = Pool::new(ctx.clone(), config, dtype, adopt.as_deref())?;
-        out.write(Box::into_raw(Box::new(unikv_pool { inner })));
+        out.write(new_handle(unikv_pool { inner }));
         Ok(())
     })
 }
 
-/// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted.
-/// Externally synchronized: no other call may use this handle concurrently, and
-/// work queued on streams must no longer need the buffers.
+/// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted;
+/// a pointer that is not a live pool is ignored (the thread's last error says
+/// so). Externally synchronized: no other call may use this handle
+/// concurrently, and work queued on streams must no longer need the buffers.
 #[no_mangle]
 pub unsafe extern "C" fn unikv_pool_destroy(pool: *mut unikv_pool) {
-    if !pool.is_null() {
-        drop(Box::from_raw(pool));
-    }
+    let _ = boundary(|| destroy_handle("pool", pool));
 }
 
 /// Fills `info` (host memory; set `info->struct_size` first) with the pool's

@@ -18,7 +18,7 @@ pub(crate) mod routing;
 pub(crate) mod store;
 
 use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
-use crate::error::{err, Result};
+use crate::error::{ensure, err, Result};
 use crate::ops::attention::{AttentionArgs, PlanShape};
 use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
@@ -29,6 +29,11 @@ use crate::ops::rope::InverseRopeArgs;
 use crate::ops::routing::HashTopkArgs;
 use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
+/// The most worker threads a context may ask for: more than the logical cores
+/// of today's largest hosts, few enough that creating them takes seconds, not
+/// minutes.
+pub const MAX_THREADS: usize = 1024;
+
 #[derive(Debug)]
 pub struct CpuBackend {
     threads: rayon::ThreadPool,
@@ -38,11 +43,21 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// `threads == 0` uses one worker per available core.
     pub fn new(threads: usize) -> Result<Self> {
+        ensure!(
+            threads <= MAX_THREADS,
+            InvalidArgument,
+            "options.cpu_threads: {threads} exceeds the limit of {MAX_THREADS}"
+        );
         let threads = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("unikv-cpu-{i}"))
             .build()
-            .map_err(|e| err!(Internal, "cpu_threads: cannot start worker threads: {e}"))?;
+            .map_err(|e| {
+                err!(
+                    OutOfMemory,
+                    "options.cpu_threads: cannot start {threads} worker threads: {e}"
+                )
+            })?;
         Ok(CpuBackend {
             threads,
             memory: memory::HostAllocations::default(),
