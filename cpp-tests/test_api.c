@@ -185,7 +185,7 @@ static void test_status_strings(void) {
     static const uint32_t all[] = unikv_status_ALL;
     const size_t n = sizeof all / sizeof all[0];
     size_t i, j;
-    CHECK(n == UNIKV_INVALID_ARGUMENT + 1);
+    CHECK(n == UNIKV_OVERLAPPING_BUFFERS + 1);
     for (i = 0; i < n; ++i) {
         const char *s = unikv_status_string(all[i]);
         CHECK(all[i] == i); /* values are stable and dense */
