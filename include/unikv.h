@@ -40,6 +40,10 @@
  *   check them precisely when the context was created with `validate`.
  * - Token-indexed tensors may be longer than `num_tokens` (buffers sized for a
  *   capture-time maximum); only the first num_tokens entries are used.
+ * - No output may share memory with another argument of the call or with the
+ *   pool rows it reads or writes (UNIKV_OVERLAPPING_BUFFERS), except exact
+ *   in-place use where a function allows it: the same data pointer, dtype,
+ *   shape and strides as the input the output replaces.
  */
 
 #define UNIKV_VERSION_MAJOR 0
@@ -105,8 +109,9 @@ enum unikv_status
   // destroyed, a handle of another kind, or a pointer this library never
   // returned (see "Handles" at the top of the header for what is detected).
   UNIKV_INVALID_HANDLE = 16,
-  // An output buffer partially overlaps another argument's memory (exact
-  // in-place use is allowed only where a function says so).
+  // An output buffer overlaps another argument's memory or the pool rows
+  // the call reads or writes (exact in-place use is allowed only where a
+  // function says so).
   UNIKV_OVERLAPPING_BUFFERS = 17,
 };
 #ifndef __cplusplus
@@ -361,7 +366,8 @@ typedef struct unikv_decode_args {
   struct unikv_tensor indptr;
   // Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
   struct unikv_tensor sink;
-  // `[>= num_tokens, H, 512]` bf16 output.
+  // `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact
+  // in-place: the same data, shape and strides).
   struct unikv_tensor out;
   // Optional `[>= num_tokens, H]` f32 log-sum-exp (natural log, sink
   // included; the sink logit itself for an empty slice).
@@ -716,7 +722,8 @@ typedef struct unikv_prepare_qkv_args {
   // strides).
   struct unikv_tensor q_in;
   // `[>= num_tokens, num_heads, 512]` bf16 output; may be a slice of a
-  // head-padded buffer, or `q_in` itself (same address and strides).
+  // head-padded buffer, or `q_in` itself (exact in-place: the same data,
+  // shape and strides; any other overlap is UNIKV_OVERLAPPING_BUFFERS).
   struct unikv_tensor q_out;
   // `[>= num_tokens, 512]` bf16 KV latent rows (any row stride, e.g. a
   // slice of a fused projection's output).
@@ -724,7 +731,8 @@ typedef struct unikv_prepare_qkv_args {
   // `[512]` bf16 RMSNorm weight of the KV row (`kv_norm.weight`).
   struct unikv_tensor kv_weight;
   // Optional `[>= num_tokens, 512]` bf16 output: the normalized, rotated KV
-  // rows (prefill's extend source); may be `kv_in` itself.
+  // rows (prefill's extend source); may be `kv_in` itself (exact
+  // in-place, as `q_out`).
   struct unikv_tensor kv_out;
   // `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
   struct unikv_tensor rope_table;
@@ -1027,7 +1035,9 @@ unikv_status unikv_prefill_plan_workspace_size(const struct unikv_prefill_plan *
 // are in the context's memory; `args` is host memory. Runs on `stream`,
 // without allocating or synchronizing (CUDA-graph capturable). Device values:
 // the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
-// nothing written). Thread-safe.
+// nothing written). Overlap: `out` may be `q` itself (exact in-place);
+// otherwise `out`, `lse` and the workspace may not overlap each other, an
+// input or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
                                  const struct unikv_pool *pool,
@@ -1039,7 +1049,8 @@ unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
 // Sparse prefill attention with two key sources: the prefix stream into the
 // pool layer and the extend stream into `extend_kv`, sharing one softmax with
 // the sink. -1 entries in either stream are skipped. Rules as
-// `unikv_sparse_decode`. Thread-safe.
+// `unikv_sparse_decode`, overlap included (`out` may be `q` itself).
+// Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
                                   const struct unikv_pool *pool,
@@ -1052,8 +1063,9 @@ unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
 // example by GPUs that each hold part of the pool, or by decode calls over
 // parts of a slice run without a sink) into the exact result over the union,
 // with the sink applied once. Tensors are in the context's memory; `args` is
-// host memory. Runs on `stream` without allocating or synchronizing.
-// Thread-safe.
+// host memory. Runs on `stream` without allocating or synchronizing. No
+// in-place use: `out` and `lse` may not overlap each other or an input
+// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_attention_merge(const struct unikv_context *ctx,
                                    const struct unikv_merge_args *args,
@@ -1069,8 +1081,9 @@ unikv_status unikv_attention_merge(const struct unikv_context *ctx,
 // every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
 // INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
 // Otherwise GPU backends skip a location past the cache, and two tokens at one
-// location leave that slot's bytes unspecified. Thread-safe for stores to
-// disjoint locations.
+// location leave that slot's bytes unspecified. No in-place use: `kv` and
+// `loc` may not overlap the cache (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+// for stores to disjoint locations.
 UNIKV_NODISCARD
 unikv_status unikv_store_flashmla(const struct unikv_context *ctx,
                                   const struct unikv_store_flashmla_args *args,
@@ -1078,7 +1091,8 @@ unikv_status unikv_store_flashmla(const struct unikv_context *ctx,
 
 // Quantizes key t into the indexer key cache at location `loc[t]` (spec
 // store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
-// stream, device-value and thread-safety rules as `unikv_store_flashmla`.
+// stream, device-value, overlap and thread-safety rules as
+// `unikv_store_flashmla`.
 UNIKV_NODISCARD
 unikv_status unikv_store_indexer(const struct unikv_context *ctx,
                                  const struct unikv_store_indexer_args *args,
@@ -1090,7 +1104,8 @@ unikv_status unikv_store_indexer(const struct unikv_context *ctx,
 // padding tokens get empty slices; no -1 or out-of-range row is ever written.
 // Tensors are in the context's memory; `args` is host memory. Runs on
 // `stream`. Device values: checked on the CPU backend (OUT_OF_RANGE, nothing
-// written); GPU backends clamp. Thread-safe.
+// written); GPU backends clamp. No in-place use: the outputs may not overlap
+// each other or an input (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_build_decode_streams(const struct unikv_pool *pool,
                                         const struct unikv_decode_streams_args *args,
@@ -1099,7 +1114,9 @@ unikv_status unikv_build_decode_streams(const struct unikv_pool *pool,
 // Writes one ratio-4 layer's top-k rows into the CSA slices after their SWA
 // entries. Call once per CSA layer after its indexer ran. A -1 inside a
 // token's top-k length, or a page index past the compressed rows, is
-// OUT_OF_RANGE on the CPU backend. Memory and stream as above. Thread-safe.
+// OUT_OF_RANGE on the CPU backend. Memory and stream as above; `csa_indices`,
+// updated in place, may not overlap the other arguments
+// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_fill_csa_tail(const struct unikv_pool *pool,
                                  const struct unikv_csa_tail_args *args,
@@ -1107,8 +1124,8 @@ unikv_status unikv_fill_csa_tail(const struct unikv_pool *pool,
 
 // Builds one layer kind's prefill streams: prefix = ring rows of the window
 // part before this chunk then compressed rows; extend = rows of the chunk's own
-// K tensor inside the causal window. Memory, stream and validation as above.
-// Thread-safe.
+// K tensor inside the causal window. Memory, stream, validation and overlap
+// as above. Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
                                          const struct unikv_prefill_streams_args *args,
@@ -1120,15 +1137,18 @@ unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
 // the call. Runs on `stream` (ignored by the CPU backend). Device values: the
 // CPU backend (and GPU backends in `validate` mode) checks every position
 // (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
-// skip a token whose position is outside the table. Thread-safe.
+// skip a token whose position is outside the table. No in-place use: the
+// outputs may not overlap each other or an input (UNIKV_OVERLAPPING_BUFFERS).
+// Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_indexer_prepare_q(const struct unikv_context *ctx,
                                      const struct unikv_indexer_prepare_q_args *args,
                                      void *stream);
 
 // Prepares compressed indexer keys and stores them into the indexer key
-// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream and
-// thread-safety rules as `unikv_store_indexer`. Device values: the CPU
+// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream, overlap
+// (no input may overlap the cache) and thread-safety rules as
+// `unikv_store_indexer`. Device values: the CPU
 // backend (and GPU backends in `validate` mode) checks every position
 // (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
 // written; otherwise GPU backends skip a key whose position is outside the
@@ -1149,8 +1169,9 @@ unikv_status unikv_indexer_prepare_k(const struct unikv_context *ctx,
 // and every page id a token reads against the cache (OUT_OF_RANGE), nothing
 // written. Otherwise GPU backends treat a token whose batch id is past the
 // page table as padding, clamp its keys to `logits` and the page-table row,
-// and score a key on a page outside the cache as -inf. Thread-safe for
-// disjoint outputs.
+// and score a key on a page outside the cache as -inf. No in-place use:
+// `logits` and `topk_indices` may not overlap each other or an input
+// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs.
 UNIKV_NODISCARD
 unikv_status unikv_indexer_topk(const struct unikv_context *ctx,
                                 const struct unikv_indexer_topk_args *args,
@@ -1160,6 +1181,8 @@ unikv_status unikv_indexer_topk(const struct unikv_context *ctx,
 // `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
 // `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
 // (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
+// `topk_indices` may not overlap an input, `logits` included
+// (UNIKV_OVERLAPPING_BUFFERS).
 UNIKV_NODISCARD
 unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
                                             const struct unikv_indexer_topk_args *args,
@@ -1174,8 +1197,11 @@ unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
 // (a row of `rope_table`) and row (below the layer's rows, no two tokens on
 // one row) before writing anything (OUT_OF_RANGE / INVALID_ARGUMENT); GPU
 // backends write nothing for a token whose position is outside the table and
-// skip the store of a row past the layer's rows. Thread-safe for disjoint
-// outputs and pool rows.
+// skip the store of a row past the layer's rows. Overlap: `q_out` may be
+// `q_in` and `kv_out` may be `kv_in` exactly; no other output may overlap an
+// argument, nor (when `rows` is given) may any tensor overlap the layer's
+// pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs
+// and pool rows.
 UNIKV_NODISCARD
 unikv_status unikv_prepare_qkv(const struct unikv_pool *pool,
                                const struct unikv_prepare_qkv_args *args,
@@ -1206,7 +1232,8 @@ unikv_status unikv_rope_table(const struct unikv_rope_params *params,
 // call. Runs on `stream` without allocating or synchronizing. Device values:
 // the CPU backend checks every position (OUT_OF_RANGE when negative or not
 // below the table's rows; nothing written); GPU backends leave such tokens
-// unchanged. Thread-safe for disjoint `x`.
+// unchanged. `positions` and `rope_table` may not overlap `x`
+// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint `x`.
 UNIKV_NODISCARD
 unikv_status unikv_inverse_rope(const struct unikv_context *ctx,
                                 const struct unikv_inverse_rope_args *args,
@@ -1219,7 +1246,9 @@ unikv_status unikv_inverse_rope(const struct unikv_context *ctx,
 // mode) checks the real-token count (OUT_OF_RANGE outside 0..num_tokens),
 // every real row's token id against the table and its K experts against E
 // (OUT_OF_RANGE), nothing written. Otherwise GPU backends write such a row as
-// padding (ids -1, weights 0) and clamp nothing else. Thread-safe.
+// padding (ids -1, weights 0) and clamp nothing else. No in-place use:
+// `topk_weights` and `topk_ids` may not overlap each other or an input
+// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 UNIKV_NODISCARD
 unikv_status unikv_hash_topk(const struct unikv_context *ctx,
                              const struct unikv_hash_topk_args *args,
@@ -1230,7 +1259,8 @@ unikv_status unikv_hash_topk(const struct unikv_context *ctx,
 // `args` is host memory read during the call. Runs on `stream` (ignored by the
 // CPU backend). Device values: the CPU backend checks every slot, position and
 // batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
-// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows.
+// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows. No
+// argument may overlap the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS).
 // Thread-safe for writes to disjoint rows.
 UNIKV_NODISCARD
 unikv_status unikv_store_swa(const struct unikv_pool *pool,
@@ -1238,8 +1268,9 @@ unikv_status unikv_store_swa(const struct unikv_pool *pool,
                              void *stream);
 
 // Writes row i of `kv` to pool row `swa_rows + loc[i]` of `layer`, skipping
-// negative locations. Memory, stream and validation rules as `unikv_store_swa`;
-// a location at or past the layer's compressed rows is OUT_OF_RANGE on the CPU.
+// negative locations. Memory, stream, validation and overlap rules as
+// `unikv_store_swa`; a location at or past the layer's compressed rows is
+// OUT_OF_RANGE on the CPU.
 UNIKV_NODISCARD
 unikv_status unikv_store_compressed(const struct unikv_pool *pool,
                                     const struct unikv_store_compressed_args *args,

@@ -18,6 +18,8 @@ pub mod geometry;
 /// Lightning indexer query and key preparation math (spec store_fused §4.1, §4.2).
 pub mod indexer;
 pub mod ops;
+/// Byte footprints of views and the exact overlap test (issue 21).
+pub mod overlap;
 pub mod plan;
 pub mod pool;
 /// RoPE tables and the reference Q/KV norm + RoPE row math (spec store_fused §3).

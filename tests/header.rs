@@ -51,6 +51,10 @@ fn preamble() -> String {
  *   check them precisely when the context was created with `validate`.
  * - Token-indexed tensors may be longer than `num_tokens` (buffers sized for a
  *   capture-time maximum); only the first num_tokens entries are used.
+ * - No output may share memory with another argument of the call or with the
+ *   pool rows it reads or writes (UNIKV_OVERLAPPING_BUFFERS), except exact
+ *   in-place use where a function allows it: the same data pointer, dtype,
+ *   shape and strides as the input the output replaces.
  */
 
 #define UNIKV_VERSION_MAJOR {major}

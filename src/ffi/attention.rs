@@ -76,7 +76,8 @@ pub struct unikv_decode_args {
     pub indptr: unikv_tensor,
     /// Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
     pub sink: unikv_tensor,
-    /// `[>= num_tokens, H, 512]` bf16 output.
+    /// `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact
+    /// in-place: the same data, shape and strides).
     pub out: unikv_tensor,
     /// Optional `[>= num_tokens, H]` f32 log-sum-exp (natural log, sink
     /// included; the sink logit itself for an empty slice).
@@ -255,7 +256,9 @@ pub unsafe extern "C" fn unikv_prefill_plan_workspace_size(
 /// are in the context's memory; `args` is host memory. Runs on `stream`,
 /// without allocating or synchronizing (CUDA-graph capturable). Device values:
 /// the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
-/// nothing written). Thread-safe.
+/// nothing written). Overlap: `out` may be `q` itself (exact in-place);
+/// otherwise `out`, `lse` and the workspace may not overlap each other, an
+/// input or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_sparse_decode(
@@ -300,7 +303,8 @@ pub unsafe extern "C" fn unikv_sparse_decode(
 /// Sparse prefill attention with two key sources: the prefix stream into the
 /// pool layer and the extend stream into `extend_kv`, sharing one softmax with
 /// the sink. -1 entries in either stream are skipped. Rules as
-/// `unikv_sparse_decode`. Thread-safe.
+/// `unikv_sparse_decode`, overlap included (`out` may be `q` itself).
+/// Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_sparse_prefill(
@@ -375,8 +379,9 @@ unsafe impl Versioned for unikv_merge_args {
 /// example by GPUs that each hold part of the pool, or by decode calls over
 /// parts of a slice run without a sink) into the exact result over the union,
 /// with the sink applied once. Tensors are in the context's memory; `args` is
-/// host memory. Runs on `stream` without allocating or synchronizing.
-/// Thread-safe.
+/// host memory. Runs on `stream` without allocating or synchronizing. No
+/// in-place use: `out` and `lse` may not overlap each other or an input
+/// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_attention_merge(

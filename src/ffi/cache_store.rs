@@ -89,8 +89,9 @@ unsafe impl Versioned for unikv_store_indexer_args {
 /// every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
 /// INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
 /// Otherwise GPU backends skip a location past the cache, and two tokens at one
-/// location leave that slot's bytes unspecified. Thread-safe for stores to
-/// disjoint locations.
+/// location leave that slot's bytes unspecified. No in-place use: `kv` and
+/// `loc` may not overlap the cache (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+/// for stores to disjoint locations.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_store_flashmla(
@@ -116,7 +117,8 @@ pub unsafe extern "C" fn unikv_store_flashmla(
 
 /// Quantizes key t into the indexer key cache at location `loc[t]` (spec
 /// store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
-/// stream, device-value and thread-safety rules as `unikv_store_flashmla`.
+/// stream, device-value, overlap and thread-safety rules as
+/// `unikv_store_flashmla`.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_store_indexer(

@@ -108,7 +108,8 @@ unsafe impl Versioned for unikv_prefill_streams_args {
 /// padding tokens get empty slices; no -1 or out-of-range row is ever written.
 /// Tensors are in the context's memory; `args` is host memory. Runs on
 /// `stream`. Device values: checked on the CPU backend (OUT_OF_RANGE, nothing
-/// written); GPU backends clamp. Thread-safe.
+/// written); GPU backends clamp. No in-place use: the outputs may not overlap
+/// each other or an input (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_build_decode_streams(
@@ -140,7 +141,9 @@ pub unsafe extern "C" fn unikv_build_decode_streams(
 /// Writes one ratio-4 layer's top-k rows into the CSA slices after their SWA
 /// entries. Call once per CSA layer after its indexer ran. A -1 inside a
 /// token's top-k length, or a page index past the compressed rows, is
-/// OUT_OF_RANGE on the CPU backend. Memory and stream as above. Thread-safe.
+/// OUT_OF_RANGE on the CPU backend. Memory and stream as above; `csa_indices`,
+/// updated in place, may not overlap the other arguments
+/// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_fill_csa_tail(
@@ -166,8 +169,8 @@ pub unsafe extern "C" fn unikv_fill_csa_tail(
 
 /// Builds one layer kind's prefill streams: prefix = ring rows of the window
 /// part before this chunk then compressed rows; extend = rows of the chunk's own
-/// K tensor inside the causal window. Memory, stream and validation as above.
-/// Thread-safe.
+/// K tensor inside the causal window. Memory, stream, validation and overlap
+/// as above. Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_build_prefill_streams(

@@ -108,7 +108,9 @@ unsafe impl Versioned for unikv_indexer_prepare_k_args {
 /// the call. Runs on `stream` (ignored by the CPU backend). Device values: the
 /// CPU backend (and GPU backends in `validate` mode) checks every position
 /// (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
-/// skip a token whose position is outside the table. Thread-safe.
+/// skip a token whose position is outside the table. No in-place use: the
+/// outputs may not overlap each other or an input (UNIKV_OVERLAPPING_BUFFERS).
+/// Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_indexer_prepare_q(
@@ -136,8 +138,9 @@ pub unsafe extern "C" fn unikv_indexer_prepare_q(
 }
 
 /// Prepares compressed indexer keys and stores them into the indexer key
-/// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream and
-/// thread-safety rules as `unikv_store_indexer`. Device values: the CPU
+/// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream, overlap
+/// (no input may overlap the cache) and thread-safety rules as
+/// `unikv_store_indexer`. Device values: the CPU
 /// backend (and GPU backends in `validate` mode) checks every position
 /// (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
 /// written; otherwise GPU backends skip a key whose position is outside the
@@ -264,8 +267,9 @@ fn topk_raw(a: &unikv_indexer_topk_args) -> IndexerTopkRaw {
 /// and every page id a token reads against the cache (OUT_OF_RANGE), nothing
 /// written. Otherwise GPU backends treat a token whose batch id is past the
 /// page table as padding, clamp its keys to `logits` and the page-table row,
-/// and score a key on a page outside the cache as -inf. Thread-safe for
-/// disjoint outputs.
+/// and score a key on a page outside the cache as -inf. No in-place use:
+/// `logits` and `topk_indices` may not overlap each other or an input
+/// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_indexer_topk(
@@ -284,6 +288,8 @@ pub unsafe extern "C" fn unikv_indexer_topk(
 /// `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
 /// `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
 /// (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
+/// `topk_indices` may not overlap an input, `logits` included
+/// (UNIKV_OVERLAPPING_BUFFERS).
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_indexer_topk_from_logits(

@@ -3,7 +3,9 @@
 //!
 //! Conventions: every fallible function returns a `unikv_status` and records a
 //! thread-local message naming the offending argument; nothing is written on
-//! error; panics never cross the boundary.
+//! error; panics never cross the boundary; an output may not overlap another
+//! argument except as exact in-place use a function allows (`ops::aliasing`).
+//! The header's preamble (tests/header.rs) states them for C callers.
 
 // Every extern function's safety contract is its header documentation (valid
 // handles, pointers valid for the sizes described), stated once per function there.

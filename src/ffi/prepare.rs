@@ -39,7 +39,8 @@ pub struct unikv_prepare_qkv_args {
     /// strides).
     pub q_in: unikv_tensor,
     /// `[>= num_tokens, num_heads, 512]` bf16 output; may be a slice of a
-    /// head-padded buffer, or `q_in` itself (same address and strides).
+    /// head-padded buffer, or `q_in` itself (exact in-place: the same data,
+    /// shape and strides; any other overlap is UNIKV_OVERLAPPING_BUFFERS).
     pub q_out: unikv_tensor,
     /// `[>= num_tokens, 512]` bf16 KV latent rows (any row stride, e.g. a
     /// slice of a fused projection's output).
@@ -47,7 +48,8 @@ pub struct unikv_prepare_qkv_args {
     /// `[512]` bf16 RMSNorm weight of the KV row (`kv_norm.weight`).
     pub kv_weight: unikv_tensor,
     /// Optional `[>= num_tokens, 512]` bf16 output: the normalized, rotated KV
-    /// rows (prefill's extend source); may be `kv_in` itself.
+    /// rows (prefill's extend source); may be `kv_in` itself (exact
+    /// in-place, as `q_out`).
     pub kv_out: unikv_tensor,
     /// `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
     pub rope_table: unikv_tensor,
@@ -82,8 +84,11 @@ unsafe impl Versioned for unikv_prepare_qkv_args {
 /// (a row of `rope_table`) and row (below the layer's rows, no two tokens on
 /// one row) before writing anything (OUT_OF_RANGE / INVALID_ARGUMENT); GPU
 /// backends write nothing for a token whose position is outside the table and
-/// skip the store of a row past the layer's rows. Thread-safe for disjoint
-/// outputs and pool rows.
+/// skip the store of a row past the layer's rows. Overlap: `q_out` may be
+/// `q_in` and `kv_out` may be `kv_in` exactly; no other output may overlap an
+/// argument, nor (when `rows` is given) may any tensor overlap the layer's
+/// pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs
+/// and pool rows.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_prepare_qkv(

@@ -141,7 +141,8 @@ unsafe impl Versioned for unikv_inverse_rope_args {
 /// call. Runs on `stream` without allocating or synchronizing. Device values:
 /// the CPU backend checks every position (OUT_OF_RANGE when negative or not
 /// below the table's rows; nothing written); GPU backends leave such tokens
-/// unchanged. Thread-safe for disjoint `x`.
+/// unchanged. `positions` and `rope_table` may not overlap `x`
+/// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint `x`.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_inverse_rope(

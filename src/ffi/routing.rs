@@ -62,7 +62,9 @@ unsafe impl Versioned for unikv_hash_topk_args {
 /// mode) checks the real-token count (OUT_OF_RANGE outside 0..num_tokens),
 /// every real row's token id against the table and its K experts against E
 /// (OUT_OF_RANGE), nothing written. Otherwise GPU backends write such a row as
-/// padding (ids -1, weights 0) and clamp nothing else. Thread-safe.
+/// padding (ids -1, weights 0) and clamp nothing else. No in-place use:
+/// `topk_weights` and `topk_ids` may not overlap each other or an input
+/// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_hash_topk(

@@ -44,8 +44,9 @@ pub enum unikv_status {
     /// destroyed, a handle of another kind, or a pointer this library never
     /// returned (see "Handles" at the top of the header for what is detected).
     UNIKV_INVALID_HANDLE = 16,
-    /// An output buffer partially overlaps another argument's memory (exact
-    /// in-place use is allowed only where a function says so).
+    /// An output buffer overlaps another argument's memory or the pool rows
+    /// the call reads or writes (exact in-place use is allowed only where a
+    /// function says so).
     UNIKV_OVERLAPPING_BUFFERS = 17,
 }
 

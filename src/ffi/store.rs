@@ -63,7 +63,8 @@ unsafe impl Versioned for unikv_store_compressed_args {
 /// `args` is host memory read during the call. Runs on `stream` (ignored by the
 /// CPU backend). Device values: the CPU backend checks every slot, position and
 /// batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
-/// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows.
+/// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows. No
+/// argument may overlap the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS).
 /// Thread-safe for writes to disjoint rows.
 #[must_use]
 #[no_mangle]
@@ -89,8 +90,9 @@ pub unsafe extern "C" fn unikv_store_swa(
 }
 
 /// Writes row i of `kv` to pool row `swa_rows + loc[i]` of `layer`, skipping
-/// negative locations. Memory, stream and validation rules as `unikv_store_swa`;
-/// a location at or past the layer's compressed rows is OUT_OF_RANGE on the CPU.
+/// negative locations. Memory, stream, validation and overlap rules as
+/// `unikv_store_swa`; a location at or past the layer's compressed rows is
+/// OUT_OF_RANGE on the CPU.
 #[must_use]
 #[no_mangle]
 pub unsafe extern "C" fn unikv_store_compressed(

@@ -13,6 +13,7 @@ use half::bf16;
 use crate::backend::Stream;
 use crate::error::{ensure, err, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::aliasing::{self, input, output, pool_input, scratch};
 use crate::ops::rope;
 use crate::ops::tokens;
 use crate::plan::{AttentionPlan, PlanKind};
@@ -126,11 +127,13 @@ impl AttentionArgs<'_> {
     }
 }
 
+/// Validates a call: `extend` for prefill, `epilogue_raw` for decode.
 fn validate<'a>(
     plan: &'a AttentionPlan,
     pool: &Pool,
     raw: &AttentionRaw,
     extend: Option<&ExtendRaw>,
+    epilogue_raw: Option<&InverseRopeRaw>,
     workspace: Workspace,
 ) -> Result<AttentionArgs<'a>> {
     ensure!(
@@ -185,7 +188,7 @@ fn validate<'a>(
         sources[1] = source(1, LayerRows::Bf16(kv), &ext.indices, &ext.indptr, t)?;
     }
     let row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
-    Ok(AttentionArgs {
+    let args = AttentionArgs {
         plan,
         num_tokens: t,
         num_heads: h,
@@ -198,8 +201,51 @@ fn validate<'a>(
         out: raw.out.view("out", row, ROW_ALIGN)?,
         lse: raw.lse.optional("lse", [tokens(t), Extent::Exact(h)], 4)?,
         workspace,
-        inverse_rope: None,
-    })
+        inverse_rope: match epilogue_raw {
+            Some(e) => epilogue(e, t)?,
+            None => None,
+        },
+    };
+    check_overlaps(&args, raw.layer)?;
+    Ok(args)
+}
+
+/// `out` may be `q` itself: on every backend all reads of a (token, head)'s
+/// query come before the output row that replaces it is written. The CPU
+/// backend copies each head's query out before computing its row
+/// (`backend::cpu::attention`); each kernel of kernels/attention.cu and
+/// attention_portable.cuh loads its block's query rows into shared memory
+/// once, before its first key tile, and outputs are written after the last
+/// one: by the block itself (an unsplit token), by the cluster merge after a
+/// cluster barrier all of the token's splits reach, or by `combine_kernel`
+/// after it waits for the attention grid to finish (PDL).
+const IN_PLACE: &[(&str, &str)] = &[("out", "q")];
+
+/// Outputs `out`, `lse` and the workspace (GPU scratch) against every input,
+/// the pool layer included.
+fn check_overlaps(args: &AttentionArgs, layer: u32) -> Result<()> {
+    let keys = &args.sources[0];
+    let extend = args.sources().get(1);
+    let epilogue = args.inverse_rope;
+    let workspace_bytes = args.plan.workspace_bytes();
+    aliasing::check(
+        &[
+            output("out", &args.out),
+            output("lse", &args.lse),
+            scratch("workspace", args.workspace.ptr, workspace_bytes),
+            input("q", &args.q),
+            input("sink", &args.sink),
+            pool_input(layer, &keys.kv),
+            input(SOURCE_NAMES[0].0, &keys.indices),
+            input(SOURCE_NAMES[0].1, &keys.indptr),
+            input("extend_kv", &extend.map(|s| s.kv)),
+            input(SOURCE_NAMES[1].0, &extend.map(|s| s.indices)),
+            input(SOURCE_NAMES[1].1, &extend.map(|s| s.indptr)),
+            input("rope_table", &epilogue.map(|e| e.table)),
+            input("positions", &epilogue.map(|e| e.positions)),
+        ],
+        IN_PLACE,
+    )
 }
 
 fn epilogue(raw: &InverseRopeRaw, t: usize) -> Result<Option<InverseRopeEpilogue>> {
@@ -240,8 +286,7 @@ pub fn decode(
     stream: Stream,
 ) -> Result<()> {
     expect_kind(plan, PlanKind::Decode)?;
-    let mut args = validate(plan, pool, raw, None, workspace)?;
-    args.inverse_rope = epilogue(epilogue_raw, raw.num_tokens)?;
+    let args = validate(plan, pool, raw, None, Some(epilogue_raw), workspace)?;
     plan.context().backend().attention(&args, stream)
 }
 
@@ -254,6 +299,6 @@ pub fn prefill(
     stream: Stream,
 ) -> Result<()> {
     expect_kind(plan, PlanKind::Prefill)?;
-    let args = validate(plan, pool, raw, Some(extend), workspace)?;
+    let args = validate(plan, pool, raw, Some(extend), None, workspace)?;
     plan.context().backend().attention(&args, stream)
 }

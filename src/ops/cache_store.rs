@@ -11,6 +11,7 @@ use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{ensure, err, Result};
 use crate::fp8::Fp8Format;
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::tensor::{Extent, FloatRows, IndexVector, Matrix, RawTensor, ROW_ALIGN};
 
@@ -80,6 +81,14 @@ pub fn store_flashmla(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Res
         )?,
         geometry,
     };
+    aliasing::check(
+        &[
+            output("cache", &args.target.cache),
+            input("kv", &args.kv),
+            input("loc", &args.target.loc),
+        ],
+        &[],
+    )?;
     ctx.backend().store_flashmla(&args, stream)
 }
 
@@ -101,6 +110,14 @@ pub fn store_indexer(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Resu
         )?,
         geometry,
     };
+    aliasing::check(
+        &[
+            output("cache", &args.target.cache),
+            input("key", &args.key),
+            input("loc", &args.target.loc),
+        ],
+        &[],
+    )?;
     ctx.backend().store_indexer(&args, stream)
 }
 

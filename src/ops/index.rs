@@ -8,6 +8,7 @@
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
 use crate::geometry::{Geometry, Ratio};
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::pool::Pool;
 use crate::tensor::{checked_mul, Extent, Matrix, RawTensor, Vector};
@@ -196,6 +197,21 @@ pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream)
             win.saturating_add(csa_topk),
         )?,
     };
+    aliasing::check(
+        &[
+            output("swa_indptr", &args.swa.indptr),
+            output("swa_indices", &args.swa.indices),
+            output("hca_indptr", &args.hca.indptr),
+            output("hca_indices", &args.hca.indices),
+            output("csa_indptr", &args.csa.indptr),
+            output("csa_indices", &args.csa.indices),
+            input("batch_id", &args.batch_id),
+            input("req_slots", &args.req_slots),
+            input("positions", &args.positions),
+            input("c128_page_indices", &args.c128_page_indices),
+        ],
+        &[],
+    )?;
     pool.context().backend().build_decode_streams(&args, stream)
 }
 
@@ -221,6 +237,17 @@ pub fn fill_csa_tail(pool: &Pool, raw: &CsaTailRaw, stream: Stream) -> Result<()
                 .view("csa_indices", [Extent::AtLeast(0)], 4)?,
         },
     };
+    // csa_indices is updated in place by design: the one output.
+    aliasing::check(
+        &[
+            output("csa_indices", &args.csa.indices),
+            input("batch_id", &args.batch_id),
+            input("positions", &args.positions),
+            input("csa_page_indices", &args.csa_page_indices),
+            input("csa_indptr", &args.csa.indptr),
+        ],
+        &[],
+    )?;
     pool.context().backend().fill_csa_tail(&args, stream)
 }
 
@@ -275,6 +302,21 @@ pub fn build_prefill_streams(pool: &Pool, raw: &PrefillStreamsRaw, stream: Strea
             win,
         )?,
     };
+    aliasing::check(
+        &[
+            output("prefix_indptr", &args.prefix.indptr),
+            output("prefix_indices", &args.prefix.indices),
+            output("extend_indptr", &args.extend.indptr),
+            output("extend_indices", &args.extend.indices),
+            input("batch_id", &args.batch_id),
+            input("req_slots", &args.req_slots),
+            input("positions", &args.positions),
+            input("chunk_start", &args.chunk_start),
+            input("extend_start", &args.extend_start),
+            input("page_indices", &args.page_indices),
+        ],
+        &[],
+    )?;
     pool.context()
         .backend()
         .build_prefill_streams(&args, stream)

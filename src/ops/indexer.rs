@@ -10,6 +10,7 @@ use crate::cache_layouts::indexer::{IndexerGeometry, KEY_DIMS};
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::fp8::Fp8Format;
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target, CacheTarget};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
@@ -106,6 +107,17 @@ pub fn indexer_prepare_q(ctx: &Context, raw: &IndexerQueryRaw, stream: Stream) -
         num_heads: h,
         weight_scale: raw.weight_scale,
     };
+    aliasing::check(
+        &[
+            output("q_fp8", &args.q_fp8),
+            output("weights_out", &args.weights_out),
+            input("q", &args.q),
+            input("weights", &args.weights),
+            input("rope_table", &args.rope_table),
+            input("positions", &args.positions),
+        ],
+        &[],
+    )?;
     ctx.backend().indexer_prepare_q(&args, stream)
 }
 
@@ -143,6 +155,17 @@ pub fn indexer_prepare_k(ctx: &Context, raw: &IndexerKeyRaw, stream: Stream) -> 
         eps: raw.eps,
         geometry,
     };
+    aliasing::check(
+        &[
+            output("cache", &args.target.cache),
+            input("key", &args.key),
+            input("norm_weight", &args.norm_weight),
+            input("rope_table", &args.rope_table),
+            input("positions", &args.positions),
+            input("loc", &args.target.loc),
+        ],
+        &[],
+    )?;
     ctx.backend().indexer_prepare_k(&args, stream)
 }
 
@@ -272,6 +295,19 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
         geometry,
         num_heads: h,
     };
+    aliasing::check(
+        &[
+            output("logits", &select.logits),
+            output("topk_indices", &select.topk_indices),
+            input("q_fp8", &score.q_fp8),
+            input("weights", &score.weights),
+            input("cache", &score.cache),
+            input("page_table", &select.page_table),
+            input("batch_id", &select.batch_id),
+            input("positions", &select.positions),
+        ],
+        &[],
+    )?;
     ctx.backend().indexer_topk(
         &IndexerTopkArgs {
             select,
@@ -285,6 +321,16 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
 pub fn indexer_topk_from_logits(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
     let select = topk_select(raw)?;
+    aliasing::check(
+        &[
+            output("topk_indices", &select.topk_indices),
+            input("logits", &select.logits),
+            input("page_table", &select.page_table),
+            input("batch_id", &select.batch_id),
+            input("positions", &select.positions),
+        ],
+        &[],
+    )?;
     ctx.backend().indexer_topk(
         &IndexerTopkArgs {
             select,

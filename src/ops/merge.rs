@@ -12,6 +12,7 @@ use crate::backend::Stream;
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::plan::MAX_HEADS;
 use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, View, ROW_ALIGN};
@@ -77,5 +78,17 @@ pub fn merge(ctx: &Context, raw: &MergeRaw, stream: Stream) -> Result<()> {
         )?,
         lse: raw.lse.optional("lse", [tokens(t), Extent::Exact(h)], 4)?,
     };
+    // No in-place pairs: `out` and `lse` have another rank than the parts
+    // they could replace, so no input can be them exactly.
+    aliasing::check(
+        &[
+            output("out", &args.out),
+            output("lse", &args.lse),
+            input("parts_out", &args.parts_out),
+            input("parts_lse", &args.parts_lse),
+            input("sink", &args.sink),
+        ],
+        &[],
+    )?;
     ctx.backend().merge(&args, stream)
 }

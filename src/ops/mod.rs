@@ -2,6 +2,7 @@
 //! (shapes, dtypes, strides, alignment, capacities: everything knowable without
 //! reading device memory) and hands them to the context's backend.
 
+pub(crate) mod aliasing;
 pub mod attention;
 pub mod cache_store;
 pub mod index;

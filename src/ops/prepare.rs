@@ -10,6 +10,7 @@ use half::bf16;
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::aliasing::{self, input, output, pool_output};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
 use crate::pool::{LayerRows, Pool};
@@ -55,6 +56,13 @@ pub struct PrepareQkvArgs {
     pub rows: Option<IndexVector>,
 }
 
+/// Exact in-place pairs: every backend reads a Q head's row or a token's KV
+/// row whole before writing the row computed from it to the same place, and
+/// no other item reads it (the CPU backend copies each input row out first;
+/// in kernels/prepare.cu a warp loads its rows into registers and each lane
+/// stores only the vectors it loaded).
+const IN_PLACE: &[(&str, &str)] = &[("q_out", "q_in"), ("kv_out", "kv_in")];
+
 fn check_eps(name: &str, eps: f32) -> Result<()> {
     // eps keeps an all-zero row finite: rsqrt(0 + eps).
     ensure!(
@@ -98,5 +106,19 @@ pub fn prepare_qkv(pool: &Pool, raw: &PrepareQkvRaw, stream: Stream) -> Result<(
         positions: raw.positions.index_vector("positions", tokens(t))?,
         rows: raw.rows.optional_index_vector("rows", tokens(t))?,
     };
+    aliasing::check(
+        &[
+            output("q_out", &args.q_out),
+            output("kv_out", &args.kv_out),
+            pool_output(raw.layer, args.rows.map(|_| args.pool_layer)),
+            input("q_in", &args.q_in),
+            input("kv_in", &args.kv_in),
+            input("kv_weight", &args.kv_weight),
+            input("rope_table", &args.rope_table),
+            input("positions", &args.positions),
+            input("rows", &args.rows),
+        ],
+        IN_PLACE,
+    )?;
     pool.context().backend().prepare_qkv(&args, stream)
 }

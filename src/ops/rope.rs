@@ -9,6 +9,7 @@ use crate::backend::Stream;
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::rope::ROPE_DIM;
 use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, ROW_ALIGN};
@@ -66,5 +67,14 @@ pub fn inverse_rope(ctx: &Context, raw: &InverseRopeRaw, stream: Stream) -> Resu
             .index_vector("positions", Extent::AtLeast(t))?,
         table: rope_table(&raw.rope_table)?,
     };
+    // `x` is rotated in place by design: the one output.
+    aliasing::check(
+        &[
+            output("x", &args.x),
+            input("positions", &args.positions),
+            input("rope_table", &args.table),
+        ],
+        &[],
+    )?;
     ctx.backend().inverse_rope(&args, stream)
 }

@@ -5,6 +5,7 @@
 use crate::backend::Stream;
 use crate::context::Context;
 use crate::error::{ensure, Result};
+use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::routing::MAX_SLOTS;
 use crate::tensor::{Extent, IndexVector, Matrix, RawTensor};
@@ -64,6 +65,21 @@ impl HashTopkArgs {
 pub fn hash_topk(ctx: &Context, raw: &HashTopkRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
     let args = validate(raw)?;
+    let real_tokens = match args.real_tokens {
+        RealTokens::Device(v) => Some(v),
+        RealTokens::Host(_) => None,
+    };
+    aliasing::check(
+        &[
+            output("topk_weights", &args.topk_weights),
+            output("topk_ids", &args.topk_ids),
+            input("router_logits", &args.router_logits),
+            input("input_ids", &args.input_ids),
+            input("tid2eid", &args.tid2eid),
+            input("num_real_tokens", &real_tokens),
+        ],
+        &[],
+    )?;
     ctx.backend().hash_topk(&args, stream)
 }
 

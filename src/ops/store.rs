@@ -6,6 +6,7 @@ use half::bf16;
 use crate::backend::Stream;
 use crate::error::Result;
 use crate::geometry::{Geometry, HEAD_DIM};
+use crate::ops::aliasing::{self, input, pool_output};
 use crate::ops::tokens;
 use crate::pool::{LayerRows, Pool};
 use crate::tensor::{Extent, Matrix, RawTensor, Vector, ROW_ALIGN};
@@ -80,6 +81,17 @@ pub fn store_swa(pool: &Pool, raw: &StoreSwaRaw, stream: Stream) -> Result<()> {
             .final_pos
             .optional("final_pos", [Extent::AtLeast(requests)], 4)?,
     };
+    aliasing::check(
+        &[
+            pool_output(raw.layer, Some(args.pool_layer)),
+            input("kv", &args.kv),
+            input("batch_id", &args.batch_id),
+            input("req_slots", &args.req_slots),
+            input("positions", &args.positions),
+            input("final_pos", &args.final_pos),
+        ],
+        &[],
+    )?;
     pool.context().backend().store_swa(&args, stream)
 }
 
@@ -99,5 +111,13 @@ pub fn store_compressed(pool: &Pool, raw: &StoreCompressedRaw, stream: Stream) -
             .view("kv", [tokens(n), Extent::Exact(HEAD_DIM)], ROW_ALIGN)?,
         loc: raw.loc.view("loc", [tokens(n)], 4)?,
     };
+    aliasing::check(
+        &[
+            pool_output(raw.layer, Some(args.pool_layer)),
+            input("kv", &args.kv),
+            input("loc", &args.loc),
+        ],
+        &[],
+    )?;
     pool.context().backend().store_compressed(&args, stream)
 }
