@@ -10,7 +10,8 @@
 //! (destroy is externally synchronized).
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{err, Result};
 
@@ -24,13 +25,12 @@ pub trait Handle: Sized + 'static {
     const KIND: &'static str;
 }
 
-fn live() -> std::sync::RwLockReadGuard<'static, BTreeMap<usize, &'static str>> {
-    // A panic never happens while the lock is held; tolerate poisoning anyway.
-    LIVE.read().unwrap_or_else(|e| e.into_inner())
+fn live() -> RwLockReadGuard<'static, BTreeMap<usize, &'static str>> {
+    LIVE.read()
 }
 
-fn live_mut() -> std::sync::RwLockWriteGuard<'static, BTreeMap<usize, &'static str>> {
-    LIVE.write().unwrap_or_else(|e| e.into_inner())
+fn live_mut() -> RwLockWriteGuard<'static, BTreeMap<usize, &'static str>> {
+    LIVE.write()
 }
 
 /// Boxes `value`, registers it, and returns the handle for the caller.
