@@ -263,6 +263,8 @@ struct AttnCase {
     extend_indptr: Vec<i32>,
     /// Decode's inverse-RoPE epilogue: `[max_pos, 64]` table and int64 positions.
     rope: Option<(Vec<f32>, Vec<i64>)>,
+    /// Write the output over `q` (exact in-place use).
+    in_place: bool,
 }
 
 fn random_lengths(rng: &mut impl Rng, t: usize, max: usize) -> Vec<usize> {
@@ -327,6 +329,7 @@ fn random_case(rng: &mut impl Rng, t: usize, h: usize, rows: usize, prefill: boo
         extend_indices,
         extend_indptr,
         rope: None,
+        in_place: false,
     }
 }
 
@@ -346,9 +349,13 @@ fn run_attention(
     );
     let ptr_ = Dev::upload(ctx, &c.indptr);
     let sink = c.sink.as_ref().map(|s| Dev::upload(ctx, s));
-    let out = Dev::zeroed(ctx, c.t * c.h * 512 * 2);
+    let apart = (!c.in_place).then(|| {
+        let out = Dev::zeroed(ctx, c.t * c.h * 512 * 2);
+        out.poison();
+        out
+    });
+    let out = apart.as_ref().unwrap_or(&q);
     let lse = Dev::zeroed(ctx, c.t * c.h * 4);
-    out.poison();
     lse.poison();
     let n_idx = c.indices.len().max(1);
     if prefill {
@@ -554,6 +561,46 @@ fn decode_matches_cpu() {
     }
 }
 
+/// `out` may be `q` itself (the header's exact in-place use): every kernel
+/// family, decode and prefill, bf16 and FP8 pools, split and unsplit tokens,
+/// gives the bits it gives out of place.
+#[test]
+fn attention_in_place_matches_out_of_place() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    let shapes: &[(usize, usize)] = if small() {
+        &[(3, 16), (3, 32), (3, 64)]
+    } else {
+        &[
+            (1, 16),
+            (3, 32),
+            (64, 16),
+            (64, 32),
+            (3, 40),
+            (5, 64),
+            (64, 128),
+        ]
+    };
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+    ] {
+        let (_pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
+        for decode in [true, false] {
+            for &(t, h) in shapes {
+                let mut c = random_case(&mut rng, t, h, rows, !decode);
+                let p = plan_kv(&s.gpu, decode, t, h, dtype as u32);
+                let apart = run_attention(&s.gpu, &pg, 1, &c, &p);
+                c.in_place = true;
+                let over_q = run_attention(&s.gpu, &pg, 1, &c, &p);
+                let what = format!("{dtype:?} decode={decode} T={t} H={h}");
+                assert_eq!(bytes_of(&apart.0), bytes_of(&over_q.0), "{what}: out");
+                assert_eq!(bytes_of(&apart.1), bytes_of(&over_q.1), "{what}: lse");
+            }
+        }
+    }
+}
+
 /// FP8 pools (both flavours) through every kernel: the rows are dequantized in
 /// the key tile on the GPU and on gather on the CPU, so both see the same
 /// values. The fallback paths gather with cp.async instead of bulk copies.
@@ -667,6 +714,7 @@ fn fp8_dequantization_is_exact_on_gpu() {
                 extend_indices: Vec::new(),
                 extend_indptr: Vec::new(),
                 rope: None,
+                in_place: false,
             };
             let want = run_attention(
                 &s.cpu,
