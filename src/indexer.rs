@@ -77,8 +77,12 @@ pub fn prepare_key(x: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
 pub const RATIO: i64 = 4;
 
 /// Compressed keys a token at `position` may score (spec §4.3 causality).
+/// `(p + 1) / 4` written so that a hostile `i64::MAX` cannot overflow.
 pub fn visible_keys(position: i64) -> usize {
-    (position.max(-1) + 1) as usize / RATIO as usize
+    if position < 0 {
+        return 0;
+    }
+    (position / RATIO + i64::from(position % RATIO == RATIO - 1)) as usize
 }
 
 /// Key `s`'s score for one query token (spec §4.3):
@@ -131,4 +135,22 @@ pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
         order.sort_unstable();
     }
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_keys_is_the_closed_groups_at_every_position() {
+        let positions = (-9..40).chain([i64::MIN, i64::MAX - 4, i64::MAX - 1, i64::MAX]);
+        for p in positions {
+            let want = if p < 0 {
+                0
+            } else {
+                ((i128::from(p) + 1) / 4) as usize
+            };
+            assert_eq!(visible_keys(p), want, "position {p}");
+        }
+    }
 }
