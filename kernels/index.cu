@@ -45,13 +45,15 @@ __global__ void decode_lengths_kernel(ukv_decode_streams_params p) {
   if (t >= p.num_tokens) return;
   int swa = 0, hca = 0, csa = 0;
   if (token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t) >= 0) {
-    const int pos = p.positions[t];
-    swa = min(pos + 1, p.window);
+    // Token counts through the position are 64-bit: pos + 1 overflows an
+    // int at a hostile INT32_MAX (the CPU backend computes them in usize).
+    const int64_t seen = (int64_t)p.positions[t] + 1;
+    swa = (int)min(seen, (int64_t)p.window);
     if (p.c128 != nullptr) {
-      const int limit = min((pos + 1) / 128, p.c128_width);
+      const int limit = (int)min(seen / 128, (int64_t)p.c128_width);
       hca = leading_valid(p.c128 + t * p.c128_stride, limit, p.hca_rows);
     }
-    csa = min((pos + 1) / 4, p.csa_topk);
+    csa = (int)min(seen / 4, (int64_t)p.csa_topk);
   }
   if (threadIdx.x % UKV_WARP == 0) {
     p.swa.indptr[t + 1] = swa;
@@ -95,7 +97,7 @@ __global__ void decode_fill_kernel(ukv_decode_streams_params p) {
   const int slot = token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t);
   if (slot < 0) return;
   const int pos = p.positions[t];
-  const int swa = min(pos + 1, p.window);
+  const int swa = (int)min((int64_t)pos + 1, (int64_t)p.window);
   const int64_t s0 = p.swa.indptr[t], h0 = p.hca.indptr[t], c0 = p.csa.indptr[t];
   for (int i = threadIdx.x; i < swa; i += blockDim.x) {
     const int32_t row = slot * p.ring + (pos - swa + 1 + i) % p.ring;
@@ -112,7 +114,7 @@ __global__ void decode_fill_kernel(ukv_decode_streams_params p) {
 __global__ void csa_tail_kernel(ukv_csa_tail_params p) {
   const int t = blockIdx.x;
   if (p.batch_id[t] < 0 || p.positions[t] < 0) return;
-  const int swa = min(p.positions[t] + 1, p.window);
+  const int swa = (int)min((int64_t)p.positions[t] + 1, (int64_t)p.window);
   const int64_t start = p.indptr[t];
   const int tail = min(p.indptr[t + 1] - (int)start - swa, p.width);
   if (start < 0 || swa < 1 || start + swa > p.capacity) return;
@@ -133,10 +135,10 @@ __global__ void prefill_lengths_kernel(ukv_prefill_streams_params p) {
     const int b = p.batch_id[t], pos = p.positions[t], start = p.chunk_start[b];
     if (start >= 0 && start <= pos && p.extend_start[b] >= 0) {
       const int swa_low = max(pos - p.window + 1, 0);
-      extend = min(pos - start + 1, p.window);
+      extend = (int)min((int64_t)pos - start + 1, (int64_t)p.window);
       prefix = min(max(start - swa_low, 0), p.window);
       if (p.table != nullptr) {
-        const int visible = p.ratio == 0 ? 0 : (pos + 1) / p.ratio;
+        const int visible = p.ratio == 0 ? 0 : (int)(((int64_t)pos + 1) / p.ratio);
         prefix += leading_valid(p.table + t * p.table_stride, min(visible, p.width), p.compressed_rows);
       }
     }
@@ -154,7 +156,7 @@ __global__ void prefill_fill_kernel(ukv_prefill_streams_params p) {
   const int b = p.batch_id[t], pos = p.positions[t], start = p.chunk_start[b];
   if (start < 0 || start > pos || p.extend_start[b] < 0) return;
   const int swa_low = max(pos - p.window + 1, 0);
-  const int extend = min(pos - start + 1, p.window);
+  const int extend = (int)min((int64_t)pos - start + 1, (int64_t)p.window);
   const int prefix_swa = min(max(start - swa_low, 0), p.window);
   const int64_t x0 = p.prefix.indptr[t], e0 = p.extend.indptr[t];
   const int compressed = p.prefix.indptr[t + 1] - (int)x0 - prefix_swa;
