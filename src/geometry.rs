@@ -195,6 +195,24 @@ impl Geometry {
         self.swa_rows + page_index
     }
 
+    /// Index streams hold int32 row ids: fails when the rows a builder may
+    /// address for `ratio` pass 2^31 - 1. Pool creation checks this only for
+    /// the ratios its layers have, so a pool without ratio-4 layers may have
+    /// more CSA rows than that.
+    pub fn check_row_ids(&self, ratio: Ratio) -> Result<()> {
+        let rows = self
+            .compressed_rows_checked(ratio)
+            .and_then(|c| c.checked_add(self.swa_rows));
+        ensure!(
+            rows.is_some_and(|r| r <= i32::MAX as usize),
+            InvalidArgument,
+            "pool: its ratio-{} row ids would pass 2^31 - 1 (params.c128_blocks = {})",
+            ratio.value(),
+            self.config.c128_blocks
+        );
+        Ok(())
+    }
+
     pub fn check_layer(&self, layer: u32) -> Result<usize> {
         let layer = layer as usize;
         ensure!(

@@ -236,3 +236,43 @@ fn cpu_threads_are_bounded() {
     );
     assert!(ctx.is_null());
 }
+
+/// A pool without ratio-4 layers is not checked for CSA row ids at creation;
+/// filling CSA tails over it used to truncate row ids past 2^31 - 1 on the
+/// CPU backend (found by the fuzzer). The call is refused instead.
+#[test]
+fn csa_row_ids_past_32_bits_are_refused() {
+    use unikv::ffi::index::{unikv_csa_tail_args, unikv_fill_csa_tail};
+    let ctx = Ctx::cpu(1);
+    let pool = Pool::new(
+        &ctx,
+        &PoolSpec {
+            ratios: vec![0],
+            max_requests: 1,
+            window: 4,
+            spec_extra: 0,
+            c128_blocks: 1 << 26,
+        },
+    );
+    let batch = [0i32];
+    let positions = [7i32];
+    let table = [i32::MAX - 8];
+    let indptr = [0i32, 5];
+    let indices: Vec<i32> = poisoned(5);
+    let args = unikv_csa_tail_args {
+        struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
+        batch_id: vec1(&batch),
+        positions: vec1(&positions),
+        csa_page_indices: tensor(&table, &[1, 1]),
+        csa_indptr: vec1(&indptr),
+        csa_indices: vec1(&indices),
+        num_tokens: 1,
+        reserved: 0,
+    };
+    fails(
+        unsafe { unikv_fill_csa_tail(pool.0, &args, ptr::null_mut()) },
+        UNIKV_INVALID_ARGUMENT,
+        "pool: its ratio-4 row ids",
+    );
+    assert_eq!(bytes_of(&indices), bytes_of(&poisoned::<i32>(5)));
+}

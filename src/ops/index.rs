@@ -151,6 +151,8 @@ fn stream_out(
 pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream) -> Result<()> {
     pool.context().check_usable()?;
     let geometry = pool.geometry();
+    geometry.check_row_ids(Ratio::Hca)?;
+    geometry.check_row_ids(Ratio::Csa)?;
     let t = raw.num_tokens;
     let win = geometry.config.window;
     let c128_page_indices =
@@ -217,6 +219,7 @@ pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream)
 
 pub fn fill_csa_tail(pool: &Pool, raw: &CsaTailRaw, stream: Stream) -> Result<()> {
     pool.context().check_usable()?;
+    pool.geometry().check_row_ids(Ratio::Csa)?;
     let t = raw.num_tokens;
     let args = CsaTailArgs {
         geometry: pool.geometry(),
@@ -257,6 +260,7 @@ pub fn build_prefill_streams(pool: &Pool, raw: &PrefillStreamsRaw, stream: Strea
     let t = raw.num_tokens;
     let win = geometry.config.window;
     let ratio = Ratio::from_raw("compress_ratio", raw.compress_ratio)?;
+    geometry.check_row_ids(ratio)?;
     let page_indices = match ratio {
         Ratio::Dense => None,
         _ => Some(
