@@ -40,6 +40,10 @@ fn replay(dir: &str) -> usize {
 fn corpus_replays_cleanly() {
     let n = replay("fuzz/corpus/api");
     eprintln!("{n} corpus inputs replayed");
+    eprintln!(
+        "statuses (UNIKV_FUZZ_STATS=1):{}",
+        fuzz_harness::stats_report()
+    );
     assert!(n > 0, "the committed corpus fuzz/corpus/api is empty");
 }
 

@@ -84,10 +84,22 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
         },
         true,
     );
-    if w.pools.is_empty() || w.plans.is_empty() {
+    let Some(pi) = w.pick_pool(c) else { return };
+    let (pctx, pdtype) = (w.pools[pi].ctx, w.pools[pi].dtype);
+    let fitting = |w: &World| {
+        w.plans
+            .iter()
+            .any(|q| q.prefill == prefill && q.ctx == pctx && q.kv_dtype == pdtype)
+    };
+    if !fitting(w)
+        && w.ctxs.iter().any(|x| x.h == pctx)
+        && w.plans.len() < super::lifecycle::MAX_LIVE
+    {
+        super::lifecycle::honest_plan(w, c, pctx, prefill, pdtype);
+    }
+    if w.plans.is_empty() {
         return;
     }
-    let pi = c.below(w.pools.len());
     let p = &w.pools[pi];
     // A plan of the right kind on the pool's context for its dtype, if any.
     let fits: Vec<usize> = (0..w.plans.len())

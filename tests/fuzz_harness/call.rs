@@ -468,12 +468,12 @@ impl Call {
                         values[i] = c.pick(&[
                             -1,
                             -2,
-                            max + 1,
+                            max.wrapping_add(1),
                             i32::MAX as i64,
                             i32::MIN as i64,
                             1 << 20,
-                            values[i] + 1,
-                            values[i] - 1,
+                            values[i].wrapping_add(1),
+                            values[i].wrapping_sub(1),
                             i64::MAX,
                             1 << 40,
                         ]);
@@ -612,6 +612,7 @@ impl Call {
     pub fn finish(&mut self, status: unikv_status) -> bool {
         let name = self.name;
         let code = status as u32;
+        super::record(name, code);
         let msg = super::last_error();
         assert!(code <= 17, "{name}: status {code} is not a unikv_status");
         assert_ne!(

@@ -443,10 +443,11 @@ pub fn hash_topk(w: &mut World, c: &mut Cursor) {
         return;
     }
     let ids = call.ints_after(wt_arg + 1);
-    let real = if device_count {
+    // The device count when one was passed, else the host count.
+    let real = if !args.num_real_tokens.data.is_null() {
         call.ints_before(call.args.len() - 1)[0] as usize
     } else {
-        real
+        args.num_real_tokens_host as usize
     };
     let sw = call.args[wt_arg + 1].desc.shape[1] as usize;
     for t in 0..n {

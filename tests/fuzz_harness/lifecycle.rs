@@ -621,3 +621,56 @@ pub fn misc(_w: &mut World, c: &mut Cursor) {
     assert_eq!(v.to_bytes(), b"0.1.0");
     let _ = super::last_error();
 }
+
+/// An honest plan of `ctx` for pools of `kv_dtype`.
+pub fn honest_plan(
+    w: &mut World,
+    c: &mut Cursor,
+    ctx: *mut unikv_context,
+    prefill: bool,
+    kv_dtype: u32,
+) {
+    let pp = unikv_attention_plan_params {
+        struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
+        max_tokens: c.range(1, 4) as u32,
+        num_heads: c.pick(&[1, 2, 16, 3]),
+        head_dim: 512,
+        q_dtype: BF16,
+        kv_dtype,
+        out_dtype: BF16,
+    };
+    let mut out: *mut c_void = ptr::null_mut();
+    let outp: *mut *mut c_void = &mut out;
+    let s = unsafe {
+        if prefill {
+            unikv_prefill_plan_create(ctx, &pp, outp.cast())
+        } else {
+            unikv_decode_plan_create(ctx, &pp, outp.cast())
+        }
+    };
+    expect(s, UNIKV_OK, "harness plan");
+    let mut ws = 0usize;
+    expect(
+        workspace_of(out, prefill, &mut ws),
+        UNIKV_OK,
+        "harness plan workspace",
+    );
+    let workspace = if ws > 0 {
+        w.mem.alloc(ws)
+    } else {
+        ptr::null_mut()
+    };
+    if !workspace.is_null() {
+        w.owned.push(workspace);
+    }
+    w.plans.push(PlanState {
+        h: out,
+        prefill,
+        ctx,
+        max_tokens: pp.max_tokens,
+        heads: pp.num_heads,
+        kv_dtype,
+        workspace,
+        ws_bytes: ws,
+    });
+}

@@ -226,9 +226,13 @@ impl World {
     }
 
     /// A live pool's index, or None when there is none.
-    pub fn pick_pool(&self, c: &mut Cursor) -> Option<usize> {
+    /// A live pool's index; an honest one is made first when there is none
+    /// (None only when even that failed).
+    pub fn pick_pool(&mut self, c: &mut Cursor) -> Option<usize> {
         if self.pools.is_empty() {
-            c.u8();
+            pools::default_pool(self, c);
+        }
+        if self.pools.is_empty() {
             return None;
         }
         Some(c.below(self.pools.len()))
@@ -319,6 +323,37 @@ impl World {
             unsafe { unikv_context_destroy(x.h) };
         }
     }
+}
+
+/// Statuses per entry point, counted when `UNIKV_FUZZ_STATS=1` (to see
+/// which calls get past validation): `record` from `Call::finish`,
+/// `stats_report` prints them.
+static STATS: std::sync::Mutex<std::collections::BTreeMap<(&'static str, u32), u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn stats_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("UNIKV_FUZZ_STATS").as_deref() == Ok("1"))
+}
+
+pub fn record(name: &'static str, status: u32) {
+    if stats_on() {
+        *STATS.lock().unwrap().entry((name, status)).or_default() += 1;
+    }
+}
+
+pub fn stats_report() -> String {
+    let stats = STATS.lock().unwrap();
+    let mut out = String::new();
+    let mut last = "";
+    for ((name, status), n) in stats.iter() {
+        if *name != last {
+            out.push_str(&format!("\n{name}:"));
+            last = name;
+        }
+        out.push_str(&format!(" {status}x{n}"));
+    }
+    out
 }
 
 /// Runs one input with the configuration of the environment.

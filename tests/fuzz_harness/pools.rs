@@ -384,7 +384,7 @@ pub fn release(w: &mut World, c: &mut Cursor) {
     let held: Vec<u32> = p.slots.iter().copied().collect();
     let slot = match c.below(4) {
         0 | 1 if !held.is_empty() => held[c.below(held.len())],
-        2 => c.pick(&[0, p.max_requests + 1, u32::MAX]),
+        2 => c.pick(&[0, p.max_requests.wrapping_add(1), u32::MAX]),
         _ => c.range(1, p.max_requests as usize) as u32,
     };
     let s = unsafe { unikv_pool_release_slot(h.cast(), slot) };
@@ -403,4 +403,40 @@ pub fn release(w: &mut World, c: &mut Cursor) {
     };
     expect(s, want, &format!("release of slot {slot}"));
     p.slots.remove(&slot);
+}
+
+/// An honest pool on the harness context (ratios 0, 4, 128; three
+/// requests, window 4), for calls that need one when none is alive.
+pub fn default_pool(w: &mut World, c: &mut Cursor) {
+    let ratios = vec![0u32, 4, 128];
+    let dtype = c.pick(&[BF16, BF16, FP8, FP8UZ]);
+    let (r, win, extra, c128) = (3, 4, c.below(2) as u32, 2);
+    let params = unikv_pool_params {
+        struct_size: std::mem::size_of::<unikv_pool_params>(),
+        compress_ratios: ratios.as_ptr(),
+        layer_buffers: ptr::null(),
+        num_layers: 3,
+        max_requests: r,
+        window: win,
+        spec_extra: extra,
+        c128_blocks: c128,
+        kv_dtype: dtype,
+        rope_buffers: ptr::null(),
+    };
+    let ctx = w.ctxs[0].h;
+    let mut out = ptr::null_mut();
+    let s = unsafe { unikv_pool_create(ctx, &params, &mut out) };
+    expect(s, UNIKV_OK, "harness default pool");
+    w.pools.push(PoolState {
+        h: out,
+        validates: w.ctxs[0].validates,
+        ctx,
+        ratios,
+        max_requests: r,
+        window: win,
+        spec_extra: extra,
+        c128_blocks: c128,
+        dtype,
+        slots: Default::default(),
+    });
 }

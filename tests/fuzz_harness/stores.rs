@@ -137,7 +137,12 @@ pub struct Target {
     pub layer_ok: bool,
 }
 
-pub fn target(w: &World, c: &mut Cursor, call: &mut Call, ratio: Option<u32>) -> Option<Target> {
+pub fn target(
+    w: &mut World,
+    c: &mut Cursor,
+    call: &mut Call,
+    ratio: Option<u32>,
+) -> Option<Target> {
     let i = w.pick_pool(c)?;
     call.validates = w.pools[i].validates;
     let h = w.handle(c, call, w.pools[i].h.cast()).cast_const().cast();

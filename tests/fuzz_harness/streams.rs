@@ -17,7 +17,7 @@ use super::stores::{
 use super::{Cursor, StreamsMemo, World};
 
 /// A pool for a stream call (no layer argument).
-fn pool_of(w: &World, c: &mut Cursor, call: &mut Call) -> Option<(usize, *const unikv_pool)> {
+fn pool_of(w: &mut World, c: &mut Cursor, call: &mut Call) -> Option<(usize, *const unikv_pool)> {
     let i = w.pick_pool(c)?;
     call.validates = w.pools[i].validates;
     let h = w.handle(c, call, w.pools[i].h.cast());
