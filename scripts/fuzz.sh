@@ -6,7 +6,8 @@
 # Exits non-zero on a crash; the input is kept under build/fuzz-run/artifacts.
 #
 # Usage: scripts/fuzz.sh [SECONDS]   (default 120)
-# Environment: FUZZ_JOBS (parallel fuzzing processes, default 1),
+# Environment: FUZZ_JOBS (parallel fuzzing processes through libFuzzer's fork
+#   mode, which also keeps going after a crash; default 1),
 #   FUZZ_LEAKS=1 (LeakSanitizer on: slower, since destroyed contexts' worker
 #   threads exit after their input and set off a leak scan),
 #   UNIKV_FUZZ_ALIASING=1 (also generate outputs overlapping other arguments).
@@ -43,23 +44,26 @@ cargo fuzz run api "$RUN/corpus" --target-dir "$TARGET_DIR" -- \
     -max_total_time="$SECS" -rss_limit_mb=2048 -timeout=10 -max_len=4096 \
     -detect_leaks="${FUZZ_LEAKS:-0}" -print_final_stats=1 \
     -artifact_prefix="$RUN/artifacts/" \
-    $([ "$JOBS" -gt 1 ] && echo "-jobs=$JOBS -workers=$JOBS") >"$log" 2>&1
+    $([ "$JOBS" -gt 1 ] && echo "-fork=$JOBS -ignore_crashes=1") >"$log" 2>&1
 rc=$?
 set -e
-if [ "$JOBS" -gt 1 ]; then
-    # Parallel workers write fuzz-N.log in the current folder.
-    cat fuzz-*.log >>"$log" 2>/dev/null || true
-    rm -f fuzz-*.log
-fi
 
-stat() { grep -h "stat::$1:" "$log" | awk '{s += $2} END {print s + 0}'; }
-execs=$(stat number_of_executed_units)
-rate=$(stat average_exec_per_sec)
-last=$(grep -h -E '(DONE|pulse|NEW|REDUCE|INITED) +cov:' "$log" | tail -n 1)
+if [ "$JOBS" -gt 1 ]; then
+    # Fork mode: status lines "#EXECS: cov: C ft: F corp: ... exec/s: R ...".
+    last=$(grep -h -E '^#[0-9]+: cov:' "$log" | tail -n 1)
+    execs=$(sed -n 's/^#\([0-9]*\):.*/\1/p' <<<"$last")
+    rate=$(sed -n 's/.* exec\/s: \([0-9]*\).*/\1/p' <<<"$last")
+else
+    stat() { grep -h "stat::$1:" "$log" | awk '{s += $2} END {print s + 0}'; }
+    execs=$(stat number_of_executed_units)
+    rate=$(stat average_exec_per_sec)
+    last=$(grep -h -E '(DONE|pulse|NEW|REDUCE|INITED) +cov:' "$log" | tail -n 1)
+fi
 cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
 ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
 crashed=no
-if [ "$rc" -ne 0 ] || grep -q -E '^==[0-9]+==ERROR|panicked at|deadly signal' "$log"; then
+if [ "$rc" -ne 0 ] || [ -n "$(ls -A "$RUN/artifacts")" ] ||
+    grep -q -E '^==[0-9]+==ERROR|panicked at|deadly signal' "$log"; then
     crashed=yes
 fi
 echo "fuzz: ${SECS}s, ${execs} executions, ${rate} exec/s, cov: ${cov:-?} ft: ${ft:-?}, corpus $(ls "$RUN/corpus" | wc -l) files, crashed: $crashed"

@@ -9,8 +9,8 @@ use unikv::ffi::types::unikv_tensor;
 
 use super::call::{with_struct, Call, Fill, Role, Spec, BF16, F32};
 use super::stores::{
-    absent, count, ctx_of, either, f32_scalar, positions, rope_arg, rope_positions, scalar, slack,
-    tokens, IDX,
+    absent, count, ctx_of, either, f32_scalar, positions, rope_positions, rope_table_arg, scalar,
+    slack, tokens, IDX,
 };
 use super::{Cursor, World};
 
@@ -215,7 +215,7 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
     } else {
         let (rope_table, positions) = match c.below(6) {
             0 | 1 => {
-                let t = rope_arg(w, c, &mut call);
+                let t = rope_table_arg(w, c, &mut call, true);
                 let dt = either(c);
                 let pos = rope_positions(c, held);
                 (
@@ -226,12 +226,8 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
                     ),
                 )
             }
-            2 if c.chance(128) => {
-                call.fail_because("rope_table without positions");
-                (rope_arg(w, c, &mut call), absent())
-            }
+            2 if c.chance(128) => (rope_table_arg(w, c, &mut call, true), absent()),
             2 => {
-                call.fail_because("positions without rope_table");
                 let pos = positions(c, held);
                 (
                     absent(),
@@ -243,6 +239,9 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
             }
             _ => (absent(), absent()),
         };
+        if rope_table.data.is_null() != positions.data.is_null() {
+            call.fail_because("an epilogue tensor without the other");
+        }
         let args = unikv_decode_args {
             struct_size: std::mem::size_of::<unikv_decode_args>(),
             q,

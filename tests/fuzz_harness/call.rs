@@ -179,6 +179,10 @@ impl Spec {
         self.optional = true;
         self
     }
+    pub fn optional_if(mut self, optional: bool) -> Self {
+        self.optional |= optional;
+        self
+    }
     pub fn unchecked(mut self) -> Self {
         self.checked = false;
         self
@@ -233,10 +237,6 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-}
-
-fn small_float(rng: &mut Rng) -> f32 {
-    ((rng.next() >> 40) as i32 % 512) as f32 / 64.0
 }
 
 /// Bytes from the first to one past the last element; None when it wraps.
@@ -343,11 +343,9 @@ fn element_offsets(shape: &[usize], strides: &[usize], elem: usize) -> Vec<usize
     }
 }
 
-/// Marks the bytes a (valid) descriptor addresses inside its allocation:
-/// runs of whole innermost rows (an accepted descriptor has unit innermost
-/// stride).
-fn view_mask(d: &unikv_tensor, base: *const u8, bytes: usize) -> Vec<bool> {
-    let mut mask = vec![false; bytes];
+/// The byte ranges a (valid) descriptor addresses inside its allocation:
+/// whole innermost rows (an accepted descriptor has unit innermost stride).
+fn view_ranges(d: &unikv_tensor, base: *const u8, bytes: usize) -> Vec<(usize, usize)> {
     let elem = elem_size(d.dtype).unwrap_or(1);
     let n = (d.ndim as usize).clamp(1, 4);
     let shape: Vec<usize> = d.shape[..n].iter().map(|&s| s.max(0) as usize).collect();
@@ -358,11 +356,15 @@ fn view_mask(d: &unikv_tensor, base: *const u8, bytes: usize) -> Vec<bool> {
     } else {
         (1, n)
     };
-    for off in element_offsets(&shape[..rest], &strides[..rest], elem) {
-        let at = start + off;
-        mask[at.min(bytes)..(at + row * elem).min(bytes)].fill(true);
-    }
-    mask
+    element_offsets(&shape[..rest], &strides[..rest], elem)
+        .into_iter()
+        .map(|off| {
+            (
+                (start + off).min(bytes),
+                (start + off + row * elem).min(bytes),
+            )
+        })
+        .collect()
 }
 
 impl Call {
@@ -431,19 +433,25 @@ impl Call {
         match &spec.fill {
             Fill::Poison => {}
             Fill::Bytes => {
-                for b in image[..span_bytes].iter_mut() {
-                    *b = rng.next() as u8;
+                for chunk in image[..span_bytes].chunks_mut(8) {
+                    let r = rng.next().to_ne_bytes();
+                    chunk.copy_from_slice(&r[..chunk.len()]);
                 }
             }
             Fill::Floats => {
-                // The whole span, padding included.
-                for o in (0..span_bytes).step_by(elem) {
-                    let v = small_float(&mut rng);
+                // The whole span, padding included: 16 random bits per
+                // value give sign, mantissa and an exponent of 2^-7..2^2.
+                let mut bits = 0u64;
+                for (k, o) in (0..span_bytes).step_by(elem).enumerate() {
+                    if k % 4 == 0 {
+                        bits = rng.next();
+                    }
+                    let p = (bits >> (16 * (k % 4))) as u16;
+                    let b = (p & 0x807F) | ((120 + (p >> 7) % 10) << 7);
                     if dtype == F32 {
-                        image[o..o + 4].copy_from_slice(&v.to_ne_bytes());
+                        image[o..o + 4].copy_from_slice(&((b as u32) << 16).to_ne_bytes());
                     } else {
-                        let bits = (v.to_bits() >> 16) as u16;
-                        image[o..o + 2].copy_from_slice(&bits.to_ne_bytes());
+                        image[o..o + 2].copy_from_slice(&b.to_ne_bytes());
                     }
                 }
                 if span_bytes > 0 && c.chance(8) {
@@ -511,6 +519,9 @@ impl Call {
             let hostile = self.hostile(c, &desc, &spec);
             if safe_or_refused(&hostile, base, bytes) {
                 desc = hostile;
+                // An accepted edit (a shifted pointer, a longer shape) can
+                // change the values the call reads.
+                self.bad_contents = true;
             }
         }
         if spec.role != Role::In && self.cfg.aliasing && !self.args.is_empty() && c.chance(20) {
@@ -614,6 +625,9 @@ impl Call {
         let code = status as u32;
         super::record(name, code);
         let msg = super::last_error();
+        if super::tracing() {
+            eprintln!("  {name} -> {status:?} {msg:?}");
+        }
         assert!(code <= 17, "{name}: status {code} is not a unikv_status");
         assert_ne!(
             status,
@@ -657,9 +671,14 @@ impl Call {
                     a.name
                 ),
                 Role::Out | Role::InOut => {
-                    let mask = view_mask(&a.desc, a.base, a.bytes);
-                    let stray = (0..a.bytes).find(|&i| !mask[i] && a.after[i] != a.image[i]);
-                    if let Some(i) = stray {
+                    // The bytes after the call with the view's put back
+                    // must be the bytes before it.
+                    let mut outside = a.after.clone();
+                    for (s, e) in view_ranges(&a.desc, a.base, a.bytes) {
+                        outside[s..e].copy_from_slice(&a.image[s..e]);
+                    }
+                    if outside != a.image {
+                        let i = (0..a.bytes).find(|&i| outside[i] != a.image[i]).unwrap();
                         panic!(
                             "{name}: wrote byte {i} of {}'s buffer outside its view {:?}",
                             a.name, a.desc
@@ -669,6 +688,51 @@ impl Call {
             }
         }
         true
+    }
+
+    /// Prints the call (UNIKV_FUZZ_TRACE=1): its status, what made it
+    /// hostile, and every tensor argument with small integer contents.
+    pub fn trace(&self) {
+        eprintln!("{}", self.name);
+        if let Some(why) = &self.must_fail {
+            eprintln!("    must fail: {why}");
+        }
+        if self.bad_contents || self.aliased {
+            eprintln!(
+                "    bad contents: {}, aliased: {}",
+                self.bad_contents, self.aliased
+            );
+        }
+        for (i, a) in self.args.iter().enumerate() {
+            let d = &a.desc;
+            let n = (d.ndim as usize).min(4);
+            let honest_layout = d.data as usize >= a.base as usize
+                && (d.data as usize) < a.base as usize + a.bytes
+                && matches!(d.dtype, 4 | 5)
+                && (1..=4).contains(&d.ndim)
+                && d.shape[..n].iter().all(|&s| (0..=64).contains(&s))
+                && d.strides[..n].iter().all(|&s| (0..=4096).contains(&s))
+                && safe_or_refused(d, a.base, a.bytes);
+            let values = if honest_layout && (d.data as usize - a.base as usize) % 4 == 0 {
+                format!(" = {:?}", self.ints_before(i))
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "    {} {:?} dtype {} shape {:?} strides {:?} data {}{}",
+                a.name,
+                a.role,
+                d.dtype,
+                &d.shape[..n],
+                &d.strides[..n],
+                if d.data.is_null() {
+                    "NULL".to_string()
+                } else {
+                    format!("+{}", d.data as isize - a.base as isize)
+                },
+                values
+            );
+        }
     }
 
     /// Elements of argument `i` after the call, read through its descriptor
@@ -783,6 +847,14 @@ pub fn with_struct<T: Copy, R>(
     } else {
         words.as_ptr().cast()
     };
+    if super::tracing() {
+        call.trace();
+        let got = usize::from_ne_bytes(bytes[..8].try_into().unwrap());
+        eprintln!(
+            "    args struct_size {got} (sizeof {size}){}",
+            if null { ", args NULL" } else { "" }
+        );
+    }
     f(p)
 }
 

@@ -336,6 +336,11 @@ fn stats_on() -> bool {
     *ON.get_or_init(|| std::env::var("UNIKV_FUZZ_STATS").as_deref() == Ok("1"))
 }
 
+pub fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("UNIKV_FUZZ_TRACE").as_deref() == Ok("1"))
+}
+
 pub fn record(name: &'static str, status: u32) {
     if stats_on() {
         *STATS.lock().unwrap().entry((name, status)).or_default() += 1;

@@ -108,6 +108,11 @@ pub fn f32_scalar(c: &mut Cursor, call: &mut Call, v: f32, bad: &[f32], why: &st
 
 /// The RoPE table argument, `[rows, 64]` f32.
 pub fn rope_arg(w: &World, c: &mut Cursor, call: &mut Call) -> unikv_tensor {
+    rope_table_arg(w, c, call, false)
+}
+
+/// The RoPE table argument, optional (decode's epilogue) or not.
+pub fn rope_table_arg(w: &World, c: &mut Cursor, call: &mut Call, optional: bool) -> unikv_tensor {
     let rows = if c.chance(16) {
         c.range(1, 8)
     } else {
@@ -124,7 +129,8 @@ pub fn rope_arg(w: &World, c: &mut Cursor, call: &mut Call) -> unikv_tensor {
             Fill::F32s(values),
         )
         .pad()
-        .align(16),
+        .align(16)
+        .optional_if(optional),
     )
 }
 
