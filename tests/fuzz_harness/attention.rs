@@ -113,7 +113,18 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
     } else {
         c.below(w.plans.len())
     };
-    let plan = &w.plans[ki];
+    call.validates = p.validates;
+    let plan_h = w.handle(c, &mut call, w.plans[ki].h);
+    // Judge the plan actually passed (a substituted handle may be a fitting
+    // plan, or one of the other kind).
+    call.must_fail = None;
+    let plan = match w.plans.iter().find(|q| q.h == plan_h) {
+        Some(q) => q,
+        None => {
+            call.fail_because("not a live plan");
+            &w.plans[ki]
+        }
+    };
     if plan.prefill != prefill {
         call.fail_because("plan of the other kind");
     } else if plan.ctx != p.ctx {
@@ -121,8 +132,6 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
     } else if plan.kv_dtype != p.dtype {
         call.fail_because("plan made for another KV dtype");
     }
-    call.validates = p.validates;
-    let plan_h = w.handle(c, &mut call, plan.h);
     let pool_h = w.handle(c, &mut call, p.h.cast());
     let (max_tokens, h, ws, ws_bytes) = (
         plan.max_tokens as usize,
@@ -266,6 +275,7 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
 
 pub fn merge(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_attention_merge", true);
+    call.honest_must_pass = true;
     let ctx = ctx_of(w, c, &mut call);
     let n = tokens(c);
     let held = n + slack(c);

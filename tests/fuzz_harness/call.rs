@@ -223,6 +223,9 @@ pub struct Call {
     pub aliased: bool,
     /// The context validates device values (always true on the CPU).
     pub validates: bool,
+    /// The op generated this call to be valid when nothing hostile was
+    /// chosen: then it must succeed.
+    pub honest_must_pass: bool,
 }
 
 /// xorshift64*: bulk contents from a seed the input chooses.
@@ -379,7 +382,14 @@ impl Call {
             bad_contents: false,
             aliased: false,
             validates,
+            honest_must_pass: false,
         }
+    }
+
+    /// Nothing hostile was chosen (no refusal expected, contents as
+    /// generated, no overlap).
+    pub fn honest(&self) -> bool {
+        self.must_fail.is_none() && !self.bad_contents && !self.aliased
     }
 
     pub fn fail_because(&mut self, why: impl Into<String>) {
@@ -636,6 +646,9 @@ impl Call {
         );
         for a in self.args.iter_mut() {
             a.after = self.mem.download(a.base, a.bytes);
+        }
+        if code != 0 && self.honest_must_pass && self.honest() {
+            panic!("{name}: refused an honest call with {status:?}: {msg}");
         }
         if code != 0 {
             assert!(!msg.is_empty(), "{name}: status {code} without a message");

@@ -154,6 +154,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
         "unikv_indexer_topk"
     };
     let mut call = w.call(name, true);
+    call.honest_must_pass = true;
     let ctx = ctx_of(w, c, &mut call);
     let n = tokens(c);
     let held = n + slack(c);
@@ -323,6 +324,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
 
 pub fn hash_topk(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_hash_topk", true);
+    call.honest_must_pass = true;
     let ctx = ctx_of(w, c, &mut call);
     let n = tokens(c);
     let held = n + slack(c);

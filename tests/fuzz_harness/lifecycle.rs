@@ -50,6 +50,7 @@ pub(super) fn ctx_info(ctx: *const unikv_context) -> (unikv_status, unikv_contex
 
 pub fn context_create(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_context_create", true);
+    call.honest_must_pass = true;
     let mut o = unikv_context_options {
         struct_size: std::mem::size_of::<unikv_context_options>(),
         backend: w.cfg.backend,
@@ -73,7 +74,10 @@ pub fn context_create(w: &mut World, c: &mut Cursor) {
             }
             3 => {
                 o.cpu_threads = c.pick(&[1025, 5000, u32::MAX]);
-                call.fail_because("too many threads");
+                // The bound is the CPU backend's; GPU contexts ignore the field.
+                if o.backend == 1 {
+                    call.fail_because("too many threads");
+                }
             }
             4 => o.cpu_threads = c.pick(&[0, 2]),
             _ => o.backend = c.pick(&[0, 1]),
@@ -158,6 +162,7 @@ pub fn context_destroy(w: &mut World, c: &mut Cursor) {
 
 pub fn context_info(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_context_get_info", true);
+    call.honest_must_pass = true;
     let x = w.pick_ctx(c).h;
     let h = w.handle(c, &mut call, x.cast());
     info_call(c, &mut call, |p| unsafe {
@@ -228,6 +233,7 @@ pub fn memory(w: &mut World, c: &mut Cursor) {
     match c.below(6) {
         0 | 1 => {
             let mut call = w.call("unikv_memory_alloc", true);
+            call.honest_must_pass = true;
             let h = w.handle(c, &mut call, ctx.cast());
             let mut bytes = c.below(4097);
             if c.chance(40) {
@@ -283,6 +289,7 @@ pub fn memory(w: &mut World, c: &mut Cursor) {
         }
         3 => {
             let mut call = w.call("unikv_memory_copy", true);
+            call.honest_must_pass = true;
             let h = w.handle(c, &mut call, ctx.cast());
             let n = c.range(1, 256);
             let a = mem.alloc(n);
@@ -331,6 +338,7 @@ pub fn memory(w: &mut World, c: &mut Cursor) {
         }
         4 => {
             let mut call = w.call("unikv_memory_set", true);
+            call.honest_must_pass = true;
             let h = w.handle(c, &mut call, ctx.cast());
             let n = c.range(1, 256);
             let a = mem.alloc(n);
@@ -354,6 +362,7 @@ pub fn memory(w: &mut World, c: &mut Cursor) {
         }
         _ => {
             let mut call = w.call("unikv_stream_synchronize", true);
+            call.honest_must_pass = true;
             let h = w.handle(c, &mut call, ctx.cast());
             let s = unsafe { unikv_stream_synchronize(h.cast(), ptr::null_mut()) };
             call.finish(s);
@@ -371,6 +380,7 @@ pub fn plan_create(w: &mut World, c: &mut Cursor) {
         },
         true,
     );
+    call.honest_must_pass = true;
     let ci = c.below(w.ctxs.len());
     let ctx = w.ctxs[ci].h;
     let h = w.handle(c, &mut call, ctx.cast());
@@ -519,20 +529,27 @@ pub fn workspace_size(w: &mut World, c: &mut Cursor) {
         return;
     }
     let i = c.below(w.plans.len());
-    let (h0, prefill, ws) = (w.plans[i].h, w.plans[i].prefill, w.plans[i].ws_bytes);
+    let (h0, prefill) = (w.plans[i].h, w.plans[i].prefill);
     let mut call = w.call("unikv_plan_workspace_size", true);
+    call.honest_must_pass = true;
     let h = w.handle(c, &mut call, h0);
     let wrong_kind = c.chance(20);
-    if wrong_kind {
-        call.fail_because("plan of the other kind");
+    // Valid exactly when `h` is a live plan of the function's kind (a
+    // substituted handle of the other kind meets the other function).
+    let kind = prefill ^ wrong_kind;
+    let target = w.plans.iter().find(|p| p.h == h && p.prefill == kind);
+    call.must_fail = None;
+    if target.is_none() {
+        call.fail_because("not a live plan of the function's kind");
     }
+    let ws = target.map_or(0, |p| p.ws_bytes);
     let null = c.chance(10);
     if null {
         call.fail_because("NULL bytes");
     }
     let mut b = 0x5555usize;
     let bp: *mut usize = if null { ptr::null_mut() } else { &mut b };
-    let s = workspace_of(h, prefill ^ wrong_kind, bp);
+    let s = workspace_of(h, kind, bp);
     if call.finish(s) {
         assert_eq!(b, ws, "workspace size changed");
     } else {
@@ -542,6 +559,7 @@ pub fn workspace_size(w: &mut World, c: &mut Cursor) {
 
 pub fn rope_table(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_rope_table", true);
+    call.honest_must_pass = true;
     let yarn = c.chance(128);
     let mut p = unikv_rope_params {
         struct_size: std::mem::size_of::<unikv_rope_params>(),

@@ -62,6 +62,15 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
+/// The harness contexts, by backend and `validate` (see `World::new`).
+static CONTEXTS: std::sync::Mutex<Vec<(u32, bool, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Forgets the harness contexts (after a failed input, which may have left
+/// one unusable): the next input creates fresh ones. The old ones leak.
+pub fn reset() {
+    CONTEXTS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 pub struct CtxState {
     pub h: *mut unikv_context,
     pub validates: bool,
@@ -146,8 +155,7 @@ impl World {
     /// more than the calls; the context holds no state a call can observe
     /// besides its allocations, which every input frees).
     pub fn new(cfg: Config, validate: bool) -> Self {
-        use std::sync::{Mutex, OnceLock};
-        static CONTEXTS: Mutex<Vec<(u32, bool, usize)>> = Mutex::new(Vec::new());
+        use std::sync::OnceLock;
         static ROPE: OnceLock<Vec<f32>> = OnceLock::new();
         let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
         let ctx = match known.iter().find(|k| k.0 == cfg.backend && k.1 == validate) {

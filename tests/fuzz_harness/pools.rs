@@ -48,6 +48,7 @@ fn rows_of(ratios: &[u32], r: u32, win: u32, extra: u32, c128: u32) -> Option<Ve
 
 pub fn pool_create(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_pool_create", true);
+    call.honest_must_pass = true;
     let ci = c.below(w.ctxs.len());
     let (ctx, validates) = (w.ctxs[ci].h, w.ctxs[ci].validates);
     let h = w.handle(c, &mut call, ctx.cast());
@@ -307,6 +308,7 @@ pub fn pool_info(w: &mut World, c: &mut Cursor) {
     let h0 = w.pools[i].h;
     if c.chance(128) {
         let mut call = w.call("unikv_pool_get_info", true);
+        call.honest_must_pass = true;
         let h = w.handle(c, &mut call, h0.cast());
         if let Some(buf) = info_call(c, &mut call, |p| unsafe {
             unikv_pool_get_info(h.cast(), p)
@@ -322,6 +324,7 @@ pub fn pool_info(w: &mut World, c: &mut Cursor) {
         }
     } else {
         let mut call = w.call("unikv_pool_get_layer", true);
+        call.honest_must_pass = true;
         let h = w.handle(c, &mut call, h0.cast());
         let n = w.pools[i].ratios.len() as u32;
         let mut layer = c.below(n as usize) as u32;

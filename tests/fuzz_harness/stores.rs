@@ -374,6 +374,7 @@ pub fn store_cache(w: &mut World, c: &mut Cursor, indexer: bool) {
         },
         true,
     );
+    call.honest_must_pass = true;
     let ctx = ctx_of(w, c, &mut call);
     let page_size: usize = if indexer {
         64
