@@ -540,6 +540,16 @@ impl Call {
             let mut d = desc;
             d.data = unsafe { target.base.add(c.below(8) * 16) }.cast();
             if safe_or_refused(&d, target.base, target.bytes) {
+                // Only an output laid exactly over an input (same pointer,
+                // dtype, shape and strides) can be a documented in-place use.
+                let exact = d.data == target.desc.data
+                    && d.dtype == target.desc.dtype
+                    && d.ndim == target.desc.ndim
+                    && d.shape == target.desc.shape
+                    && d.strides == target.desc.strides;
+                if self.cfg.aliasing_strict && !exact {
+                    self.fail_because(format!("{} partially overlaps {}", spec.name, target.name));
+                }
                 desc = d;
                 self.aliased = true;
             }

@@ -10,7 +10,9 @@
 //! Used by the libFuzzer target (fuzz/fuzz_targets/api.rs) and by the replay
 //! test (tests/fuzz_replay.rs). Environment: `UNIKV_FUZZ_BACKEND=cuda` makes
 //! the contexts CUDA ones; `UNIKV_FUZZ_ALIASING=1` also places outputs over
-//! other arguments' memory (off until partial-overlap rejection lands).
+//! other arguments' memory (off until partial-overlap rejection lands), and
+//! `UNIKV_FUZZ_ALIASING=strict` moreover requires such a call to be refused
+//! (for when it has landed: UNIKV_OVERLAPPING_BUFFERS).
 #![allow(dead_code)]
 
 mod attention;
@@ -43,6 +45,8 @@ pub struct Config {
     pub backend: u32,
     /// Generate outputs that overlap other arguments.
     pub aliasing: bool,
+    /// ... and require the library to refuse them.
+    pub aliasing_strict: bool,
 }
 
 impl Config {
@@ -51,8 +55,12 @@ impl Config {
             Ok("cuda") => 2,
             _ => 1,
         };
-        let aliasing = std::env::var("UNIKV_FUZZ_ALIASING").as_deref() == Ok("1");
-        Config { backend, aliasing }
+        let mode = std::env::var("UNIKV_FUZZ_ALIASING").unwrap_or_default();
+        Config {
+            backend,
+            aliasing: mode == "1" || mode == "strict",
+            aliasing_strict: mode == "strict",
+        }
     }
 }
 
