@@ -67,8 +67,9 @@ cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
 ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
 rate=$((${execs:-0} / (${secs:-1} > 0 ? ${secs:-1} : 1)))
 
-# Signatures of the open defects: the second field of each line of OPEN.
-mapfile -t known < <(grep -v '^#' "$ROOT/fuzz/regressions/OPEN" 2>/dev/null | awk 'NF >= 2 {print $2}')
+# Signatures of the open defects: the second '|' field of each line of OPEN.
+mapfile -t known < <(grep -v '^#' "$ROOT/fuzz/regressions/OPEN" 2>/dev/null |
+    awk -F'|' 'NF >= 3 {gsub(/^ +| +$/, "", $2); print $2}')
 new=0
 old=0
 for f in "$RUN"/artifacts/*; do

@@ -66,8 +66,8 @@ fn corpus_replays_cleanly() {
     );
 }
 
-/// Regression inputs named in fuzz/regressions/OPEN (one name per line, then
-/// the defect) still fail: the library defect they found is not fixed yet.
+/// Regression inputs named in fuzz/regressions/OPEN (the first '|' field of
+/// each line) still fail: the library defect they found is not fixed yet.
 /// They must keep failing until it is, and then leave that list.
 fn open_defects() -> Vec<String> {
     let path = root().join("fuzz/regressions/OPEN");
@@ -75,7 +75,7 @@ fn open_defects() -> Vec<String> {
         .unwrap_or_default()
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .map(|l| l.split('|').next().unwrap().trim().to_string())
         .collect()
 }
 

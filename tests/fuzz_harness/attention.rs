@@ -242,7 +242,7 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
                     absent(),
                     call.tensor(
                         c,
-                        Spec::new("positions", IDX, &[held], Role::In, Fill::Ints(pos)),
+                        Spec::new("positions", IDX, &[held], Role::In, Fill::Ints(pos)).optional(),
                     ),
                 )
             }

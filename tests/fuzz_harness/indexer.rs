@@ -300,7 +300,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
         let want = if bid[t] < 0 {
             0
         } else {
-            ((pos[t] as usize + 1) / 4).min(k)
+            ((pos[t].max(0) as usize).saturating_add(1) / 4).min(k)
         };
         let got = row.iter().take_while(|v| **v != -1).count();
         assert_eq!(

@@ -352,7 +352,7 @@ pub fn csa_tail(w: &mut World, c: &mut Cursor) {
     let width = topk + c.below(2);
     let valid: Vec<usize> = pos_h
         .iter()
-        .map(|&q| ((q as usize + 1) / 4).min(topk))
+        .map(|&q| ((q.max(0) as usize).saturating_add(1) / 4).min(topk))
         .collect();
     let table = page_table(c, held, width, &valid, pages);
     let batch_id = call.tensor(
