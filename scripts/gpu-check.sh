@@ -7,7 +7,9 @@
 #   scripts/gpu-check.sh run [what]  on the GPU machine (driver, CMake, C++,
 #                                    PyTorch; no Rust), from the repository root
 #                                    with gpu-bundle/ carried along; `what` is
-#                                    tests, bench or all (default). Logs go to
+#                                    tests, fuzz (the fuzz corpus on CUDA under
+#                                    memcheck; part of tests), bench or all
+#                                    (default). Logs go to
 #                                    $OUT (or /tmp/unikv-gpu-out); a summary
 #                                    table is printed last.
 set -euo pipefail
@@ -22,15 +24,15 @@ bundle() {
     local target="$ROOT/build/cargo-gpu"
     rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/bin"
     cargo build --release --features cuda --bin unikv-bench --target-dir "$target"
-    local tests
-    tests=$(cargo test --release --features cuda,test-hooks --no-run --test gpu --target-dir "$target" \
-        --message-format=json | python3 -c '
-import json, sys
+    # The GPU suite, and the fuzz corpus replay (run on CUDA contexts there).
+    cargo test --release --features cuda,test-hooks --no-run --test gpu --test fuzz_replay \
+        --target-dir "$target" --message-format=json | python3 -c '
+import json, shutil, sys
+names = {"gpu": "gpu-tests", "fuzz_replay": "fuzz-replay"}
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')
-    cp "$tests" "$BUNDLE/bin/gpu-tests"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in names:
+        shutil.copy(m["executable"], sys.argv[1] + "/bin/" + names[m["target"]["name"]])' "$BUNDLE"
     cp "$target/release/unikv-bench" "$BUNDLE/bin/unikv-bench"
     strip "$BUNDLE/bin/"*
     source scripts/lib.sh
@@ -65,7 +67,22 @@ run_tests() {
             status=1
         }
     done
+    run_fuzz "$out" || status=1
     return $status
+}
+
+# The committed fuzz corpus and regressions replayed on CUDA contexts under
+# memcheck: hostile descriptors and index contents must not make a kernel
+# touch memory out of bounds.
+run_fuzz() {
+    local out=$1
+    local limit=${UNIKV_SANITIZER_TIMEOUT:-200}
+    # Hostile allocation sizes make cudaMalloc fail on purpose: not an error here.
+    UNIKV_FUZZ_BACKEND=cuda UNIKV_FUZZ_ROOT="$ROOT" timeout "$limit" compute-sanitizer --tool memcheck --report-api-errors no \
+        --error-exitcode 9 "$BUNDLE/bin/fuzz-replay" --test-threads=1 --nocapture >"$out/fuzz-memcheck.log" 2>&1 || {
+        echo "fuzz replay under memcheck: exit $? (124: no result within ${limit} s)" | tee -a "$out/fuzz-memcheck.log"
+        return 1
+    }
 }
 
 run_bench() {
@@ -116,6 +133,9 @@ summary() {
         [ -f "$out/sanitizer-$tool.log" ] || continue
         echo "compute-sanitizer $tool: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|no result within' "$out/sanitizer-$tool.log" | tail -1)"
     done
+    if [ -f "$out/fuzz-memcheck.log" ]; then
+        echo "fuzz corpus on CUDA: $(grep -h 'inputs replayed' "$out/fuzz-memcheck.log" | tr '\n' ' ')$(grep -h 'ERROR SUMMARY\|no result within' "$out/fuzz-memcheck.log" | tail -1)"
+    fi
 }
 
 case "${1:-}" in
@@ -128,6 +148,7 @@ case "${1:-}" in
         status=0
         case "$what" in
             tests) run_tests "$out" || status=1 ;;
+            fuzz) run_fuzz "$out" || status=1 ;;
             bench) run_bench "$out" || status=1 ;;
             all) run_tests "$out" || status=1; run_bench "$out" || status=1 ;;
             *) echo "unknown: $what" >&2; exit 2 ;;
@@ -137,7 +158,7 @@ case "${1:-}" in
         exit $status
         ;;
     *)
-        echo "usage: scripts/gpu-check.sh bundle | run [tests|bench|all]" >&2
+        echo "usage: scripts/gpu-check.sh bundle | run [tests|fuzz|bench|all]" >&2
         exit 2
         ;;
 esac
