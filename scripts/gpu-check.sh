@@ -7,9 +7,10 @@
 #   scripts/gpu-check.sh run [what]  on the GPU machine (driver, CMake, C++,
 #                                    PyTorch; no Rust), from the repository root
 #                                    with gpu-bundle/ carried along; `what` is
-#                                    tests, fuzz (the fuzz corpus on CUDA under
-#                                    memcheck; part of tests), bench or all
-#                                    (default). Logs go to
+#                                    tests (= suites, sanitizers and fuzz: the
+#                                    fuzz corpus on CUDA under memcheck), one
+#                                    of those three, bench or all (default).
+#                                    Logs go to
 #                                    $OUT (or /tmp/unikv-gpu-out); a summary
 #                                    table is printed last.
 set -euo pipefail
@@ -44,7 +45,7 @@ for line in sys.stdin:
     du -sh "$BUNDLE"
 }
 
-run_tests() {
+run_suites() {
     local out=$1
     local status=0
     UNIKV_EXPECT_GPU=1 "$BUNDLE/bin/gpu-tests" --test-threads=1 2>&1 | tee "$out/rust-gpu-tests.log" || status=1
@@ -56,17 +57,33 @@ run_tests() {
     cmake -S examples -B /tmp/unikv-example-gpu "${gen[@]}" -DCMAKE_PREFIX_PATH="$BUNDLE/stage" >>/tmp/cmake.log 2>&1
     cmake --build /tmp/unikv-example-gpu >>/tmp/cmake.log 2>&1 || { cat /tmp/cmake.log; return 1; }
     /tmp/unikv-example-gpu/unikv_example 2>&1 | tee -a "$out/cpp.log" || status=1
+    return $status
+}
+
+# compute-sanitizer over the GPU tests at their small size; UNIKV_SANITIZERS
+# picks the tools (default all four), so a run can be split across calls.
+run_sanitizers() {
+    local out=$1
+    local status=0
     # A hang under a sanitizer (a kernel that waits on other warps in a way the
     # tool cannot schedule) fails that tool after UNIKV_SANITIZER_TIMEOUT seconds
     # instead of eating the machine's time.
     local limit=${UNIKV_SANITIZER_TIMEOUT:-200}
-    for tool in memcheck racecheck synccheck initcheck; do
+    for tool in ${UNIKV_SANITIZERS:-memcheck racecheck synccheck initcheck}; do
         UNIKV_EXPECT_GPU=1 UNIKV_GPU_TEST_SMALL=1 timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
             "$BUNDLE/bin/gpu-tests" --test-threads=1 >"$out/sanitizer-$tool.log" 2>&1 || {
             echo "compute-sanitizer $tool: exit $? (124: no result within ${limit} s)" | tee -a "$out/sanitizer-$tool.log"
             status=1
         }
     done
+    return $status
+}
+
+run_tests() {
+    local out=$1
+    local status=0
+    run_suites "$out" || status=1
+    run_sanitizers "$out" || status=1
     run_fuzz "$out" || status=1
     return $status
 }
@@ -149,16 +166,18 @@ case "${1:-}" in
         case "$what" in
             tests) run_tests "$out" || status=1 ;;
             fuzz) run_fuzz "$out" || status=1 ;;
+            suites) run_suites "$out" || status=1 ;;
+            sanitizers) run_sanitizers "$out" || status=1 ;;
             bench) run_bench "$out" || status=1 ;;
             all) run_tests "$out" || status=1; run_bench "$out" || status=1 ;;
             *) echo "unknown: $what" >&2; exit 2 ;;
         esac
         summary "$out"
-        [ "$what" = tests ] || tail -n +1 "$out/bench.md" | grep '^|' | tail -40
+        case "$what" in bench | all) grep '^|' "$out/bench.md" | tail -40 ;; esac
         exit $status
         ;;
     *)
-        echo "usage: scripts/gpu-check.sh bundle | run [tests|fuzz|bench|all]" >&2
+        echo "usage: scripts/gpu-check.sh bundle | run [tests|suites|sanitizers|fuzz|bench|all]" >&2
         exit 2
         ;;
 esac

@@ -6,7 +6,7 @@
 
 mod fuzz_harness;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The folder holding fuzz/: the repository, or `UNIKV_FUZZ_ROOT` (a test
 /// binary carried to a GPU machine without the checkout it was built in).
@@ -16,17 +16,18 @@ fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// Fuzz inputs, not the folders' own notes (README.md, OPEN, dot files).
+fn is_input(path: &Path) -> bool {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    !name.is_some_and(|n| n.starts_with('.') || n.ends_with(".md") || n == "OPEN")
+}
+
 fn inputs(dir: &str) -> Vec<PathBuf> {
     let dir = root().join(dir);
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(entries) => entries
             .map(|e| e.unwrap().path())
-            .filter(|p| {
-                p.is_file()
-                    && !p
-                        .file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            })
+            .filter(|p| p.is_file() && is_input(p))
             .collect(),
         Err(_) => Vec::new(),
     };
@@ -92,9 +93,6 @@ fn regressions_replay_cleanly() {
     let files = inputs("fuzz/regressions");
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        if name == "OPEN" {
-            continue;
-        }
         let data = std::fs::read(f).unwrap();
         eprintln!("replaying {}", f.display());
         if open.contains(&name) && reproduces_open_defects() {
