@@ -4,7 +4,7 @@ use std::os::raw::c_void;
 
 use crate::cache_layouts::unified;
 use crate::dtype::DType;
-use crate::error::{ensure, Result};
+use crate::error::{ensure, err, Result};
 use crate::ffi::boundary::{
     boundary, enter_context, read_params, write_info, write_out, Versioned,
 };
@@ -140,6 +140,19 @@ pub(crate) unsafe fn pool_of<'a>(pool: *const unikv_pool) -> Result<&'a Pool> {
     Ok(pool)
 }
 
+/// An empty per-layer table with room for `layers` entries: `num_layers` is
+/// the caller's, so its allocation must fail as OUT_OF_MEMORY, not abort.
+fn table_for<T>(layers: usize) -> Result<Vec<T>> {
+    let mut table = Vec::new();
+    table.try_reserve_exact(layers).map_err(|_| {
+        err!(
+            OutOfMemory,
+            "params.num_layers: cannot allocate a table of {layers} layers"
+        )
+    })?;
+    Ok(table)
+}
+
 /// Creates a unified KV pool on `ctx`. `params` and the arrays it points to are
 /// host memory read during the call. `*out` receives a handle owned by the
 /// caller (free with `unikv_pool_destroy`). Thread-safe.
@@ -177,13 +190,15 @@ pub unsafe extern "C" fn unikv_pool_create(
             NullArgument,
             "params.compress_ratios"
         );
-        let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, p.num_layers as usize);
-        let ratios = raw_ratios
-            .iter()
-            .enumerate()
-            .map(|(i, r)| Ratio::from_raw(&format!("params.compress_ratios[{i}]"), *r))
-            .collect::<Result<Vec<_>>>()?;
         let layers = p.num_layers as usize;
+        let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, layers);
+        let mut ratios = table_for(layers)?;
+        for (i, r) in raw_ratios.iter().enumerate() {
+            ratios.push(Ratio::from_raw(
+                &format!("params.compress_ratios[{i}]"),
+                *r,
+            )?);
+        }
         let fp8 = dtype.fp8_format().is_some();
         ensure!(
             p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
@@ -195,19 +210,21 @@ pub unsafe extern "C" fn unikv_pool_create(
             NullArgument,
             "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
         );
-        let adopt = (!p.layer_buffers.is_null()).then(|| {
+        let adopt = if p.layer_buffers.is_null() {
+            None
+        } else {
             let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
-            (0..layers)
-                .map(|l| LayerBuffers {
-                    data: data[l],
-                    rope: if fp8 {
-                        *(p.rope_buffers as *const *mut u8).add(l)
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                })
-                .collect::<Vec<_>>()
-        });
+            let mut adopt = table_for(layers)?;
+            adopt.extend((0..layers).map(|l| LayerBuffers {
+                data: data[l],
+                rope: if fp8 {
+                    *(p.rope_buffers as *const *mut u8).add(l)
+                } else {
+                    std::ptr::null_mut()
+                },
+            }));
+            Some(adopt)
+        };
         let config = PoolConfig {
             ratios,
             max_requests: p.max_requests as usize,
