@@ -199,6 +199,8 @@ pub struct Arg {
     /// After the call (filled by `Call::finish`).
     pub after: Vec<u8>,
     pub desc: unikv_tensor,
+    /// The call reads or writes it (false: a field the operation ignores).
+    pub checked: bool,
 }
 
 /// A region of library-owned memory (pool rows) that must not change when
@@ -557,7 +559,7 @@ impl Call {
                         .iter()
                         .any(|&(b0, b1)| a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
                 });
-                if self.cfg.aliasing_strict && !exact && shared {
+                if self.cfg.aliasing_strict && !exact && shared && target.checked {
                     self.fail_because(format!("{} partially overlaps {}", spec.name, target.name));
                 }
                 desc = d;
@@ -575,6 +577,7 @@ impl Call {
             image,
             after: Vec::new(),
             desc,
+            checked: spec.checked,
         });
         desc
     }

@@ -332,6 +332,7 @@ pub fn hash_topk(w: &mut World, c: &mut Cursor) {
     let routed = c.range(1, 4);
     let shared = c.below(2);
     let vocab = c.range(1, 6);
+    let logits_arg = call.args.len();
     let router_logits = call.tensor(
         c,
         Spec::new(
@@ -452,6 +453,8 @@ pub fn hash_topk(w: &mut World, c: &mut Cursor) {
         args.num_real_tokens_host as usize
     };
     let sw = call.args[wt_arg + 1].desc.shape[1] as usize;
+    // The experts the call saw: an accepted hostile edit may widen the rows.
+    let experts = call.args[logits_arg].desc.shape[1] as usize;
     for t in 0..n {
         let row = &ids[t * sw..t * sw + slots];
         if t < real {
