@@ -97,6 +97,7 @@ fn regressions_replay_cleanly() {
         eprintln!("replaying {}", f.display());
         if open.contains(&name) && reproduces_open_defects() {
             let failed = std::panic::catch_unwind(|| fuzz_harness::run(&data)).is_err();
+            fuzz_harness::reset();
             assert!(
                 failed,
                 "{name} passes now: its defect is fixed, remove it from fuzz/regressions/OPEN"

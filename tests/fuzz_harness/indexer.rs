@@ -12,7 +12,7 @@ use unikv::ffi::routing::*;
 use super::call::{with_struct, Fill, Role, Spec, BF16, F32, I32, U8};
 use super::stores::{
     absent, count, ctx_of, either, f32_scalar, fp8_dtype, locations, positions, rope_arg,
-    rope_positions, scalar, slack, tokens, IDX,
+    rope_positions, scalar, scalar_past, slack, tokens, IDX,
 };
 use super::{Cursor, World};
 
@@ -63,7 +63,7 @@ pub fn prepare_q(w: &mut World, c: &mut Cursor) {
         weights_out,
         q_dtype: fp8_dtype(c, &mut call),
         num_tokens: count(c, &mut call, n, held),
-        num_heads: scalar(c, &mut call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
+        num_heads: scalar_past(c, &mut call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
         weight_scale: f32_scalar(
             c,
             &mut call,
@@ -246,7 +246,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
         c,
         Spec::new("topk_indices", IDX, &[held, width], Role::Out, Fill::Poison).pad(),
     );
-    let topk = scalar(
+    let topk = scalar_past(
         c,
         &mut call,
         k as u32,
@@ -258,7 +258,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
     } else {
         (
             fp8_dtype(c, &mut call),
-            scalar(c, &mut call, h as u32, &[0, 65, h as u32 + 1], "num_heads"),
+            scalar_past(c, &mut call, h as u32, &[0, 65, h as u32 + 1], "num_heads"),
         )
     };
     let args = unikv_indexer_topk_args {

@@ -108,7 +108,10 @@ pub fn context_create(w: &mut World, c: &mut Cursor) {
         assert_eq!(info.cpu_threads, o.cpu_threads, "cpu_threads");
     }
     assert_eq!(info.validate, (o.validate != 0) as u32, "validate");
-    if w.ctxs.len() >= 3 {
+    // Harness buffers live in the memory of the configured backend: a
+    // context of another backend (a CPU one in a CUDA run) could only be
+    // handed memory it cannot reach.
+    if w.ctxs.len() >= 3 || info.backend != w.cfg.backend {
         unsafe { unikv_context_destroy(out) };
         return;
     }

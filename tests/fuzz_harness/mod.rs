@@ -69,13 +69,19 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
-/// The harness contexts, by backend and `validate` (see `World::new`).
-static CONTEXTS: std::sync::Mutex<Vec<(u32, bool, usize)>> = std::sync::Mutex::new(Vec::new());
+thread_local! {
+    /// The harness contexts of this thread, by backend and `validate` (see
+    /// `World::new`): per thread, so that an input that makes a context
+    /// unusable (a caught panic) cannot fail another thread's inputs.
+    static CONTEXTS: std::cell::RefCell<Vec<(u32, bool, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
 
-/// Forgets the harness contexts (after a failed input, which may have left
-/// one unusable): the next input creates fresh ones. The old ones leak.
+/// Forgets this thread's harness contexts (after a failed input, which may
+/// have left one unusable): the next input creates fresh ones. The old ones
+/// leak.
 pub fn reset() {
-    CONTEXTS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    CONTEXTS.with(|c| c.borrow_mut().clear());
 }
 
 pub struct CtxState {
@@ -164,9 +170,14 @@ impl World {
     pub fn new(cfg: Config, validate: bool) -> Self {
         use std::sync::OnceLock;
         static ROPE: OnceLock<Vec<f32>> = OnceLock::new();
-        let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
-        let ctx = match known.iter().find(|k| k.0 == cfg.backend && k.1 == validate) {
-            Some(k) => k.2 as *mut unikv_context,
+        let known = CONTEXTS.with(|c| {
+            c.borrow()
+                .iter()
+                .find(|k| k.0 == cfg.backend && k.1 == validate)
+                .map(|k| k.2)
+        });
+        let ctx = match known {
+            Some(h) => h as *mut unikv_context,
             None => {
                 let options = unikv_context_options {
                     struct_size: std::mem::size_of::<unikv_context_options>(),
@@ -178,7 +189,7 @@ impl World {
                 let mut ctx = ptr::null_mut();
                 let status = unsafe { unikv_context_create(&options, &mut ctx) };
                 assert_eq!(status as u32, 0, "harness context: {}", last_error());
-                known.push((cfg.backend, validate, ctx as usize));
+                CONTEXTS.with(|c| c.borrow_mut().push((cfg.backend, validate, ctx as usize)));
                 ctx
             }
         };

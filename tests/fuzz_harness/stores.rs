@@ -87,9 +87,19 @@ pub fn scalar(c: &mut Cursor, call: &mut Call, v: u32, bad: &[u32], why: &str) -
     v
 }
 
+/// `v`, or now and then one of `bad`, which the call must refuse unless a
+/// hostile descriptor grew the extent it is compared with.
+pub fn scalar_past(c: &mut Cursor, call: &mut Call, v: u32, bad: &[u32], why: &str) -> u32 {
+    if !bad.is_empty() && c.chance(12) {
+        call.fail_unless_grown(why.to_string());
+        return c.pick(bad);
+    }
+    v
+}
+
 /// A token count for `num_tokens`: honest `t`, or more than the buffers hold.
 pub fn count(c: &mut Cursor, call: &mut Call, t: usize, held: usize) -> u32 {
-    scalar(
+    scalar_past(
         c,
         call,
         t as u32,
@@ -528,7 +538,7 @@ pub fn prepare_qkv(w: &mut World, c: &mut Cursor) {
         rows,
         layer: t.layer,
         num_tokens: count(c, &mut call, n, held),
-        num_heads: scalar(c, &mut call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
+        num_heads: scalar_past(c, &mut call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
         q_eps: f32_scalar(c, &mut call, 1e-6, &eps_bad, "q_eps"),
         kv_eps: f32_scalar(c, &mut call, 1e-6, &eps_bad, "kv_eps"),
         reserved: scalar(c, &mut call, 0, &[1], "reserved"),
@@ -565,7 +575,7 @@ pub fn inverse_rope(w: &mut World, c: &mut Cursor) {
         positions,
         rope_table,
         num_tokens: count(c, &mut call, n, held),
-        num_heads: scalar(
+        num_heads: scalar_past(
             c,
             &mut call,
             h as u32,

@@ -12,7 +12,8 @@ use unikv::ffi::pool::unikv_pool;
 
 use super::call::{with_struct, Call, Fill, Role, Spec, POISON_I32};
 use super::stores::{
-    absent, batch_ids, count, position, positions, req_slots, scalar, slack, tokens, IDX,
+    absent, batch_ids, count, position, positions, req_slots, scalar, scalar_past, slack, tokens,
+    IDX,
 };
 use super::{Cursor, StreamsMemo, World};
 
@@ -203,7 +204,7 @@ pub fn decode_streams(w: &mut World, c: &mut Cursor) {
     let (hca_ip, hca_indptr, hca_indices) = out(&mut call, c, "hca_indptr", win + width);
     let (csa_ip, csa_indptr, csa_indices) = out(&mut call, c, "csa_indptr", win + topk);
     let csa_topk = if n > 0 {
-        scalar(
+        scalar_past(
             c,
             &mut call,
             topk as u32,
@@ -249,7 +250,7 @@ pub fn decode_streams(w: &mut World, c: &mut Cursor) {
     let csa: Vec<i64> = (0..n)
         .map(|k| {
             if real(k) {
-                swa[k] + ((pos[k] + 1) / 4).min(topk as i64)
+                swa[k] + ((pos[k] + 1) / 4).min(csa_topk as i64)
             } else {
                 0
             }
@@ -295,7 +296,7 @@ pub fn decode_streams(w: &mut World, c: &mut Cursor) {
         pool: i,
         batch_id: bid[..n].to_vec(),
         positions: pos[..n].to_vec(),
-        csa_topk: topk,
+        csa_topk: csa_topk as usize,
         csa_indptr: call.ints_after(csa_ip),
         csa_indices: call.ints_after(csa_ip + 1),
     });
