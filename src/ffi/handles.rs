@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RwLock;
 
 use crate::error::{err, Result};
 
@@ -25,18 +25,10 @@ pub trait Handle: Sized + 'static {
     const KIND: &'static str;
 }
 
-fn live() -> RwLockReadGuard<'static, BTreeMap<usize, &'static str>> {
-    LIVE.read()
-}
-
-fn live_mut() -> RwLockWriteGuard<'static, BTreeMap<usize, &'static str>> {
-    LIVE.write()
-}
-
 /// Boxes `value`, registers it, and returns the handle for the caller.
 pub fn new_handle<T: Handle>(value: T) -> *mut T {
     let ptr = Box::into_raw(Box::new(value));
-    live_mut().insert(ptr as usize, T::KIND);
+    LIVE.write().insert(ptr as usize, T::KIND);
     ptr
 }
 
@@ -65,7 +57,7 @@ pub unsafe fn handle<'a, T: Handle>(name: &str, ptr: *const T) -> Result<&'a T> 
     if ptr.is_null() {
         return Err(err!(NullArgument, "{name}"));
     }
-    check(name, ptr, live().get(&(ptr as usize)).copied())?;
+    check(name, ptr, LIVE.read().get(&(ptr as usize)).copied())?;
     // SAFETY: registered by `new_handle` and not yet destroyed.
     Ok(&*ptr)
 }
@@ -80,7 +72,7 @@ pub unsafe fn destroy_handle<T: Handle>(name: &str, ptr: *mut T) -> Result<()> {
         return Ok(());
     }
     {
-        let mut live = live_mut();
+        let mut live = LIVE.write();
         check(name, ptr, live.get(&(ptr as usize)).copied())?;
         live.remove(&(ptr as usize));
     }

@@ -151,7 +151,7 @@ fn stream_out(
 pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream) -> Result<()> {
     pool.context().check_usable()?;
     let geometry = pool.geometry();
-    geometry.check_row_ids(Ratio::Hca)?;
+    // CSA rows are the most of any ratio, so this covers the HCA stream too.
     geometry.check_row_ids(Ratio::Csa)?;
     let t = raw.num_tokens;
     let win = geometry.config.window;
