@@ -1,7 +1,7 @@
 // Row-gather probe (H200): how fast can one SM pull random 1 KB rows into
 // shared memory with each copy mechanism, at 1 and 2 blocks per SM and with
 // few SMs (the small-batch decode case)? Decides how attention gathers its key
-// tiles (bench/NOTES.md, version 9). Build and run on the GPU machine:
+// tiles (bench/notes/v09.md). Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90a bench/probes/gather.cu -o /tmp/gather && /tmp/gather
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -7,8 +7,8 @@
 // (half the slots of 64-token pages). A plain kernel that moves the same bytes
 // (rows in, contiguous 584-byte records out) gives this size's practical
 // ceiling. The block-size gain reached the library only once its kernels
-// stopped branching per thread on the location type (bench/NOTES.md,
-// versions 23 and 24). Build and run on the GPU machine:
+// stopped branching per thread on the location type (bench/notes/v23.md
+// and v24.md). Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels bench/probes/store_flashmla.cu -o /tmp/sf && /tmp/sf
 #include <cuda_runtime.h>
 
