@@ -1,5 +1,5 @@
 //! The CSA path of one decode step end to end, through the C ABI, on any
-//! context (tests/csa_pipeline.rs runs it on the CPU backend, tests/gpu.rs on
+//! context (tests/csa_pipeline.rs runs it on the CPU backend, tests/gpu/indexer.rs on
 //! the GPU): compressed indexer keys stored with `unikv_indexer_prepare_k`,
 //! the tokens' indexer queries from `unikv_indexer_prepare_q`, their top-k
 //! from `unikv_indexer_topk`, the CSA stream from `unikv_build_decode_streams`

@@ -1,5 +1,5 @@
 //! Indexer query and key preparation cases shared by tests/indexer.rs (CPU
-//! backend against a float64 reference) and tests/gpu.rs (GPU against CPU):
+//! backend against a float64 reference) and tests/gpu/indexer.rs (GPU against CPU):
 //! random inputs, argument structs over buffers in any context's memory, and
 //! the reference checks of spec store_fused §4.1, §4.2 (the Hadamard
 //! transform as the explicit ±1 matrix).
