@@ -1,7 +1,7 @@
 //! Indexer query and key preparation cases shared by tests/indexer.rs (CPU
-//! backend against a float64 reference) and tests/gpu/indexer.rs (GPU against CPU):
-//! random inputs, argument structs over buffers in any context's memory, and
-//! the reference checks of spec store_fused §4.1, §4.2 (the Hadamard
+//! backend against a float64 reference) and tests/gpu/indexer.rs (GPU against
+//! CPU): random inputs, argument structs over buffers in any context's memory,
+//! and the reference checks of spec store_fused §4.1, §4.2 (the Hadamard
 //! transform as the explicit ±1 matrix).
 
 use std::os::raw::c_void;
