@@ -1,7 +1,7 @@
 //! Inputs and the host oracle of the cache-store tests (tests/cache_store.rs on
-//! the CPU backend, tests/gpu.rs against it): both layouts behind one call
-//! shape, random rows and locations, and the bytes `unikv::cache_layouts`
-//! writes for them.
+//! the CPU backend, tests/gpu/cache_stores.rs against it): both layouts behind
+//! one call shape, random rows and locations, and the bytes
+//! `unikv::cache_layouts` writes for them.
 
 use std::os::raw::c_void;
 use std::ptr;

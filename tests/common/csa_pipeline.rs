@@ -1,9 +1,10 @@
 //! The CSA path of one decode step end to end, through the C ABI, on any
-//! context (tests/csa_pipeline.rs runs it on the CPU backend, tests/gpu.rs on
-//! the GPU): compressed indexer keys stored with `unikv_indexer_prepare_k`,
-//! the tokens' indexer queries from `unikv_indexer_prepare_q`, their top-k
-//! from `unikv_indexer_topk`, the CSA stream from `unikv_build_decode_streams`
-//! and `unikv_fill_csa_tail`, and `unikv_sparse_decode` over it.
+//! context (tests/csa_pipeline.rs runs it on the CPU backend,
+//! tests/gpu/indexer.rs on the GPU): compressed indexer keys stored with
+//! `unikv_indexer_prepare_k`, the tokens' indexer queries from
+//! `unikv_indexer_prepare_q`, their top-k from `unikv_indexer_topk`, the CSA
+//! stream from `unikv_build_decode_streams` and `unikv_fill_csa_tail`, and
+//! `unikv_sparse_decode` over it.
 //!
 //! Checked against float64 computed here: every visible key's score from the
 //! stored codes (`k_scale * sum_h w_h * relu(q_h . k)`), the op's set is a

@@ -1,6 +1,7 @@
 //! hash_topk cases shared by tests/routing.rs (CPU backend against a float64
-//! reference) and tests/gpu.rs (GPU against CPU): random inputs, the argument
-//! struct over buffers in any context's memory, and the reference check.
+//! reference) and tests/gpu/routing.rs (GPU against CPU): random inputs, the
+//! argument struct over buffers in any context's memory, and the reference
+//! check.
 
 use std::os::raw::c_void;
 

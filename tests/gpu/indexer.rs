@@ -1,5 +1,5 @@
 //! Indexer query and key preparation on the GPU against the CPU backend and
-//! the float64 references of tests/common/indexer.rs. Queries: codes and
+//! the float64 references of tests/common/indexer/. Queries: codes and
 //! folded weights bit for bit (the same fp32 operations in the same order).
 //! Keys: each code within 1 of the CPU's and the scale within 2 f32 ulps (the
 //! RMSNorm factor's double sum is a reduction). A position outside the table

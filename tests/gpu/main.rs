@@ -1,0 +1,40 @@
+//! The CUDA backend against the CPU backend (the oracle), through the C ABI,
+//! one module per operation; the helpers they share are in harness.rs.
+//! Without a usable GPU only `auto_context_falls_back_to_cpu` runs; set
+//! UNIKV_EXPECT_GPU=1 to make a missing GPU a failure. UNIKV_GPU_TEST_SMALL=1
+//! shrinks the shapes for compute-sanitizer runs.
+#![cfg(feature = "cuda")]
+
+#[path = "../common/mod.rs"]
+mod common;
+mod harness;
+
+mod attention;
+mod cache_stores;
+mod context;
+mod fp8_codec;
+mod graph;
+mod index;
+mod indexer;
+mod inverse_rope;
+mod merge;
+mod prepare_qkv;
+mod routing;
+mod stores;
+mod validate_mode;
+
+use std::os::raw::c_void;
+use std::ptr;
+
+use common::*;
+use half::bf16;
+use harness::*;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::Rng;
+use unikv::cache_layouts::unified;
+use unikv::ffi::attention::*;
+use unikv::ffi::context::*;
+use unikv::ffi::index::*;
+use unikv::ffi::store::*;
+use unikv::ffi::types::{unikv_dtype, unikv_tensor};
+use unikv::fp8::Fp8Format;
