@@ -1,7 +1,7 @@
 //! unikv: DeepSeek-V4 sparse attention over a unified KV pool.
 //!
 //! Layers, top to bottom; a module uses its own layer and those below, never
-//! one above:
+//! one above (tests/layering.rs checks it from the imports):
 //! - `ffi`: the C ABI;
 //! - `ops`: validation of caller descriptors into the typed argument contract;
 //! - `context`, `pool`, `plan`: the objects that hold a backend and what it
