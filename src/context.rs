@@ -112,11 +112,16 @@ impl Context {
     }
 }
 
+/// The GPU backend on `device`, wrapped in `Validating` in validate mode.
 #[cfg(unikv_gpu)]
 fn gpu_backend(device: i32, validate: bool) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(crate::backend::gpu::GpuBackend::open(
-        device, validate,
-    )?))
+    use crate::backend::{gpu::GpuBackend, validating::Validating};
+    let gpu = GpuBackend::open(device)?;
+    Ok(if validate {
+        Box::new(Validating::new(gpu))
+    } else {
+        Box::new(gpu)
+    })
 }
 
 #[cfg(not(unikv_gpu))]

@@ -1,11 +1,22 @@
 //! unikv: DeepSeek-V4 sparse attention over a unified KV pool.
 //!
-//! Layers, top to bottom (nothing calls upward): `ffi` (the C ABI) -> `ops`
-//! (argument validation into typed views) -> `backend` (CPU now; GPU backends
-//! plug into the same trait). `geometry`, `pool`, `plan`, `tensor` hold the
-//! domain types; `fp8` is the bit-exact FP8/UE8M0 codec the GPU codec must
-//! match. See ARCHITECTURE.md.
+//! Layers, top to bottom; a module uses its own layer and those below, never
+//! one above (tests/layering.rs checks it from the imports):
+//! - `ffi`: the C ABI;
+//! - `ops`: validation of caller descriptors into the typed argument contract;
+//! - `context`, `pool`, `plan`: the objects that hold a backend and what it
+//!   allocated or planned;
+//! - `backend`: the `Backend` trait, the CPU backend, the CUDA/ROCm backend,
+//!   the device-value rules both apply, and the validate-mode wrapper;
+//! - `args`: the contract between `ops` and the backends (`*Args`,
+//!   `PlanShape`, `LayerRows`);
+//! - domain types and math: `geometry`, `tensor`, `dtype`, `error`, `slots`,
+//!   `overlap`, `cache_layouts`, `rope`, `indexer`, `routing`, and `fp8`, the
+//!   bit-exact FP8/UE8M0 codec the GPU codec must match.
+//!
+//! See ARCHITECTURE.md.
 
+pub mod args;
 pub mod backend;
 /// FlashMLA FP8 KV cache and indexer key cache byte layouts (spec store_fused §1.1, §1.2).
 pub mod cache_layouts;

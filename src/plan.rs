@@ -4,73 +4,9 @@
 
 use std::sync::Arc;
 
-use crate::backend::PlannedLaunch;
+use crate::args::attention::{PlanShape, PlannedLaunch};
 use crate::context::Context;
-use crate::dtype::DType;
-use crate::error::{ensure, Result};
-use crate::geometry::HEAD_DIM;
-
-/// Largest local head count a plan accepts.
-pub const MAX_HEADS: usize = 128;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanKind {
-    Decode,
-    Prefill,
-}
-
-/// The capture-time shapes a plan is made for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PlanShape {
-    pub kind: PlanKind,
-    pub max_tokens: usize,
-    pub num_heads: usize,
-    pub head_dim: usize,
-    pub q_dtype: DType,
-    pub kv_dtype: DType,
-    pub out_dtype: DType,
-}
-
-impl PlanShape {
-    pub fn check(&self) -> Result<()> {
-        ensure!(
-            self.max_tokens >= 1 && self.max_tokens <= i32::MAX as usize,
-            InvalidArgument,
-            "params.max_tokens: {} is outside 1..=2^31-1",
-            self.max_tokens
-        );
-        ensure!(
-            (1..=MAX_HEADS).contains(&self.num_heads),
-            InvalidArgument,
-            "params.num_heads: {} is outside 1..={MAX_HEADS}",
-            self.num_heads
-        );
-        ensure!(
-            self.head_dim == HEAD_DIM,
-            InvalidArgument,
-            "params.head_dim: {} is not supported, expected {HEAD_DIM}",
-            self.head_dim
-        );
-        ensure!(
-            self.kv_dtype == DType::Bf16 || self.kv_dtype.fp8_format().is_some(),
-            BadDtype,
-            "params.kv_dtype: {} is not supported, expected the pool's dtype (bf16, fp8_e4m3fn or fp8_e4m3fnuz)",
-            self.kv_dtype.name()
-        );
-        for (name, dtype) in [
-            ("params.q_dtype", self.q_dtype),
-            ("params.out_dtype", self.out_dtype),
-        ] {
-            ensure!(
-                dtype == DType::Bf16,
-                BadDtype,
-                "{name}: {} is not supported, expected bf16",
-                dtype.name()
-            );
-        }
-        Ok(())
-    }
-}
+use crate::error::Result;
 
 #[derive(Debug)]
 pub struct AttentionPlan {

@@ -8,40 +8,17 @@ use std::sync::Arc;
 
 use half::bf16;
 
+use crate::args::LayerRows;
 use crate::cache_layouts::unified::{NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{ensure, err, Error, Result};
-use crate::fp8::Fp8Format;
 use crate::geometry::{Geometry, PoolConfig, HEAD_DIM};
 use crate::slots::SlotAllocator;
 use crate::tensor::{Matrix, ROW_ALIGN};
 
 /// Bytes of one bf16 latent row.
 pub const ROW_BYTES: usize = HEAD_DIM * 2;
-
-/// One layer's rows as operations see them. Row ids are the same in both
-/// kinds; an FP8 row is quantized on store and dequantized inside attention.
-#[derive(Debug, Clone, Copy)]
-pub enum LayerRows {
-    Bf16(Matrix<bf16>),
-    Fp8 {
-        /// `[rows, 512]` bytes: 448 codes, 7 scale bytes twice, zero padding.
-        nope: Matrix<u8>,
-        /// `[rows, 64]` bf16.
-        rope: Matrix<bf16>,
-        format: Fp8Format,
-    },
-}
-
-impl LayerRows {
-    pub fn rows(&self) -> usize {
-        match self {
-            LayerRows::Bf16(m) => m.shape[0],
-            LayerRows::Fp8 { nope, .. } => nope.shape[0],
-        }
-    }
-}
 
 /// A layer's buffers: `data` holds bf16 rows or FP8 nope rows; `rope` is null
 /// for bf16 pools.

@@ -1,25 +1,32 @@
-//! The backend seam. Every operation validates its arguments into typed views
-//! (`crate::ops`) and then calls one method of [`Backend`]. The CPU backend is
-//! always compiled; GPU backends implement the same trait over the kernel shim.
+//! The backend seam. Every operation validates its arguments into the typed
+//! views of `crate::args` (in `crate::ops`) and then calls one method of
+//! [`Backend`]. The CPU backend is always compiled; the GPU backend implements
+//! the same trait over the kernel shim. Values in backend memory are checked by
+//! `rules`, which the CPU backend runs on its arguments and `validating` (a
+//! GPU context's validate mode) on host copies; neither backend uses the other.
 
 pub mod cpu;
 #[cfg(unikv_gpu)]
 pub mod gpu;
+pub(crate) mod host;
+pub(crate) mod rules;
+#[cfg(unikv_gpu)]
+pub mod validating;
 
 use std::ffi::c_void;
 use std::fmt::Debug;
 
+use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
+use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
+use crate::args::merge::MergeArgs;
+use crate::args::rope::InverseRopeArgs;
 use crate::error::Result;
-use crate::ops::attention::{AttentionArgs, PlanShape};
-use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
-use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
-use crate::ops::merge::MergeArgs;
-use crate::ops::rope::InverseRopeArgs;
 
-use crate::ops::prepare::PrepareQkvArgs;
-use crate::ops::routing::HashTopkArgs;
-use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
+use crate::args::prepare::PrepareQkvArgs;
+use crate::args::routing::HashTopkArgs;
+use crate::args::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// Which implementation a context runs on. Values are part of the C ABI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,20 +51,6 @@ pub enum CopyKind {
     HostToDevice,
     DeviceToHost,
     DeviceToDevice,
-}
-
-/// Backend-specific launch configuration kept in a plan (kernels loaded, split
-/// counts chosen). The CPU backend keeps none.
-pub trait PlanState: Send + Sync + Debug {
-    /// For the backend that made the plan to recover its own type.
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-/// What a backend decided for a plan: its workspace needs and private state.
-#[derive(Debug)]
-pub struct PlannedLaunch {
-    pub workspace_bytes: usize,
-    pub state: Option<Box<dyn PlanState>>,
 }
 
 /// One implementation of every operation. Methods receive validated views; the

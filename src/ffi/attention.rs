@@ -2,6 +2,7 @@
 
 use std::os::raw::c_void;
 
+use crate::args::attention::{PlanKind, PlanShape, Workspace};
 use crate::backend::Stream;
 use crate::dtype::DType;
 use crate::error::{ensure, Result};
@@ -11,9 +12,9 @@ use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
-use crate::ops::attention::{self, AttentionRaw, ExtendRaw, InverseRopeRaw, Workspace};
+use crate::ops::attention::{self, AttentionRaw, ExtendRaw, InverseRopeRaw};
 use crate::ops::merge::{self, MergeRaw};
-use crate::plan::{AttentionPlan, PlanKind, PlanShape};
+use crate::plan::AttentionPlan;
 
 /// Opaque decode plan: launch configuration for capture-time shapes. Immutable
 /// after creation; thread-safe (concurrent launches need distinct workspaces).

@@ -10,10 +10,10 @@
 
 use std::fmt;
 
+use crate::args::LayerRows;
 use crate::dtype::DType;
 use crate::error::{err, Error, Result};
 use crate::overlap::Footprint;
-use crate::pool::LayerRows;
 use crate::tensor::{Elem, FloatRows, IndexVector, View, MAX_DIMS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,17 +10,19 @@ use std::sync::Arc;
 
 use half::bf16;
 
+use crate::args::attention::{
+    AttentionArgs, InverseRopeEpilogue, KvSource, PlanKind, Workspace, SOURCE_NAMES,
+};
+use crate::args::LayerRows;
 use crate::backend::Stream;
 use crate::error::{ensure, err, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::aliasing::{self, input, output, pool_input, scratch};
 use crate::ops::rope;
 use crate::ops::tokens;
-use crate::plan::{AttentionPlan, PlanKind};
-use crate::pool::{LayerRows, Pool};
-use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
-
-pub use crate::plan::PlanShape;
+use crate::plan::AttentionPlan;
+use crate::pool::Pool;
+use crate::tensor::{Extent, Matrix, RawTensor, ROW_ALIGN};
 
 /// Caller arguments shared by decode and prefill; prefill adds the extend source.
 #[derive(Debug, Clone, Copy)]
@@ -44,66 +46,12 @@ pub struct InverseRopeRaw {
     pub positions: RawTensor,
 }
 
-/// Validated epilogue: dims 448..511 of token t's outputs are rotated by the
-/// conjugate of `table` row `positions[t]` before rounding (`rope::inverse_rope_row`).
-#[derive(Debug, Clone, Copy)]
-pub struct InverseRopeEpilogue {
-    pub table: Matrix<f32>,
-    pub positions: IndexVector,
-}
-
 #[derive(Debug, Clone, Copy)]
 pub struct ExtendRaw {
     pub kv: RawTensor,
     pub indices: RawTensor,
     pub indptr: RawTensor,
 }
-
-/// One key/value source: rows of `kv` named by `indices[indptr[t]..indptr[t+1]]`.
-/// The pool source has the pool's row kind; prefill's extend rows are bf16.
-#[derive(Debug, Clone, Copy)]
-pub struct KvSource {
-    pub kv: LayerRows,
-    pub indices: Vector<i32>,
-    pub indptr: Vector<i32>,
-}
-
-/// Caller-provided scratch memory, at least the plan's workspace size.
-#[derive(Debug, Clone, Copy)]
-pub struct Workspace {
-    pub ptr: *mut u8,
-    pub bytes: usize,
-}
-
-// SAFETY: an address in the context's memory, written only by the launch it is
-// passed to.
-unsafe impl Send for Workspace {}
-unsafe impl Sync for Workspace {}
-
-/// Validated attention call. `skip_negative` is the prefill rule: index -1 is
-/// skipped; decode streams must hold only valid rows.
-#[derive(Debug)]
-pub struct AttentionArgs<'a> {
-    pub plan: &'a AttentionPlan,
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub softmax_scale: f32,
-    pub q: Tensor3<bf16>,
-    /// Key sources in order; only the first `num_sources` are used.
-    sources: [KvSource; 2],
-    num_sources: usize,
-    pub skip_negative: bool,
-    pub sink: Option<Vector<f32>>,
-    pub out: Tensor3<bf16>,
-    pub lse: Option<Matrix<f32>>,
-    pub workspace: Workspace,
-    /// Decode only.
-    pub inverse_rope: Option<InverseRopeEpilogue>,
-}
-
-/// Argument names of each key source (static: no formatting on the launch path).
-pub const SOURCE_NAMES: [(&str, &str); 2] =
-    [("indices", "indptr"), ("extend_indices", "extend_indptr")];
 
 fn source(
     which: usize,
@@ -118,13 +66,6 @@ fn source(
         indices: indices.view(indices_name, [Extent::AtLeast(0)], 4)?,
         indptr: indptr.view(indptr_name, [Extent::AtLeast(t + 1)], 4)?,
     })
-}
-
-impl AttentionArgs<'_> {
-    /// The key sources in order: the pool layer, then prefill's extend rows.
-    pub fn sources(&self) -> &[KvSource] {
-        &self.sources[..self.num_sources]
-    }
 }
 
 /// Validates a call: `extend` for prefill, `epilogue_raw` for decode.
@@ -189,7 +130,7 @@ fn validate<'a>(
     }
     let row = [tokens(t), Extent::Exact(h), Extent::Exact(HEAD_DIM)];
     let args = AttentionArgs {
-        plan,
+        launch: plan.launch(),
         num_tokens: t,
         num_heads: h,
         softmax_scale: raw.softmax_scale,
@@ -227,7 +168,7 @@ fn check_overlaps(args: &AttentionArgs, layer: u32) -> Result<()> {
     let keys = &args.sources[0];
     let extend = args.sources().get(1);
     let epilogue = args.inverse_rope;
-    let workspace_bytes = args.plan.workspace_bytes();
+    let workspace_bytes = args.launch.workspace_bytes;
     aliasing::check(
         &[
             output("out", &args.out),

@@ -2,8 +2,7 @@
 //! store_fused §1.1, §1.2, §2): the FlashMLA FP8 KV cache and the indexer key
 //! cache, addressed by flat token locations (negative = skip).
 
-use half::bf16;
-
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::backend::Stream;
 use crate::cache_layouts::flashmla::{self, FlashMlaGeometry};
 use crate::cache_layouts::indexer::{self, IndexerGeometry};
@@ -13,7 +12,7 @@ use crate::error::{ensure, err, Result};
 use crate::fp8::Fp8Format;
 use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
-use crate::tensor::{Extent, FloatRows, IndexVector, Matrix, RawTensor, ROW_ALIGN};
+use crate::tensor::{Extent, Matrix, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of both cache stores: `rows` is the FlashMLA latent or the
 /// indexer key.
@@ -25,42 +24,6 @@ pub struct CacheStoreRaw {
     pub page_size: u32,
     pub cache_dtype: u32,
     pub num_tokens: usize,
-}
-
-/// Where a validated store writes: a `[num_pages, bytes_per_page]` byte cache
-/// (row stride exactly `bytes_per_page`, so pages are contiguous and byte
-/// offsets are the layout's) and one location per token.
-#[derive(Debug, Clone, Copy)]
-pub struct CacheTarget {
-    pub cache: Matrix<u8>,
-    pub loc: IndexVector,
-    pub num_tokens: usize,
-    pub page_size: u64,
-}
-
-impl CacheTarget {
-    /// Token slots the cache holds: locations at or past this are out of range.
-    pub fn token_slots(&self) -> u64 {
-        self.cache.shape[0] as u64 * self.page_size
-    }
-}
-
-/// Validated `store_flashmla`: row t of `kv` (512 bf16) is quantized to
-/// location `loc[t]`.
-#[derive(Debug, Clone, Copy)]
-pub struct FlashMlaStoreArgs {
-    pub geometry: FlashMlaGeometry,
-    pub target: CacheTarget,
-    pub kv: Matrix<bf16>,
-}
-
-/// Validated `store_indexer`: row t of `key` (128 bf16 or f32) is quantized to
-/// location `loc[t]`.
-#[derive(Debug, Clone, Copy)]
-pub struct IndexerStoreArgs {
-    pub geometry: IndexerGeometry,
-    pub target: CacheTarget,
-    pub key: FloatRows,
 }
 
 pub fn store_flashmla(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Result<()> {

@@ -5,13 +5,14 @@
 //! (`batch_id < 0`) get zero-length slices. Index buffers are sized for the
 //! worst case so a launch never depends on the values it is given.
 
+use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
-use crate::geometry::{Geometry, Ratio};
+use crate::geometry::Ratio;
 use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::pool::Pool;
-use crate::tensor::{checked_mul, Extent, Matrix, RawTensor, Vector};
+use crate::tensor::{checked_mul, Extent, RawTensor};
 
 /// Caller arguments of `build_decode_streams`.
 #[derive(Debug, Clone, Copy)]
@@ -30,32 +31,6 @@ pub struct DecodeStreamsRaw {
     pub csa_indices: RawTensor,
 }
 
-/// One ragged stream: `indptr[T+1]` and the index buffer it points into.
-#[derive(Debug, Clone, Copy)]
-pub struct StreamOut {
-    pub indptr: Vector<i32>,
-    pub indices: Vector<i32>,
-}
-
-/// Validated `build_decode_streams`. Per non-padding token t of request b:
-/// `swa_len = min(pos + 1, window)`; `hca_len` = leading entries >= 0 of
-/// `c128_page_indices[t]` within `min((pos + 1) / 128, width)`;
-/// `csa_len = min((pos + 1) / 4, csa_topk)` (its tail is written per layer by
-/// `fill_csa_tail`).
-#[derive(Debug)]
-pub struct DecodeStreamsArgs<'a> {
-    pub geometry: &'a Geometry,
-    pub num_tokens: usize,
-    pub csa_topk: usize,
-    pub batch_id: Vector<i32>,
-    pub req_slots: Vector<i32>,
-    pub positions: Vector<i32>,
-    pub c128_page_indices: Option<Matrix<i32>>,
-    pub swa: StreamOut,
-    pub hca: StreamOut,
-    pub csa: StreamOut,
-}
-
 /// Caller arguments of `fill_csa_tail`.
 #[derive(Debug, Clone, Copy)]
 pub struct CsaTailRaw {
@@ -65,18 +40,6 @@ pub struct CsaTailRaw {
     pub csa_page_indices: RawTensor,
     pub csa_indptr: RawTensor,
     pub csa_indices: RawTensor,
-}
-
-/// Validated `fill_csa_tail`: for each non-padding token, the slice tail after
-/// its `min(pos + 1, window)` SWA entries receives `swa_rows + page_indices[t, j]`.
-#[derive(Debug)]
-pub struct CsaTailArgs<'a> {
-    pub geometry: &'a Geometry,
-    pub num_tokens: usize,
-    pub batch_id: Vector<i32>,
-    pub positions: Vector<i32>,
-    pub csa_page_indices: Matrix<i32>,
-    pub csa: StreamOut,
 }
 
 /// Caller arguments of `build_prefill_streams`.
@@ -94,25 +57,6 @@ pub struct PrefillStreamsRaw {
     pub prefix_indices: RawTensor,
     pub extend_indptr: RawTensor,
     pub extend_indices: RawTensor,
-}
-
-/// Validated `build_prefill_streams` (spec §4.3). Per non-padding token:
-/// prefix = ring rows of the window part before the chunk, then compressed rows
-/// (leading valid entries of the table within the token's visible groups);
-/// extend = rows of the chunk's own K tensor inside the window.
-#[derive(Debug)]
-pub struct PrefillStreamsArgs<'a> {
-    pub geometry: &'a Geometry,
-    pub num_tokens: usize,
-    pub ratio: Ratio,
-    pub batch_id: Vector<i32>,
-    pub req_slots: Vector<i32>,
-    pub positions: Vector<i32>,
-    pub chunk_start: Vector<i32>,
-    pub extend_start: Vector<i32>,
-    pub page_indices: Option<Matrix<i32>>,
-    pub prefix: StreamOut,
-    pub extend: StreamOut,
 }
 
 /// Argument names of one output stream (static: no formatting on the launch path).

@@ -3,20 +3,18 @@
 //! RMSNorm + RoPE + Hadamard + FP8 of compressed keys into the indexer key
 //! cache. The math is `crate::indexer`.
 
-use half::bf16;
-
+use crate::args::indexer::{
+    IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkScore, TopkSelect,
+};
 use crate::backend::Stream;
 use crate::cache_layouts::indexer::{IndexerGeometry, KEY_DIMS};
 use crate::context::Context;
 use crate::error::{ensure, Result};
-use crate::fp8::Fp8Format;
 use crate::ops::aliasing::{self, input, output};
-use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target, CacheTarget};
+use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
-use crate::tensor::{
-    Extent, FloatRows, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN,
-};
+use crate::tensor::{Extent, Matrix, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of `indexer_prepare_q`.
 #[derive(Debug, Clone, Copy)]
@@ -28,22 +26,6 @@ pub struct IndexerQueryRaw {
     pub q_fp8: RawTensor,
     pub weights_out: RawTensor,
     pub q_dtype: u32,
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub weight_scale: f32,
-}
-
-/// Validated `indexer_prepare_q`: token t's heads use table row
-/// `positions[t]` (a device value, not checked here).
-#[derive(Debug, Clone, Copy)]
-pub struct IndexerQueryArgs {
-    pub q: Tensor3<bf16>,
-    pub weights: Matrix<bf16>,
-    pub rope_table: Matrix<f32>,
-    pub positions: IndexVector,
-    pub q_fp8: Tensor3<u8>,
-    pub weights_out: Matrix<f32>,
-    pub fmt: Fp8Format,
     pub num_tokens: usize,
     pub num_heads: usize,
     pub weight_scale: f32,
@@ -61,19 +43,6 @@ pub struct IndexerKeyRaw {
     pub page_size: u32,
     pub cache_dtype: u32,
     pub num_tokens: usize,
-    pub eps: f32,
-}
-
-/// Validated `indexer_prepare_k`: key t uses table row `positions[t]` and is
-/// stored at `loc[t]` (device values, not checked here).
-#[derive(Debug, Clone, Copy)]
-pub struct IndexerKeyArgs {
-    pub geometry: IndexerGeometry,
-    pub target: CacheTarget,
-    pub key: FloatRows,
-    pub norm_weight: Vector<bf16>,
-    pub rope_table: Matrix<f32>,
-    pub positions: IndexVector,
     pub eps: f32,
 }
 
@@ -191,40 +160,6 @@ pub struct IndexerTopkRaw {
 pub const MAX_TOPK: usize = 2048;
 /// Most indexer heads the fused scoring takes (DeepSeek-V4 has 64).
 pub const MAX_SCORE_HEADS: usize = 64;
-
-/// Validated selection: token t (request `batch_id[t]`, negative = padding)
-/// ranks the first `(positions[t] + 1) / 4` columns of its `logits` row and
-/// writes the page indices of the best `topk` (or of all, when fewer) to its
-/// `topk_indices` row, front-packed, -1 after. Device values are not checked
-/// here.
-#[derive(Debug, Clone, Copy)]
-pub struct TopkSelect {
-    pub page_table: Matrix<i32>,
-    pub batch_id: Vector<i32>,
-    pub positions: IndexVector,
-    pub logits: Matrix<f32>,
-    pub topk_indices: Matrix<i32>,
-    pub num_tokens: usize,
-    pub topk: usize,
-}
-
-/// Validated scoring (the fused op): `logits[t][s]` = key s's score for token
-/// t, read from the indexer cache through the token's page-table row.
-#[derive(Debug, Clone, Copy)]
-pub struct TopkScore {
-    pub q_fp8: Tensor3<u8>,
-    pub weights: Matrix<f32>,
-    pub cache: Matrix<u8>,
-    pub geometry: IndexerGeometry,
-    pub num_heads: usize,
-}
-
-/// Validated `indexer_topk` (with `score`) or `indexer_topk_from_logits`.
-#[derive(Debug, Clone, Copy)]
-pub struct IndexerTopkArgs {
-    pub select: TopkSelect,
-    pub score: Option<TopkScore>,
-}
 
 fn topk_select(raw: &IndexerTopkRaw) -> Result<TopkSelect> {
     let (t, k) = (raw.num_tokens, raw.topk);

@@ -8,14 +8,15 @@
 
 use half::bf16;
 
+use crate::args::attention::MAX_HEADS;
+use crate::args::merge::MergeArgs;
 use crate::backend::Stream;
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
-use crate::plan::MAX_HEADS;
-use crate::tensor::{Extent, Matrix, RawTensor, Tensor3, Vector, View, ROW_ALIGN};
+use crate::tensor::{Extent, RawTensor, View, ROW_ALIGN};
 
 /// Caller arguments of `merge`.
 #[derive(Debug, Clone, Copy)]
@@ -26,19 +27,6 @@ pub struct MergeRaw {
     pub sink: RawTensor,
     pub out: RawTensor,
     pub lse: RawTensor,
-}
-
-/// Validated merge: `parts_out [P, >= T, H, 512]`, `parts_lse [P, >= T, H]`.
-#[derive(Debug)]
-pub struct MergeArgs {
-    pub num_tokens: usize,
-    pub num_parts: usize,
-    pub num_heads: usize,
-    pub parts_out: View<bf16, 4>,
-    pub parts_lse: Tensor3<f32>,
-    pub sink: Option<Vector<f32>>,
-    pub out: Tensor3<bf16>,
-    pub lse: Option<Matrix<f32>>,
 }
 
 pub fn merge(ctx: &Context, raw: &MergeRaw, stream: Stream) -> Result<()> {

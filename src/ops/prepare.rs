@@ -5,16 +5,15 @@
 //! `prepare_q_row` / `prepare_kv_row`; the stored row is the bf16 KV row, so an
 //! FP8 pool gets exactly the codes `unikv_store_swa` would give that row.
 
-use half::bf16;
-
+use crate::args::prepare::PrepareQkvArgs;
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
 use crate::ops::aliasing::{self, input, output, pool_output};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
-use crate::pool::{LayerRows, Pool};
-use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, Vector, ROW_ALIGN};
+use crate::pool::Pool;
+use crate::tensor::{Extent, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of `prepare_qkv`.
 #[derive(Debug, Clone, Copy)]
@@ -33,27 +32,6 @@ pub struct PrepareQkvRaw {
     pub rope_table: RawTensor,
     pub positions: RawTensor,
     pub rows: RawTensor,
-}
-
-/// Validated `prepare_qkv`. Token t uses table row `positions[t]`; its KV row
-/// goes to pool row `rows[t]` of the layer unless that is negative or `rows`
-/// is absent. Device values (positions, rows) are not checked here.
-#[derive(Debug)]
-pub struct PrepareQkvArgs {
-    pub pool_layer: LayerRows,
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub q_eps: f32,
-    pub kv_eps: f32,
-    pub q_in: Tensor3<bf16>,
-    pub q_out: Tensor3<bf16>,
-    pub kv_in: Matrix<bf16>,
-    pub kv_weight: Vector<bf16>,
-    pub kv_out: Option<Matrix<bf16>>,
-    /// `[max_pos, 64]` f32, 16-byte aligned rows.
-    pub rope_table: Matrix<f32>,
-    pub positions: IndexVector,
-    pub rows: Option<IndexVector>,
 }
 
 /// Exact in-place pairs: every backend reads a Q head's row or a token's KV

@@ -3,8 +3,7 @@
 //! the model rotates dims 448..511 of every head of token t by the conjugate of
 //! the rotation at `positions[t]` before `wo_a`. Dims 0..447 are not touched.
 
-use half::bf16;
-
+use crate::args::rope::InverseRopeArgs;
 use crate::backend::Stream;
 use crate::context::Context;
 use crate::error::{ensure, Result};
@@ -12,7 +11,7 @@ use crate::geometry::HEAD_DIM;
 use crate::ops::aliasing::{self, input, output};
 use crate::ops::tokens;
 use crate::rope::ROPE_DIM;
-use crate::tensor::{Extent, IndexVector, Matrix, RawTensor, Tensor3, ROW_ALIGN};
+use crate::tensor::{Extent, Matrix, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of `inverse_rope`.
 #[derive(Debug, Clone, Copy)]
@@ -22,18 +21,6 @@ pub struct InverseRopeRaw {
     pub x: RawTensor,
     pub positions: RawTensor,
     pub rope_table: RawTensor,
-}
-
-/// Validated inverse RoPE: dims `448..512` of `x[t, h]` for `t < num_tokens`
-/// are rotated in place by the conjugate of table row `positions[t]`.
-#[derive(Debug)]
-pub struct InverseRopeArgs {
-    pub num_tokens: usize,
-    pub num_heads: usize,
-    pub x: Tensor3<bf16>,
-    pub positions: IndexVector,
-    /// `[max_pos, 64]` interleaved (cos, sin) pairs (`rope::build_table`).
-    pub table: Matrix<f32>,
 }
 
 /// Alignment of `x`: the kernels move the rope dims in 8-byte vectors (two

@@ -1,15 +1,14 @@
 //! Store path (spec unified_kv §5.1-5.2): SWA ring scatter with the final-window
 //! filter, and compressed-row scatter with negative locations skipped.
 
-use half::bf16;
-
+use crate::args::store::{StoreCompressedArgs, StoreSwaArgs};
 use crate::backend::Stream;
 use crate::error::Result;
-use crate::geometry::{Geometry, HEAD_DIM};
+use crate::geometry::HEAD_DIM;
 use crate::ops::aliasing::{self, input, pool_output};
 use crate::ops::tokens;
-use crate::pool::{LayerRows, Pool};
-use crate::tensor::{Extent, Matrix, RawTensor, Vector, ROW_ALIGN};
+use crate::pool::Pool;
+use crate::tensor::{Extent, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of `store_swa`.
 #[derive(Debug, Clone, Copy)]
@@ -23,23 +22,6 @@ pub struct StoreSwaRaw {
     pub final_pos: RawTensor,
 }
 
-/// Validated `store_swa` (FP8 pools quantize each row on the way in, see
-/// `cache_layouts::unified`): row t of `kv` goes to ring row
-/// `slot(batch_id[t]) * ring + positions[t] % ring` unless `batch_id[t] < 0`
-/// (padding) or the position lies outside its request's final window
-/// `(final_pos[b] - window, final_pos[b]]` when `final_pos` is given.
-#[derive(Debug)]
-pub struct StoreSwaArgs<'a> {
-    pub geometry: &'a Geometry,
-    pub pool_layer: LayerRows,
-    pub num_tokens: usize,
-    pub kv: Matrix<bf16>,
-    pub batch_id: Vector<i32>,
-    pub req_slots: Vector<i32>,
-    pub positions: Vector<i32>,
-    pub final_pos: Option<Vector<i32>>,
-}
-
 /// Caller arguments of `store_compressed`.
 #[derive(Debug, Clone, Copy)]
 pub struct StoreCompressedRaw {
@@ -47,18 +29,6 @@ pub struct StoreCompressedRaw {
     pub num_rows: usize,
     pub kv: RawTensor,
     pub loc: RawTensor,
-}
-
-/// Validated `store_compressed`: row i of `kv` goes to pool row
-/// `swa_rows + loc[i]`; rows with `loc[i] < 0` are skipped.
-#[derive(Debug)]
-pub struct StoreCompressedArgs<'a> {
-    pub geometry: &'a Geometry,
-    pub pool_layer: LayerRows,
-    pub compressed_rows: usize,
-    pub num_rows: usize,
-    pub kv: Matrix<bf16>,
-    pub loc: Vector<i32>,
 }
 
 pub fn store_swa(pool: &Pool, raw: &StoreSwaRaw, stream: Stream) -> Result<()> {

@@ -8,41 +8,16 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::backend::cpu::host::{extend_with_row, row, slice};
-use crate::backend::cpu::index::checked_indptr;
-use crate::backend::cpu::rope::checked_positions;
-use crate::error::{ensure, Result};
+use crate::args::attention::{AttentionArgs, SOURCE_NAMES};
+use crate::backend::host::{extend_with_row, row, slice};
+use crate::backend::rules::attention::check_source;
+use crate::backend::rules::rope::checked_positions;
+use crate::error::Result;
 use crate::geometry::HEAD_DIM;
-use crate::ops::attention::{AttentionArgs, KvSource, SOURCE_NAMES};
 use crate::rope::inverse_rope_row;
 
 /// Heads that share one gathered copy of a token's keys.
 const HEAD_GROUP: usize = 16;
-
-/// Checks every index of one source before any output is written.
-/// `names` are the (indices, indptr) argument names of the source.
-pub(crate) fn check_source(
-    names: (&str, &str),
-    src: &KvSource,
-    num_tokens: usize,
-    skip_negative: bool,
-) -> Result<()> {
-    let (indices_name, indptr_name) = names;
-    let indptr = checked_indptr(indptr_name, &src.indptr, num_tokens, src.indices.shape[0])?;
-    let (first, last) = (indptr[0] as usize, indptr[num_tokens] as usize);
-    // SAFETY: host view; last <= capacity was just checked.
-    let indices = unsafe { slice(&src.indices, last) };
-    let rows = src.kv.rows();
-    for (offset, &r) in indices.iter().enumerate().skip(first) {
-        let skipped = skip_negative && r == -1;
-        ensure!(
-            skipped || (r >= 0 && (r as usize) < rows),
-            OutOfRange,
-            "{indices_name}[{offset}]: {r} is not a row of the {rows}-row key source"
-        );
-    }
-    Ok(())
-}
 
 pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
     for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {

@@ -3,8 +3,8 @@
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::args::merge::MergeArgs;
 use crate::geometry::HEAD_DIM;
-use crate::ops::merge::MergeArgs;
 
 pub fn merge(threads: &rayon::ThreadPool, a: &MergeArgs) {
     threads.install(|| {

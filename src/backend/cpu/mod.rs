@@ -1,33 +1,29 @@
 //! The CPU backend: host memory, synchronous execution on a per-context thread
-//! pool, f32 accumulation. It checks every index value before writing anything,
-//! and is the oracle GPU backends are tested against.
+//! pool, f32 accumulation. It checks every index value (`backend::rules`)
+//! before writing anything, and is the oracle GPU backends are tested against.
 
-// attention, cache_store, index, prepare, rope, routing and store are visible to the
-// crate for their value checks, which the GPU backend's validate mode runs on
-// host copies.
-pub(crate) mod attention;
-pub(crate) mod cache_store;
-mod host;
-pub(crate) mod index;
-pub(crate) mod indexer;
+mod attention;
+mod cache_store;
+mod index;
+mod indexer;
 mod memory;
 mod merge;
-pub(crate) mod prepare;
-pub(crate) mod rope;
-pub(crate) mod routing;
-pub(crate) mod store;
+mod prepare;
+mod rope;
+mod routing;
+mod store;
 
-use crate::backend::{Backend, BackendKind, CopyKind, PlannedLaunch, Stream};
+use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
+use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
+use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
+use crate::args::merge::MergeArgs;
+use crate::args::prepare::PrepareQkvArgs;
+use crate::args::rope::InverseRopeArgs;
+use crate::args::routing::HashTopkArgs;
+use crate::args::store::{StoreCompressedArgs, StoreSwaArgs};
+use crate::backend::{Backend, BackendKind, CopyKind, Stream};
 use crate::error::{ensure, err, Result};
-use crate::ops::attention::{AttentionArgs, PlanShape};
-use crate::ops::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
-use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
-use crate::ops::merge::MergeArgs;
-use crate::ops::prepare::PrepareQkvArgs;
-use crate::ops::rope::InverseRopeArgs;
-use crate::ops::routing::HashTopkArgs;
-use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
 
 /// The most worker threads a context may ask for: more than the logical cores
 /// of today's largest hosts, few enough that creating them takes seconds, not

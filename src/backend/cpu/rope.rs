@@ -10,35 +10,12 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::backend::cpu::host::{self, row};
-use crate::error::{ensure, Result};
+use crate::args::rope::InverseRopeArgs;
+use crate::backend::host::row;
+use crate::backend::rules::rope::checked_positions;
+use crate::error::Result;
 use crate::geometry::HEAD_DIM;
-use crate::ops::rope::InverseRopeArgs;
 use crate::rope::{inverse_rope_row, ROPE_DIM};
-use crate::tensor::IndexVector;
-
-/// The first `len` positions, widened to i64, each checked against the
-/// table's `max_pos` rows (inverse RoPE, decode's epilogue, prepare_qkv). The
-/// GPU backend's validate mode runs it on a host copy.
-///
-/// # Safety
-/// `positions` is a host view of at least `len` entries.
-pub(crate) unsafe fn checked_positions(
-    positions: &IndexVector,
-    len: usize,
-    max_pos: usize,
-) -> Result<Vec<i64>> {
-    let values = host::int_values(positions, len);
-    for (t, &p) in values.iter().enumerate() {
-        ensure!(p >= 0, OutOfRange, "positions[{t}]: {p} is negative");
-        ensure!(
-            (p as u64) < max_pos as u64,
-            OutOfRange,
-            "positions[{t}]: {p} is not below the {max_pos} rows of rope_table"
-        );
-    }
-    Ok(values)
-}
 
 pub fn inverse_rope(threads: &rayon::ThreadPool, a: &InverseRopeArgs) -> Result<()> {
     // SAFETY: host view with extent checked by `ops::rope`.

@@ -1,6 +1,8 @@
 //! The NVIDIA GPU backend: turns validated views into the shim's params structs
 //! and launches on the caller's stream. Rust never calls the CUDA runtime
 //! directly; kernels/shim.cu owns launches, memory and error reporting.
+//! Device-resident values are not read here: in validate mode the context
+//! wraps this backend in `backend::validating::Validating`.
 
 pub mod devtools;
 pub(crate) mod shim;
@@ -12,22 +14,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::backend::{cpu, Backend, BackendKind, CopyKind, PlanState, PlannedLaunch, Stream};
+use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlanState, PlannedLaunch};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
+use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
+use crate::args::merge::MergeArgs;
+use crate::args::prepare::PrepareQkvArgs;
+use crate::args::rope::InverseRopeArgs;
+use crate::args::routing::{HashTopkArgs, RealTokens};
+use crate::args::store::{StoreCompressedArgs, StoreSwaArgs};
+use crate::args::LayerRows;
+use crate::backend::{Backend, BackendKind, CopyKind, Stream};
 use crate::error::{err, Error, Result};
 use crate::fp8::Fp8Format;
 use crate::geometry::{Ratio, HEAD_DIM};
-use crate::ops::attention::{AttentionArgs, KvSource, PlanShape, SOURCE_NAMES};
-use crate::ops::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
-use crate::ops::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
-use crate::ops::merge::MergeArgs;
-use crate::ops::rope::InverseRopeArgs;
-use crate::ops::store::{StoreCompressedArgs, StoreSwaArgs};
-use crate::pool::LayerRows;
-use crate::tensor::{IndexVector, View};
-
-use crate::ops::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
-use crate::ops::prepare::PrepareQkvArgs;
-use crate::ops::routing::{HashTopkArgs, RealTokens};
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -37,8 +37,6 @@ pub struct GpuBackend {
     /// Live allocations, so `free` rejects foreign pointers and the context
     /// releases what callers left behind.
     live: Mutex<HashSet<usize>>,
-    /// Synchronize and check device-resident values before each launch.
-    validate: bool,
 }
 
 #[derive(Debug)]
@@ -59,7 +57,7 @@ fn last_error() -> String {
 
 impl GpuBackend {
     /// Opens `device`, or says why the GPU backend is unavailable here.
-    pub fn open(device: i32, validate: bool) -> Result<Self> {
+    pub fn open(device: i32) -> Result<Self> {
         for &(which, rust_size, name) in shim::MIRRORS {
             // SAFETY: a pure query of the shim.
             let c_size = unsafe { shim::unikv_gpu_params_size(which) };
@@ -100,7 +98,6 @@ impl GpuBackend {
             device,
             fatal: AtomicBool::new(false),
             live: Mutex::new(HashSet::new()),
-            validate,
         })
     }
 
@@ -121,85 +118,6 @@ impl GpuBackend {
             // SHIM_ERROR and anything unexpected: a recoverable runtime error.
             _ => Err(err!(Gpu, "{what}: {}", last_error())),
         }
-    }
-
-    /// Host copy of a view's span, queued on `stream` after the work that wrote
-    /// it, and the view rebased onto it (validate mode). Read it only after
-    /// synchronizing the stream once for all the copies of a call.
-    fn mirror<T: Copy + Default, const N: usize>(
-        &self,
-        v: &View<T, N>,
-        stream: Stream,
-    ) -> Result<(Vec<T>, View<T, N>)> {
-        let mut host = vec![T::default(); v.span_elems()];
-        let bytes = std::mem::size_of_val(host.as_slice());
-        // SAFETY: the view spans `bytes` of device memory (checked by `ops`).
-        unsafe {
-            self.copy(
-                host.as_mut_ptr() as *mut u8,
-                v.as_ptr() as *const u8,
-                bytes,
-                CopyKind::DeviceToHost,
-                stream,
-            )?
-        };
-        let view = v.rebased(host.as_mut_ptr());
-        Ok((host, view))
-    }
-
-    fn mirror_opt<T: Copy + Default, const N: usize>(
-        &self,
-        v: &Option<View<T, N>>,
-        stream: Stream,
-    ) -> Result<(Vec<T>, Option<View<T, N>>)> {
-        match v {
-            Some(v) => self.mirror(v, stream).map(|(h, v)| (h, Some(v))),
-            None => Ok((Vec::new(), None)),
-        }
-    }
-
-    /// Validate mode: the CPU backend's check of `len` positions against a
-    /// table of `max_pos` rows, on a host copy.
-    fn check_positions(
-        &self,
-        p: &IndexVector,
-        len: usize,
-        max_pos: usize,
-        stream: Stream,
-    ) -> Result<()> {
-        let (_h, host) = self.mirror_ints(p, stream)?;
-        self.synchronize(stream)?;
-        // SAFETY: `host` is a host copy of the validated view.
-        unsafe { cpu::rope::checked_positions(&host, len, max_pos) }.map(drop)
-    }
-
-    /// `mirror` of an i32-or-i64 vector; the first value owns the host copy.
-    fn mirror_ints(
-        &self,
-        v: &IndexVector,
-        stream: Stream,
-    ) -> Result<(Box<dyn std::any::Any>, IndexVector)> {
-        Ok(match v {
-            IndexVector::I32(v) => {
-                let (host, v) = self.mirror(v, stream)?;
-                (Box::new(host), IndexVector::I32(v))
-            }
-            IndexVector::I64(v) => {
-                let (host, v) = self.mirror(v, stream)?;
-                (Box::new(host), IndexVector::I64(v))
-            }
-        })
-    }
-
-    /// Validate mode: the CPU backend's checks of a cache store's locations,
-    /// on a host copy.
-    fn check_cache_locations(&self, target: &CacheTarget, stream: Stream) -> Result<()> {
-        if !self.validate {
-            return Ok(());
-        }
-        let (_l, loc) = self.mirror_ints(&target.loc, stream)?;
-        self.synchronize(stream)?;
-        cpu::cache_store::destinations(&CacheTarget { loc, ..*target }).map(drop)
     }
 
     fn stream_out(s: &StreamOut) -> shim::StreamOut {
@@ -421,21 +339,6 @@ impl Backend for GpuBackend {
     }
 
     fn store_swa(&self, a: &StoreSwaArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
-            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
-            let (_p, positions) = self.mirror(&a.positions, stream)?;
-            let (_f, final_pos) = self.mirror_opt(&a.final_pos, stream)?;
-            let host = StoreSwaArgs {
-                batch_id,
-                req_slots,
-                positions,
-                final_pos,
-                ..*a
-            };
-            self.synchronize(stream)?;
-            cpu::store::swa_moves(&host)?;
-        }
         let g = a.geometry;
         let p = shim::StoreSwaParams {
             kv: a.kv.as_ptr() as *const c_void,
@@ -463,11 +366,6 @@ impl Backend for GpuBackend {
     }
 
     fn store_compressed(&self, a: &StoreCompressedArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_l, loc) = self.mirror(&a.loc, stream)?;
-            self.synchronize(stream)?;
-            cpu::store::check_locations(&StoreCompressedArgs { loc, ..*a })?;
-        }
         let p = shim::StoreCompressedParams {
             kv: a.kv.as_ptr() as *const c_void,
             loc: a.loc.as_ptr(),
@@ -486,7 +384,6 @@ impl Backend for GpuBackend {
     }
 
     fn store_flashmla(&self, a: &FlashMlaStoreArgs, stream: Stream) -> Result<()> {
-        self.check_cache_locations(&a.target, stream)?;
         let rows = (a.kv.as_ptr() as *const c_void, a.kv.strides[0], false);
         let g = &a.geometry;
         let p = cache_store_params(&a.target, rows, g.bytes_per_page(), g.format());
@@ -498,7 +395,6 @@ impl Backend for GpuBackend {
     }
 
     fn store_indexer(&self, a: &IndexerStoreArgs, stream: Stream) -> Result<()> {
-        self.check_cache_locations(&a.target, stream)?;
         let rows = (
             a.key.as_ptr() as *const c_void,
             a.key.row_stride(),
@@ -514,22 +410,6 @@ impl Backend for GpuBackend {
     }
 
     fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_p, positions) = self.mirror_ints(&a.positions, stream)?;
-            let (_r, rows) = match &a.rows {
-                Some(r) => {
-                    let (host, r) = self.mirror_ints(r, stream)?;
-                    (Some(host), Some(r))
-                }
-                None => (None, None),
-            };
-            self.synchronize(stream)?;
-            cpu::prepare::destinations(&PrepareQkvArgs {
-                positions,
-                rows,
-                ..*a
-            })?;
-        }
         let p = shim::PrepareQkvParams {
             q_in: a.q_in.as_ptr() as *const c_void,
             q_out: a.q_out.as_ptr() as *mut c_void,
@@ -568,21 +448,6 @@ impl Backend for GpuBackend {
     }
 
     fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
-            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
-            let (_p, positions) = self.mirror(&a.positions, stream)?;
-            let (_c, c128_page_indices) = self.mirror_opt(&a.c128_page_indices, stream)?;
-            let host = DecodeStreamsArgs {
-                batch_id,
-                req_slots,
-                positions,
-                c128_page_indices,
-                ..*a
-            };
-            self.synchronize(stream)?;
-            cpu::index::check_decode_streams(&host)?;
-        }
         let g = a.geometry;
         let p = shim::DecodeStreamsParams {
             batch_id: a.batch_id.as_ptr(),
@@ -614,22 +479,6 @@ impl Backend for GpuBackend {
     }
 
     fn fill_csa_tail(&self, a: &CsaTailArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
-            let (_p, positions) = self.mirror(&a.positions, stream)?;
-            let (_t, csa_page_indices) = self.mirror(&a.csa_page_indices, stream)?;
-            let (_i, indptr) = self.mirror(&a.csa.indptr, stream)?;
-            let csa = StreamOut { indptr, ..a.csa };
-            let host = CsaTailArgs {
-                batch_id,
-                positions,
-                csa_page_indices,
-                csa,
-                ..*a
-            };
-            self.synchronize(stream)?;
-            cpu::index::check_csa_tail(&host)?;
-        }
         let g = a.geometry;
         let p = shim::CsaTailParams {
             batch_id: a.batch_id.as_ptr(),
@@ -654,25 +503,6 @@ impl Backend for GpuBackend {
     }
 
     fn build_prefill_streams(&self, a: &PrefillStreamsArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
-            let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
-            let (_p, positions) = self.mirror(&a.positions, stream)?;
-            let (_c, chunk_start) = self.mirror(&a.chunk_start, stream)?;
-            let (_e, extend_start) = self.mirror(&a.extend_start, stream)?;
-            let (_t, page_indices) = self.mirror_opt(&a.page_indices, stream)?;
-            let host = PrefillStreamsArgs {
-                batch_id,
-                req_slots,
-                positions,
-                chunk_start,
-                extend_start,
-                page_indices,
-                ..*a
-            };
-            self.synchronize(stream)?;
-            cpu::index::check_prefill_streams(&host)?;
-        }
         let g = a.geometry;
         let p = shim::PrefillStreamsParams {
             batch_id: a.batch_id.as_ptr(),
@@ -705,25 +535,8 @@ impl Backend for GpuBackend {
     }
 
     fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
-                let (_p, indptr) = self.mirror(&src.indptr, stream)?;
-                let (_i, indices) = self.mirror(&src.indices, stream)?;
-                let host = KvSource {
-                    indptr,
-                    indices,
-                    ..*src
-                };
-                self.synchronize(stream)?;
-                cpu::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
-            }
-            if let Some(e) = &a.inverse_rope {
-                self.check_positions(&e.positions, a.num_tokens, e.table.shape[0], stream)?;
-            }
-        }
         let plan = a
-            .plan
-            .launch()
+            .launch
             .state
             .as_ref()
             .and_then(|s| s.as_any().downcast_ref::<GpuPlan>())
@@ -801,9 +614,6 @@ impl Backend for GpuBackend {
     }
 
     fn inverse_rope(&self, a: &InverseRopeArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            self.check_positions(&a.positions, a.num_tokens, a.table.shape[0], stream)?;
-        }
         let p = shim::InverseRopeParams {
             x: a.x.as_ptr() as *mut c_void,
             positions: a.positions.as_ptr() as *const c_void,
@@ -825,9 +635,6 @@ impl Backend for GpuBackend {
     }
 
     fn indexer_prepare_q(&self, a: &IndexerQueryArgs, stream: Stream) -> Result<()> {
-        if self.validate {
-            self.check_positions(&a.positions, a.num_tokens, a.rope_table.shape[0], stream)?;
-        }
         let p = shim::IndexerQParams {
             q: a.q.as_ptr() as *const c_void,
             weights: a.weights.as_ptr() as *const c_void,
@@ -859,10 +666,6 @@ impl Backend for GpuBackend {
 
     fn indexer_prepare_k(&self, a: &IndexerKeyArgs, stream: Stream) -> Result<()> {
         let n = a.target.num_tokens;
-        if self.validate {
-            self.check_positions(&a.positions, n, a.rope_table.shape[0], stream)?;
-        }
-        self.check_cache_locations(&a.target, stream)?;
         let p = shim::IndexerKParams {
             key: a.key.as_ptr() as *const c_void,
             norm_weight: a.norm_weight.as_ptr() as *const c_void,
@@ -893,19 +696,6 @@ impl Backend for GpuBackend {
 
     fn indexer_topk(&self, a: &IndexerTopkArgs, stream: Stream) -> Result<()> {
         let s = &a.select;
-        if self.validate {
-            let (_b, batch_id) = self.mirror(&s.batch_id, stream)?;
-            let (_p, positions) = self.mirror_ints(&s.positions, stream)?;
-            let (_t, page_table) = self.mirror(&s.page_table, stream)?;
-            self.synchronize(stream)?;
-            let select = TopkSelect {
-                batch_id,
-                positions,
-                page_table,
-                ..*s
-            };
-            cpu::indexer::topk_rows(&IndexerTopkArgs { select, ..*a })?;
-        }
         let sc = a.score.as_ref();
         let p = shim::IndexerTopkParams {
             q_fp8: sc.map_or(std::ptr::null(), |c| c.q_fp8.as_ptr()),
@@ -947,25 +737,6 @@ impl Backend for GpuBackend {
             RealTokens::Host(_) => None,
             RealTokens::Device(v) => Some(v),
         };
-        if self.validate {
-            let (_i, input_ids) = self.mirror_ints(&a.input_ids, stream)?;
-            let (_t, tid2eid) = self.mirror(&a.tid2eid, stream)?;
-            let (_r, real_tokens) = match num_real {
-                Some(v) => {
-                    let (host, v) = self.mirror_ints(v, stream)?;
-                    (Some(host), RealTokens::Device(v))
-                }
-                None => (None, a.real_tokens),
-            };
-            self.synchronize(stream)?;
-            let host = HashTopkArgs {
-                input_ids,
-                tid2eid,
-                real_tokens,
-                ..*a
-            };
-            cpu::routing::row_experts(&host, cpu::routing::real_rows(&host)?)?;
-        }
         let p = shim::HashTopkParams {
             logits: a.router_logits.as_ptr(),
             input_ids: a.input_ids.as_ptr() as *const c_void,

@@ -1,11 +1,12 @@
-//! Host access to validated views: on the CPU backend every view points at host
-//! memory whose extents the operations already checked.
+//! Host access to validated views whose extents the operations already
+//! checked: the CPU backend's views point at host memory, and `Validating`
+//! rebases a device backend's views onto host copies before the rules read them.
 
 use half::bf16;
 
+use crate::args::LayerRows;
 use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
 use crate::geometry::HEAD_DIM;
-use crate::pool::LayerRows;
 use crate::tensor::{IndexVector, Matrix, Tensor3, Vector};
 
 /// The first `len` elements of a vector view.

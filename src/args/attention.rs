@@ -1,0 +1,151 @@
+//! Attention's contract: the plan shapes and launch a backend plans from, and
+//! the validated decode / prefill call (math: `ops::attention`).
+
+use std::fmt::Debug;
+
+use half::bf16;
+
+use crate::args::LayerRows;
+use crate::dtype::DType;
+use crate::error::{ensure, Result};
+use crate::geometry::HEAD_DIM;
+use crate::tensor::{IndexVector, Matrix, Tensor3, Vector};
+
+/// Largest local head count a plan accepts.
+pub const MAX_HEADS: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    Decode,
+    Prefill,
+}
+
+/// The capture-time shapes a plan is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanShape {
+    pub kind: PlanKind,
+    pub max_tokens: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub q_dtype: DType,
+    pub kv_dtype: DType,
+    pub out_dtype: DType,
+}
+
+impl PlanShape {
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.max_tokens >= 1 && self.max_tokens <= i32::MAX as usize,
+            InvalidArgument,
+            "params.max_tokens: {} is outside 1..=2^31-1",
+            self.max_tokens
+        );
+        ensure!(
+            (1..=MAX_HEADS).contains(&self.num_heads),
+            InvalidArgument,
+            "params.num_heads: {} is outside 1..={MAX_HEADS}",
+            self.num_heads
+        );
+        ensure!(
+            self.head_dim == HEAD_DIM,
+            InvalidArgument,
+            "params.head_dim: {} is not supported, expected {HEAD_DIM}",
+            self.head_dim
+        );
+        ensure!(
+            self.kv_dtype == DType::Bf16 || self.kv_dtype.fp8_format().is_some(),
+            BadDtype,
+            "params.kv_dtype: {} is not supported, expected the pool's dtype (bf16, fp8_e4m3fn or fp8_e4m3fnuz)",
+            self.kv_dtype.name()
+        );
+        for (name, dtype) in [
+            ("params.q_dtype", self.q_dtype),
+            ("params.out_dtype", self.out_dtype),
+        ] {
+            ensure!(
+                dtype == DType::Bf16,
+                BadDtype,
+                "{name}: {} is not supported, expected bf16",
+                dtype.name()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Backend-specific launch configuration kept in a plan (kernels loaded, split
+/// counts chosen). The CPU backend keeps none.
+pub trait PlanState: Send + Sync + Debug {
+    /// For the backend that made the plan to recover its own type.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// What a backend decided for a plan: its workspace needs and private state.
+#[derive(Debug)]
+pub struct PlannedLaunch {
+    pub workspace_bytes: usize,
+    pub state: Option<Box<dyn PlanState>>,
+}
+
+/// Validated epilogue: dims 448..511 of token t's outputs are rotated by the
+/// conjugate of `table` row `positions[t]` before rounding (`rope::inverse_rope_row`).
+#[derive(Debug, Clone, Copy)]
+pub struct InverseRopeEpilogue {
+    pub table: Matrix<f32>,
+    pub positions: IndexVector,
+}
+
+/// One key/value source: rows of `kv` named by `indices[indptr[t]..indptr[t+1]]`.
+/// The pool source has the pool's row kind; prefill's extend rows are bf16.
+#[derive(Debug, Clone, Copy)]
+pub struct KvSource {
+    pub kv: LayerRows,
+    pub indices: Vector<i32>,
+    pub indptr: Vector<i32>,
+}
+
+/// Caller-provided scratch memory, at least the plan's workspace size.
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace {
+    pub ptr: *mut u8,
+    pub bytes: usize,
+}
+
+// SAFETY: an address in the context's memory, written only by the launch it is
+// passed to.
+unsafe impl Send for Workspace {}
+unsafe impl Sync for Workspace {}
+
+/// Validated attention call. `skip_negative` is the prefill rule: index -1 is
+/// skipped; decode streams must hold only valid rows.
+#[derive(Debug)]
+pub struct AttentionArgs<'a> {
+    /// The plan's launch configuration (the GPU backend's kernels and splits).
+    pub launch: &'a PlannedLaunch,
+    pub num_tokens: usize,
+    pub num_heads: usize,
+    pub softmax_scale: f32,
+    pub q: Tensor3<bf16>,
+    /// Key sources in order; only the first `num_sources` are used (set by
+    /// `ops::attention`; backends read them through `sources()`).
+    pub(crate) sources: [KvSource; 2],
+    pub(crate) num_sources: usize,
+    pub skip_negative: bool,
+    pub sink: Option<Vector<f32>>,
+    pub out: Tensor3<bf16>,
+    pub lse: Option<Matrix<f32>>,
+    pub workspace: Workspace,
+    /// Decode only.
+    pub inverse_rope: Option<InverseRopeEpilogue>,
+}
+
+/// Argument names of each key source (static: no formatting on the launch path).
+pub const SOURCE_NAMES: [(&str, &str); 2] =
+    [("indices", "indptr"), ("extend_indices", "extend_indptr")];
+
+impl AttentionArgs<'_> {
+    /// The key sources in order: the pool layer, then prefill's extend rows.
+    pub fn sources(&self) -> &[KvSource] {
+        &self.sources[..self.num_sources]
+    }
+}
