@@ -242,7 +242,7 @@ typedef struct ukv_attention_plan {
   int32_t portable;         /* portable kernel: 1 scalar, 2 matrix (HIP builds; NVIDIA: test hook) */
 } ukv_attention_plan;
 
-/* FP8 codec test (fp8_check.cu): n values through the encoders, 256 codes decoded. */
+/* FP8 codec test (kernels/devtools/fp8_check.cu): n values through the encoders, 256 codes decoded. */
 typedef struct ukv_fp8_check_params {
   const float* x;    /* [n] */
   uint8_t* sw;       /* [n] software encoder */

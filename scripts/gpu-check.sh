@@ -24,7 +24,7 @@ bundle() {
     export UNIKV_CUDA_ARCHS="${UNIKV_CUDA_ARCHS:-sm_90a}"
     local target="$ROOT/build/cargo-gpu"
     rm -rf "$BUNDLE" && mkdir -p "$BUNDLE/bin"
-    cargo build --release --features cuda --bin unikv-bench --target-dir "$target"
+    cargo build --release --features cuda,devtools --bin unikv-bench --target-dir "$target"
     # The GPU suite, and the fuzz corpus replay (run on CUDA contexts there).
     cargo test --release --features cuda,test-hooks --no-run --test gpu --test fuzz_replay \
         --target-dir "$target" --message-format=json | python3 -c '

@@ -1,5 +1,6 @@
-//! Streams, CUDA-graph capture and events for the GPU tests and the benchmark.
-//! Not part of the C ABI: serving stacks own their streams and graphs.
+//! Streams, CUDA-graph capture and events for the GPU tests and the benchmark
+//! (feature `devtools`). Not part of the C ABI: serving stacks own their
+//! streams and graphs.
 
 use std::os::raw::{c_int, c_void};
 

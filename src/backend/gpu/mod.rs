@@ -2,6 +2,7 @@
 //! and launches on the caller's stream. Rust never calls the CUDA runtime
 //! directly; kernels/shim.cu owns launches, memory and error reporting.
 
+#[cfg(feature = "devtools")]
 pub mod devtools;
 pub(crate) mod shim;
 
