@@ -43,7 +43,8 @@ mod kernels {
     ];
     /// The test-only sources (the `devtools` feature, which `test-hooks`
     /// implies): the tests' and the benchmark's streams, graphs and events,
-    /// and the FP8 codec check. Never in a library built without the feature.
+    /// the FP8 codec check and the params layout table. Never in a library
+    /// built without the feature.
     pub const DEVTOOLS_DIR: &str = "kernels/devtools";
 
     fn devtools() -> bool {
