@@ -1,8 +1,9 @@
 //! Gives the shared library its SONAME and compiles `kernels/` for a GPU
 //! backend through the `cc` crate: with nvcc for the `cuda` feature, with
 //! hipcc for `rocm`. Either sets the `unikv_gpu` cfg that compiles the GPU
-//! backend in. The header is never written here: the `header` test
-//! regenerates it into a temporary folder and compares.
+//! backend in. The test-only sources (kernels/devtools/) and hooks are
+//! compiled with the `devtools` feature only. The header is never written
+//! here: the `header` test regenerates it into a temporary folder and compares.
 
 #[cfg(all(feature = "cuda", feature = "rocm"))]
 compile_error!(
@@ -36,12 +37,56 @@ mod kernels {
         "index.cu",
         "rope.cu",
         "attention.cu",
-        "devtools.cu",
-        "fp8_check.cu",
         "routing.cu",
         "indexer.cu",
         "indexer_topk.cu",
     ];
+    /// The test-only sources (the `devtools` feature, which `test-hooks`
+    /// implies): the tests' and the benchmark's streams, graphs and events,
+    /// the FP8 codec check and the params layout table. Never in a library
+    /// built without the feature.
+    pub const DEVTOOLS_DIR: &str = "kernels/devtools";
+
+    fn devtools() -> bool {
+        std::env::var_os("CARGO_FEATURE_DEVTOOLS").is_some()
+    }
+
+    /// Every source to compile, from the package root: SOURCES, then with
+    /// `devtools` each `.cu` file of DEVTOOLS_DIR.
+    pub fn sources() -> Vec<String> {
+        let mut list: Vec<String> = SOURCES.iter().map(|s| format!("kernels/{s}")).collect();
+        if devtools() {
+            let mut tools: Vec<String> = std::fs::read_dir(DEVTOOLS_DIR)
+                .unwrap_or_else(|e| panic!("{DEVTOOLS_DIR}: {e}"))
+                .map(|entry| {
+                    entry
+                        .unwrap_or_else(|e| panic!("{DEVTOOLS_DIR}: {e}"))
+                        .path()
+                })
+                .filter(|path| path.extension().is_some_and(|ext| ext == "cu"))
+                .map(|path| path.to_string_lossy().into_owned())
+                .collect();
+            tools.sort();
+            list.extend(tools);
+        }
+        list
+    }
+
+    /// The archive of one source: kernels/devtools/streams.cu ->
+    /// unikv_kernels_devtools_streams.
+    pub fn lib_name(src: &str) -> String {
+        let stem = src.trim_start_matches("kernels/").trim_end_matches(".cu");
+        format!("unikv_kernels_{}", stem.replace('/', "_"))
+    }
+
+    /// With `devtools`, every source is compiled with UKV_TEST_HOOKS, which
+    /// compiles in the `unikv_gpu_test_*` hooks of the kernel files.
+    pub fn define_test_hooks(build: &mut cc::Build) {
+        if devtools() {
+            build.define("UKV_TEST_HOOKS", None);
+        }
+    }
+
     /// A `;`- or `,`-separated target list from `var` (or `default`); an
     /// empty list is an error naming the variable.
     pub fn target_list(var: &str, default: &str, example: &str) -> Vec<String> {
@@ -67,7 +112,7 @@ mod kernels {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use super::kernels::{define_test_hooks, lib_name, rerun_on_sources, sources, target_list};
     use std::env;
     use std::path::PathBuf;
 
@@ -114,8 +159,8 @@ mod cuda {
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
         // (C7509). No device code crosses files, so nothing needs a device link.
-        let builds: Vec<_> = SOURCES
-            .iter()
+        let builds: Vec<_> = sources()
+            .into_iter()
             .map(|src| {
                 let mut build = cc::Build::new();
                 // No debug build of device code: cc would pass -G, which turns
@@ -129,11 +174,12 @@ mod cuda {
                     .flag("-Xcompiler=-Wall,-Wextra")
                     .flag("-Werror=all-warnings")
                     .include("kernels")
-                    .file(format!("kernels/{src}"));
+                    .file(&src);
                 for flag in gencode_flags() {
                     build.flag(&flag);
                 }
-                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
+                define_test_hooks(&mut build);
+                let name = lib_name(&src);
                 std::thread::spawn(move || build.compile(&name))
             })
             .collect();
@@ -155,7 +201,7 @@ mod cuda {
 
 #[cfg(feature = "rocm")]
 mod rocm {
-    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use super::kernels::{define_test_hooks, lib_name, rerun_on_sources, sources, target_list};
     use std::env;
     use std::path::PathBuf;
 
@@ -192,8 +238,8 @@ mod rocm {
         // runs without our flags) keeps hipcc from probing this machine's GPUs.
         env::set_var("HIP_PLATFORM", "amd");
         env::set_var("HCC_AMDGPU_TARGET", &archs[0]);
-        let builds: Vec<_> = SOURCES
-            .iter()
+        let builds: Vec<_> = sources()
+            .into_iter()
             .map(|src| {
                 let mut build = cc::Build::new();
                 build
@@ -209,11 +255,12 @@ mod rocm {
                     .flag("-Wextra")
                     .flag("-Werror")
                     .include("kernels")
-                    .file(format!("kernels/{src}"));
+                    .file(&src);
                 for arch in &archs {
                     build.flag(format!("--offload-arch={arch}"));
                 }
-                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
+                define_test_hooks(&mut build);
+                let name = lib_name(&src);
                 std::thread::spawn(move || build.compile(&name))
             })
             .collect();

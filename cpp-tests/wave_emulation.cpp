@@ -1,5 +1,5 @@
 // Wave64 check without an AMD GPU: the logical-warp helpers the kernels use
-// (kernels/warp.cuh over the HIP mapping in kernels/compat_hip_warp.cuh, the
+// (kernels/warp.cuh over the HIP mapping in kernels/vendor/hip_warp.cuh, the
 // same headers, not copies) compiled as host C++ and run on an emulated wave.
 // Every lane is a host thread; the HIP builtins below follow HIP's documented
 // semantics (amd_warp_functions.h): __shfl_xor/__shfl_up/__shfl exchange within
@@ -78,7 +78,7 @@ T from_bits(uint64_t b) {
 
 }  // namespace emu
 
-// The HIP environment compat_hip_warp.cuh expects, on emulated lanes.
+// The HIP environment vendor/hip_warp.cuh expects, on emulated lanes.
 #define __device__
 #define __forceinline__ inline
 #define threadIdx (emu::thread_idx)

@@ -593,7 +593,9 @@ int launch_scores(int device, const ukv_indexer_topk_params& p, void* stream) {
 
 }  // namespace
 
+#if defined(UKV_TEST_HOOKS)
 extern "C" void unikv_gpu_test_indexer_score_kernel(int kernel) { g_score_kernel = kernel; }
+#endif
 
 extern "C" int unikv_gpu_indexer_topk(int device, const ukv_indexer_topk_params* p, void* stream) {
   UKV_ENTRY(device, {

@@ -1,5 +1,8 @@
-/* Plain parameter structs of the kernel shim. Mirrored by src/backend/gpu/params.rs
- * (#[repr(C)]); unikv_gpu_params_size() lets the Rust side check the sizes agree.
+/* Plain parameter structs of the kernel shim, mirrored (#[repr(C)]) by
+ * src/backend/gpu/shim.rs. The backend compares the sizes when it starts
+ * (unikv_gpu_params_size); tests/param_layout.rs compares every field's offset
+ * and size, from the field list in kernels/devtools/param_layout.cu (a field
+ * missing there fails to compile). No padding: reserved fields fill the gaps.
  * Pointers are device memory; strides are in elements; offsets are 64-bit. */
 #pragma once
 
@@ -242,7 +245,7 @@ typedef struct ukv_attention_plan {
   int32_t portable;         /* portable kernel: 1 scalar, 2 matrix (HIP builds; NVIDIA: test hook) */
 } ukv_attention_plan;
 
-/* FP8 codec test (fp8_check.cu): n values through the encoders, 256 codes decoded. */
+/* FP8 codec test (kernels/devtools/fp8_check.cu): n values through the encoders, 256 codes decoded. */
 typedef struct ukv_fp8_check_params {
   const float* x;    /* [n] */
   uint8_t* sw;       /* [n] software encoder */

@@ -24,7 +24,7 @@ enum : int {
 // type, so a 32-bit index stays 32-bit address arithmetic. With the element
 // type T as a template parameter (a kernel instantiated per type, picked at
 // launch) no thread branches on it: in a memory-bound kernel that branch
-// cost 0.3 us of 4.6 (the FlashMLA store, bench/NOTES.md version 24).
+// cost 0.3 us of 4.6 (the FlashMLA store, bench/notes/v24.md).
 template <class T, class Index>
 __device__ __forceinline__ int64_t ukv_index_at(const void* v, Index i) {
   return static_cast<const T*>(v)[i];

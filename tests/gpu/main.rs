@@ -3,7 +3,7 @@
 //! Without a usable GPU only `auto_context_falls_back_to_cpu` runs; set
 //! UNIKV_EXPECT_GPU=1 to make a missing GPU a failure. UNIKV_GPU_TEST_SMALL=1
 //! shrinks the shapes for compute-sanitizer runs.
-#![cfg(feature = "cuda")]
+#![cfg(all(feature = "cuda", feature = "devtools"))]
 
 #[path = "../common/mod.rs"]
 mod common;

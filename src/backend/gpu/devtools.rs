@@ -1,7 +1,10 @@
-//! Streams, CUDA-graph capture and events for the GPU tests and the benchmark.
-//! Not part of the C ABI: serving stacks own their streams and graphs.
+//! Streams, CUDA-graph capture and events for the GPU tests and the benchmark,
+//! and the C layout of the kernel params structs for tests/param_layout.rs
+//! (feature `devtools`). Not part of the C ABI: serving stacks own their
+//! streams and graphs.
 
-use std::os::raw::{c_int, c_void};
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
 
 use crate::error::{err, Result};
 
@@ -32,6 +35,7 @@ extern "C" {
         end: *mut c_void,
         ms: *mut f32,
     ) -> c_int;
+    fn unikv_gpu_dev_param_layout(count: *mut usize) -> *const RawParamField;
 }
 
 fn check(code: c_int, what: &str) -> Result<()> {
@@ -171,4 +175,58 @@ impl Drop for Event {
         // SAFETY: created by `new`.
         let _ = unsafe { unikv_gpu_dev_event_destroy(self.device, self.raw) };
     }
+}
+
+/// The `#[repr(C)]` mirrors of kernels/params.h (src/backend/gpu/shim.rs, a
+/// crate-private module), for tests/param_layout.rs.
+pub mod params {
+    pub use super::super::shim::{
+        AttentionParams, AttentionPlan, CacheStoreParams, CsaTailParams, DecodeStreamsParams,
+        Fp8CheckParams, HashTopkParams, IndexerKParams, IndexerQParams, IndexerTopkParams,
+        InverseRopeParams, KvSource, MergeParams, PoolRows, PrefillStreamsParams, PrepareQkvParams,
+        StoreCompressedParams, StoreSwaParams, StreamOut,
+    };
+}
+
+/// A row of kernels/devtools/param_layout.cu's table.
+#[repr(C)]
+struct RawParamField {
+    ty: *const c_char,
+    field: *const c_char,
+    offset: usize,
+    size: usize,
+    type_size: usize,
+}
+
+/// One field of a kernels/params.h struct as the kernels' compiler lays it out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamField {
+    /// The struct's C name, e.g. `ukv_pool_rows`.
+    pub ty: String,
+    pub field: String,
+    pub offset: usize,
+    pub size: usize,
+    /// The size of the whole struct.
+    pub type_size: usize,
+}
+
+/// Every field of every params.h struct, each struct's fields together and
+/// in declaration order (host code: no device needed).
+pub fn param_layout() -> Vec<ParamField> {
+    let mut count = 0usize;
+    // SAFETY: returns a static table of `count` rows.
+    let rows = unsafe { std::slice::from_raw_parts(unikv_gpu_dev_param_layout(&mut count), count) };
+    let text = |p: *const c_char| {
+        // SAFETY: the table's names are static NUL-terminated literals.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    };
+    rows.iter()
+        .map(|r| ParamField {
+            ty: text(r.ty),
+            field: text(r.field),
+            offset: r.offset,
+            size: r.size,
+            type_size: r.type_size,
+        })
+        .collect()
 }

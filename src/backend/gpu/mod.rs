@@ -4,6 +4,7 @@
 //! Device-resident values are not read here: in validate mode the context
 //! wraps this backend in `backend::validating::Validating`.
 
+#[cfg(feature = "devtools")]
 pub mod devtools;
 pub(crate) mod shim;
 

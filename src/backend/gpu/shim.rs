@@ -1,6 +1,6 @@
 //! `extern "C"` declarations of the kernel shim (kernels/shim.cu and friends)
 //! and `#[repr(C)]` mirrors of kernels/params.h. Sizes are checked against the
-//! C side when the backend starts.
+//! C side when the backend starts, every field's offset by tests/param_layout.rs.
 
 use std::os::raw::{c_char, c_int, c_void};
 

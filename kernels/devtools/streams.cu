@@ -1,7 +1,7 @@
 // Development tools for tests and the benchmark (not part of the C ABI):
 // streams, CUDA-graph capture and replay, events, and a device copy for the
 // bandwidth ceiling.
-#include "shim.cuh"
+#include "../shim.cuh"
 
 namespace {
 

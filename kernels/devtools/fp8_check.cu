@@ -2,8 +2,8 @@
 // unikv::ffi::test_hooks::gpu_fp8_check): every value through the software
 // encoder, the hardware-or-software pair encoder (byte order included) and the
 // UE8M0 scale, and every code decoded, for comparison with src/fp8.rs.
-#include "fp8.cuh"
-#include "shim.cuh"
+#include "../fp8.cuh"
+#include "../shim.cuh"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The HIP mapping of the logical-warp intrinsics, in a file of its own so that
 // cpp-tests/wave_emulation.cpp can compile it on the host against emulated
 // HIP builtins (__shfl_xor, __shfl_up, __shfl, __ballot, the wave barrier and
-// fences, threadIdx, __AMDGCN_WAVEFRONT_SIZE). Included by compat.cuh only.
+// fences, threadIdx, __AMDGCN_WAVEFRONT_SIZE). Included by vendor/map.cuh only.
 #pragma once
 
 // Logical warp: 32 lanes everywhere. The physical wave is 64 lanes on gfx9

@@ -1,0 +1,42 @@
+// Grid-level features of sm_90+: programmatic dependent launch and thread-block
+// clusters. Elsewhere (older GPUs, HIP) the calls compile to nothing.
+#pragma once
+
+#include "../vendor/map.cuh"
+
+// Programmatic dependent launch: the primary lets dependents start early; the
+// dependent waits for the primary's completion and memory before reading it.
+__device__ __forceinline__ void ukv_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Thread-block clusters (sm_90+): a barrier over every thread of the cluster's
+// blocks (release/acquire: shared-memory writes before it are visible to the
+// other blocks after it), and the address of a variable in block `rank`'s
+// shared memory (distributed shared memory, read with ordinary loads).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define UKV_HAS_CLUSTER 1
+#endif
+__device__ __forceinline__ void ukv_cluster_sync() {
+#if defined(UKV_HAS_CLUSTER)
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+template <typename T>
+__device__ __forceinline__ const T* ukv_cluster_map(const T* smem, int rank) {
+#if defined(UKV_HAS_CLUSTER)
+  uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(smem), "r"(rank));
+  return reinterpret_cast<const T*>(out);
+#else
+  (void)rank;
+  return smem;
+#endif
+}
