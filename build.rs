@@ -25,23 +25,79 @@ fn main() {
     println!("cargo:rustc-cfg=unikv_gpu");
 }
 
-/// The kernel sources (one compiler run each).
+/// The kernel sources, their compile runs and the flags every backend shares.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod kernels {
-    pub const SOURCES: &[&str] = &[
-        "shim.cu",
-        "store.cu",
-        "cache_store.cu",
-        "prepare.cu",
-        "index.cu",
-        "rope.cu",
-        "attention.cu",
-        "devtools.cu",
-        "fp8_check.cu",
-        "routing.cu",
-        "indexer.cu",
-        "indexer_topk.cu",
-    ];
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    /// Every `.cu` under `kernels/` (recursively, sorted, so the archive list is
+    /// deterministic), each one compiler run; `kernels/devtools/` holds the
+    /// test-only sources, which are not part of this list.
+    pub fn sources() -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let entries =
+                std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for entry in entries {
+                let path = entry.expect("kernels/ entry").path();
+                if path.is_dir() {
+                    if path != Path::new("kernels/devtools") {
+                        walk(&path, out);
+                    }
+                } else if path.extension().is_some_and(|x| x == "cu") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(Path::new("kernels"), &mut out);
+        out.sort();
+        out
+    }
+
+    /// The static library of one source, unique per path:
+    /// kernels/attention/plan.cu -> unikv_kernels_attention_plan.
+    pub fn library_name(src: &Path) -> String {
+        let rel = src
+            .strip_prefix("kernels")
+            .expect("a source under kernels/")
+            .with_extension("");
+        let rel = rel
+            .to_string_lossy()
+            .replace(std::path::MAIN_SEPARATOR, "_");
+        format!("unikv_kernels_{rel}")
+    }
+
+    /// Defines every source needs: the test hooks' entry points with the
+    /// `test-hooks` feature (src/backend/gpu/shim.rs declares them then).
+    pub fn defines(build: &mut cc::Build) {
+        if std::env::var_os("CARGO_FEATURE_TEST_HOOKS").is_some() {
+            build.define("UKV_TEST_HOOKS", None);
+        }
+    }
+
+    /// Runs the compiles on at most NUM_JOBS threads (cargo's job count), one
+    /// compiler process each: kernels/ holds dozens of sources, and as many
+    /// concurrent device compiles would exhaust a small machine's memory.
+    pub fn compile_all(builds: Vec<(String, cc::Build)>) {
+        let jobs = std::env::var("NUM_JOBS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1usize)
+            .max(1);
+        let queue = Mutex::new(builds);
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                scope.spawn(|| loop {
+                    let Some((name, build)) = queue.lock().expect("build queue").pop() else {
+                        break;
+                    };
+                    build.compile(&name);
+                });
+            }
+        });
+    }
+
     /// A `;`- or `,`-separated target list from `var` (or `default`); an
     /// empty list is an error naming the variable.
     pub fn target_list(var: &str, default: &str, example: &str) -> Vec<String> {
@@ -67,7 +123,9 @@ mod kernels {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use super::kernels::{
+        compile_all, defines, library_name, rerun_on_sources, sources, target_list,
+    };
     use std::env;
     use std::path::PathBuf;
 
@@ -114,7 +172,7 @@ mod cuda {
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
         // (C7509). No device code crosses files, so nothing needs a device link.
-        let builds: Vec<_> = SOURCES
+        let builds = sources()
             .iter()
             .map(|src| {
                 let mut build = cc::Build::new();
@@ -129,17 +187,15 @@ mod cuda {
                     .flag("-Xcompiler=-Wall,-Wextra")
                     .flag("-Werror=all-warnings")
                     .include("kernels")
-                    .file(format!("kernels/{src}"));
+                    .file(src);
+                defines(&mut build);
                 for flag in gencode_flags() {
                     build.flag(&flag);
                 }
-                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
-                std::thread::spawn(move || build.compile(&name))
+                (library_name(src), build)
             })
             .collect();
-        for build in builds {
-            build.join().expect("nvcc build thread");
-        }
+        compile_all(builds);
         for lib in ["lib", "lib64", "targets/x86_64-linux/lib"] {
             let dir = home.join(lib);
             if dir.is_dir() {
@@ -155,7 +211,9 @@ mod cuda {
 
 #[cfg(feature = "rocm")]
 mod rocm {
-    use super::kernels::{rerun_on_sources, target_list, SOURCES};
+    use super::kernels::{
+        compile_all, defines, library_name, rerun_on_sources, sources, target_list,
+    };
     use std::env;
     use std::path::PathBuf;
 
@@ -192,7 +250,7 @@ mod rocm {
         // runs without our flags) keeps hipcc from probing this machine's GPUs.
         env::set_var("HIP_PLATFORM", "amd");
         env::set_var("HCC_AMDGPU_TARGET", &archs[0]);
-        let builds: Vec<_> = SOURCES
+        let builds = sources()
             .iter()
             .map(|src| {
                 let mut build = cc::Build::new();
@@ -209,17 +267,15 @@ mod rocm {
                     .flag("-Wextra")
                     .flag("-Werror")
                     .include("kernels")
-                    .file(format!("kernels/{src}"));
+                    .file(src);
+                defines(&mut build);
                 for arch in &archs {
                     build.flag(format!("--offload-arch={arch}"));
                 }
-                let name = format!("unikv_kernels_{}", src.trim_end_matches(".cu"));
-                std::thread::spawn(move || build.compile(&name))
+                (library_name(src), build)
             })
             .collect();
-        for build in builds {
-            build.join().expect("hipcc build thread");
-        }
+        compile_all(builds);
         for var in ["ROCM_PATH", "HIP_PATH"] {
             if let Some(home) = env::var_os(var) {
                 println!(
