@@ -69,10 +69,12 @@ constexpr int kEntryRegs = 65536 / swap_threads(true) / 8 * 8;
 constexpr int kRawProducerRegs = 40;
 constexpr int kRawConsumerRegs = (65536 - kProducerWarps * UKV_WARP * kRawProducerRegs) / kThreads / 8 * 8;
 static_assert(kEntryRegs == 168 && kRawConsumerRegs == 232, "384 threads: 168 at entry, 40 + 232 in the tile loop");
-// Named barriers of the raw variant's register hand-over (1..3 are the
-// consumers' own): the producers have lent theirs / the consumers have
-// given them back.
-constexpr int kRegsLentBarrier = 4, kRegsBackBarrier = 5;
+// Named barriers (bar.sync / bar.arrive ids; 0 is __syncthreads') of the raw
+// variants' register hand-over, the same ids in both heads-on-N kernels
+// (SwapBarrier and RoleBarrier name their others): the producers have lent
+// theirs / the consumers have given them back. Ids are compile-time constants
+// everywhere: with an id in a register ptxas reserves all 16 barriers.
+enum RegsBarrier : int { kRegsLentBarrier = 4, kRegsBackBarrier = 5 };
 
 // Byte offset of P^T[h][key] in a swap kernel's P^T buffer: 128-byte rows of
 // 64 bf16, 16-byte chunks XOR-swizzled by h & 7.

@@ -51,6 +51,15 @@ struct RoleSmem {
   static constexpr size_t kBytes = kBar + (2 * kStages + 5) * 8;
 };
 
+// Named barriers of attention_roles_kernel besides RegsBarrier's (4, 5).
+enum RoleBarrier : int {
+  kRoleScore = 1,   // the score warpgroup's 128 threads
+  kRoleMoved = 2,   // the score warpgroup's per-tile vote (bar.red) on whether a reference moves
+  kRoleQuery = 3,   // the query hand-over: the value warps stored it, the score warpgroup may read it
+  kRoleValue0 = 6,  // value warpgroup 0's 128 threads
+  kRoleValue1 = 7,  // value warpgroup 1's
+};
+
 template <int NH, int ST>
 __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
@@ -62,12 +71,6 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   constexpr int kProducerRegs = 32, kScoreRegs = 144, kValueRegs = 168;
   static_assert(kProducerWarps * UKV_WARP * kProducerRegs + 128 * kScoreRegs + kThreads * kValueRegs <= 65536,
                 "the roles' registers fit the SM");
-  // Named barrier of the query hand-over: the value warps stored it, the score
-  // warpgroup may read it (1, 2: the score warpgroup's own; 4, 5: registers;
-  // 6, 7: value warpgroup 0's and 1's).
-  constexpr int kQueryBarrier = 3;
-  // The score warpgroup's per-tile vote (bar.red) on whether a reference moves.
-  constexpr int kMovedBarrier = 2;
   constexpr int kStages = ST;
   // How far (log2) a tile's maximum may pass a head's reference before the
   // reference moves: P^T then holds values below 2^8, which f16 and bf16 keep
@@ -98,13 +101,13 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   uint64_t* done = pempty + 2;  // the score warpgroup wrote m_h and l_h
   const auto head_of_c = [&](int c) { return 8 * (c / 2) + 2 * tq + (c & 1); };
   const auto pt_slot = [&](int par) { return smem + L::kPT + (size_t)par * 2 * L::kPTBytes; };
-  // A barrier of value warpgroup wg's 128 threads (named barrier 6 or 7;
-  // constant ids: with an id in a register ptxas reserves all 16 barriers).
+  // A barrier of value warpgroup wg's 128 threads (a branch, not an id in a
+  // register: see RegsBarrier).
   const auto wg_sync = [wg] {
     if (wg == 0) {
-      ukv_named_sync(6, 128);
+      ukv_named_sync(kRoleValue0, 128);
     } else {
-      ukv_named_sync(7, 128);
+      ukv_named_sync(kRoleValue1, 128);
     }
   };
 
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     ukv_named_sync(kRegsLentBarrier, kRoleThreads);
     if (score) {
       ukv_setmaxnreg_inc<kScoreRegs>();
-      ukv_named_sync(kQueryBarrier, kThreads + 128);
+      ukv_named_sync(kRoleQuery, kThreads + 128);
       const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
       // Per column: the head's score factor (qk_h), running max and sum.
       float qk_c[kCols], m_run[kCols], l_run[kCols];
@@ -189,7 +192,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
           mx[c] = fmaxf(s[r], s[r + 2]);
           over = over || mx[c] > m_run[c] + kLazyLog2;
         }
-        const bool moved = ukv_named_sync_or(kMovedBarrier, 128, over);
+        const bool moved = ukv_named_sync_or(kRoleMoved, 128, over);
         float base[kCols], alpha[kCols], sum[kCols];
         if (moved) {
 #pragma unroll
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
             mx[c] = ukv_xor_max<4, 16>(mx[c]);
             if (g == 0) warp_w[4 * head_of_c(c) + q] = mx[c];
           }
-          ukv_named_sync(1, 128);
+          ukv_named_sync(kRoleScore, 128);
 #pragma unroll
           for (int c = 0; c < kCols; ++c) {
             const float4 m4 = *reinterpret_cast<const float4*>(warp_w + 4 * head_of_c(c));
@@ -245,7 +248,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         if (g == 0) lw[4 * head_of_c(c) + q] = l;
         if (q == 0 && g == 0) m_h[head_of_c(c)] = m_run[c];
       }
-      ukv_named_sync(1, 128);
+      ukv_named_sync(kRoleScore, 128);
       const int h = tid - kScoreTid;
       if (h < NH) {
         const float4 l4 = *reinterpret_cast<const float4*>(lw + 4 * h);
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         raw_load_q<NH, kWarps>(p, t, h0, tid / UKV_WARP, lane, p.softmax_scale * kLog2e, smem + L::kQ, qk_h);
       }
       ukv_fence_async_shared();  // before the score warpgroup's wgmma read the query
-      ukv_named_arrive(kQueryBarrier, kThreads + 128);
+      ukv_named_arrive(kRoleQuery, kThreads + 128);
       // This lane's code block 4 wg + tq (none for warpgroup 1's lanes tq = 3:
       // the rope block), and the running scale maxima of this warpgroup's blocks
       // 4 wg + mb its accumulators have seen (raw_pv_codes: they hold values

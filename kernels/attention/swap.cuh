@@ -7,6 +7,16 @@
 #if defined(UKV_NVIDIA_KERNELS)
 namespace {
 
+// Named barriers of attention_swap_kernel besides RegsBarrier's. A barrier
+// keeps one thread count, so with kAlt, whose warpgroups own 1 and 2, the
+// consumers' moves to 3.
+enum SwapBarrier : int {
+  kSwapConsumers = 1,     // the eight consumer warps (FP8 pools, kAlt off)
+  kSwapWarpgroup0 = 1,    // kAlt: warpgroup 0's 128 threads
+  kSwapWarpgroup1 = 2,    // kAlt: warpgroup 1's 128 threads
+  kSwapAltConsumers = 3,  // kAlt: the eight consumer warps
+};
+
 template <int NH, int ST, bool kFp8, bool kRaw>
 __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kCtasPerSm)
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
@@ -91,20 +101,18 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   // Raw variant: the slot of M row m's key.
   const auto slot_of = [](int m) { return kRaw ? qk_slot(m) : m; };
-  // `alt`: a barrier of this warpgroup's 128 threads, named barrier 1 or 2
-  // (constant ids: with an id in a register ptxas reserves all 16 barriers).
+  // `alt`: a barrier of this warpgroup's 128 threads (a branch, not an id in
+  // a register: see RegsBarrier).
   const auto wg_sync = [wg] {
     if (wg == 0) {
-      ukv_named_sync(1, 128);
+      ukv_named_sync(kSwapWarpgroup0, 128);
     } else {
-      ukv_named_sync(2, 128);
+      ukv_named_sync(kSwapWarpgroup1, 128);
     }
   };
-  // (kAlt: barrier 3, since 1 and 2 are the warpgroups' own: every named
-  // barrier keeps one thread count.)
   const auto consumer_sync = [] {
     if constexpr (kFp8) {
-      ukv_named_sync(kAlt ? 3 : 1, kThreads);
+      ukv_named_sync(kAlt ? kSwapAltConsumers : kSwapConsumers, kThreads);
     } else {
       __syncthreads();
     }
