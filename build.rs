@@ -1,9 +1,8 @@
 //! Gives the shared library its SONAME and compiles `kernels/` for a GPU
 //! backend through the `cc` crate: with nvcc for the `cuda` feature, with
 //! hipcc for `rocm`. Either sets the `unikv_gpu` cfg that compiles the GPU
-//! backend in. The test-only sources (kernels/devtools/) and hooks are
-//! compiled with the `devtools` feature only. The header is never written
-//! here: the `header` test regenerates it into a temporary folder and compares.
+//! backend in. The header is never written here: the `header` test
+//! regenerates it into a temporary folder and compares.
 
 #[cfg(all(feature = "cuda", feature = "rocm"))]
 compile_error!(
@@ -26,65 +25,87 @@ fn main() {
     println!("cargo:rustc-cfg=unikv_gpu");
 }
 
-/// The kernel sources (one compiler run each).
+/// The kernel sources, their compile runs and the flags every backend shares.
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod kernels {
-    pub const SOURCES: &[&str] = &[
-        "shim.cu",
-        "store.cu",
-        "cache_store.cu",
-        "prepare.cu",
-        "index.cu",
-        "rope.cu",
-        "attention.cu",
-        "routing.cu",
-        "indexer.cu",
-        "indexer_topk.cu",
-    ];
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
     /// The test-only sources (the `devtools` feature, which `test-hooks`
     /// implies): the tests' and the benchmark's streams, graphs and events,
     /// the FP8 codec check and the params layout table. Never in a library
     /// built without the feature.
-    pub const DEVTOOLS_DIR: &str = "kernels/devtools";
+    const DEVTOOLS_DIR: &str = "kernels/devtools";
 
     fn devtools() -> bool {
         std::env::var_os("CARGO_FEATURE_DEVTOOLS").is_some()
     }
 
-    /// Every source to compile, from the package root: SOURCES, then with
-    /// `devtools` each `.cu` file of DEVTOOLS_DIR.
-    pub fn sources() -> Vec<String> {
-        let mut list: Vec<String> = SOURCES.iter().map(|s| format!("kernels/{s}")).collect();
-        if devtools() {
-            let mut tools: Vec<String> = std::fs::read_dir(DEVTOOLS_DIR)
-                .unwrap_or_else(|e| panic!("{DEVTOOLS_DIR}: {e}"))
-                .map(|entry| {
-                    entry
-                        .unwrap_or_else(|e| panic!("{DEVTOOLS_DIR}: {e}"))
-                        .path()
-                })
-                .filter(|path| path.extension().is_some_and(|ext| ext == "cu"))
-                .map(|path| path.to_string_lossy().into_owned())
-                .collect();
-            tools.sort();
-            list.extend(tools);
+    /// Every `.cu` under `kernels/` (recursively, sorted, so the archive list is
+    /// deterministic), each one compiler run; DEVTOOLS_DIR only with the
+    /// `devtools` feature.
+    pub fn sources() -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let entries =
+                std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            for entry in entries {
+                let path = entry.expect("kernels/ entry").path();
+                if path.is_dir() {
+                    if path != Path::new(DEVTOOLS_DIR) || devtools() {
+                        walk(&path, out);
+                    }
+                } else if path.extension().is_some_and(|x| x == "cu") {
+                    out.push(path);
+                }
+            }
         }
-        list
+        let mut out = Vec::new();
+        walk(Path::new("kernels"), &mut out);
+        out.sort();
+        out
     }
 
-    /// The archive of one source: kernels/devtools/streams.cu ->
-    /// unikv_kernels_devtools_streams.
-    pub fn lib_name(src: &str) -> String {
-        let stem = src.trim_start_matches("kernels/").trim_end_matches(".cu");
-        format!("unikv_kernels_{}", stem.replace('/', "_"))
+    /// The static library of one source, unique per path:
+    /// kernels/attention/plan.cu -> unikv_kernels_attention_plan.
+    pub fn library_name(src: &Path) -> String {
+        let rel = src
+            .strip_prefix("kernels")
+            .expect("a source under kernels/")
+            .with_extension("");
+        let rel = rel
+            .to_string_lossy()
+            .replace(std::path::MAIN_SEPARATOR, "_");
+        format!("unikv_kernels_{rel}")
     }
 
     /// With `devtools`, every source is compiled with UKV_TEST_HOOKS, which
-    /// compiles in the `unikv_gpu_test_*` hooks of the kernel files.
-    pub fn define_test_hooks(build: &mut cc::Build) {
+    /// compiles in the `unikv_gpu_test_*` hook setters of the kernel files.
+    pub fn defines(build: &mut cc::Build) {
         if devtools() {
             build.define("UKV_TEST_HOOKS", None);
         }
+    }
+
+    /// Runs the compiles on at most NUM_JOBS threads (cargo's job count), one
+    /// compiler process each: kernels/ holds dozens of sources, and as many
+    /// concurrent device compiles would exhaust a small machine's memory.
+    pub fn compile_all(builds: Vec<(String, cc::Build)>) {
+        let jobs = std::env::var("NUM_JOBS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1usize)
+            .max(1);
+        let queue = Mutex::new(builds);
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                scope.spawn(|| loop {
+                    let Some((name, build)) = queue.lock().expect("build queue").pop() else {
+                        break;
+                    };
+                    build.compile(&name);
+                });
+            }
+        });
     }
 
     /// A `;`- or `,`-separated target list from `var` (or `default`); an
@@ -112,7 +133,9 @@ mod kernels {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::kernels::{define_test_hooks, lib_name, rerun_on_sources, sources, target_list};
+    use super::kernels::{
+        compile_all, defines, library_name, rerun_on_sources, sources, target_list,
+    };
     use std::env;
     use std::path::PathBuf;
 
@@ -159,8 +182,8 @@ mod cuda {
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
         // (C7509). No device code crosses files, so nothing needs a device link.
-        let builds: Vec<_> = sources()
-            .into_iter()
+        let builds = sources()
+            .iter()
             .map(|src| {
                 let mut build = cc::Build::new();
                 // No debug build of device code: cc would pass -G, which turns
@@ -174,18 +197,15 @@ mod cuda {
                     .flag("-Xcompiler=-Wall,-Wextra")
                     .flag("-Werror=all-warnings")
                     .include("kernels")
-                    .file(&src);
+                    .file(src);
+                defines(&mut build);
                 for flag in gencode_flags() {
                     build.flag(&flag);
                 }
-                define_test_hooks(&mut build);
-                let name = lib_name(&src);
-                std::thread::spawn(move || build.compile(&name))
+                (library_name(src), build)
             })
             .collect();
-        for build in builds {
-            build.join().expect("nvcc build thread");
-        }
+        compile_all(builds);
         for lib in ["lib", "lib64", "targets/x86_64-linux/lib"] {
             let dir = home.join(lib);
             if dir.is_dir() {
@@ -201,7 +221,9 @@ mod cuda {
 
 #[cfg(feature = "rocm")]
 mod rocm {
-    use super::kernels::{define_test_hooks, lib_name, rerun_on_sources, sources, target_list};
+    use super::kernels::{
+        compile_all, defines, library_name, rerun_on_sources, sources, target_list,
+    };
     use std::env;
     use std::path::PathBuf;
 
@@ -238,8 +260,8 @@ mod rocm {
         // runs without our flags) keeps hipcc from probing this machine's GPUs.
         env::set_var("HIP_PLATFORM", "amd");
         env::set_var("HCC_AMDGPU_TARGET", &archs[0]);
-        let builds: Vec<_> = sources()
-            .into_iter()
+        let builds = sources()
+            .iter()
             .map(|src| {
                 let mut build = cc::Build::new();
                 build
@@ -255,18 +277,15 @@ mod rocm {
                     .flag("-Wextra")
                     .flag("-Werror")
                     .include("kernels")
-                    .file(&src);
+                    .file(src);
+                defines(&mut build);
                 for arch in &archs {
                     build.flag(format!("--offload-arch={arch}"));
                 }
-                define_test_hooks(&mut build);
-                let name = lib_name(&src);
-                std::thread::spawn(move || build.compile(&name))
+                (library_name(src), build)
             })
             .collect();
-        for build in builds {
-            build.join().expect("hipcc build thread");
-        }
+        compile_all(builds);
         for var in ["ROCM_PATH", "HIP_PATH"] {
             if let Some(home) = env::var_os(var) {
                 println!(

@@ -15,7 +15,7 @@
 namespace {
 
 // Threads per block: the FlashMLA store at 256, the indexer store at 128
-// (bench/NOTES.md, versions 23 and 24).
+// (bench/notes/v23.md and v24.md).
 constexpr int kFlashThreads = 256;
 constexpr int kIndexerThreads = 128;
 constexpr int kDimsPerLane = 16;
@@ -103,7 +103,7 @@ __device__ __forceinline__ uint4 encode16(const float (&x)[kDimsPerLane], float 
 // Tokens per warp of store_flashmla_kernel. At one token per warp the kernel
 // needed 38 registers per thread, room for 48 warps per SM, so a batch of 8192
 // tokens took 1.3 waves; at two it needs 59 (32 warps per SM) and 4096 warps
-// fit in one (bench/NOTES.md, version 18).
+// fit in one (bench/notes/v18.md).
 constexpr int kFlashTokensPerWarp = 2;
 
 // One token (its row as two 16-byte vectors per lane, `loc` already

@@ -572,7 +572,7 @@ int launch_scores(int device, const ukv_indexer_topk_params& p, void* stream) {
     if (facts.wgmma && p.format == UKV_FP8_E4M3FN && g_score_kernel == 0) {
       // Runs of 8 pages, halved while the batch would not fill one wave of
       // blocks, so small batches spread their pages over more SMs
-      // (bench/NOTES.md, version 19).
+      // (bench/notes/v19.md).
       int run = kRunPages;
       while (run > 1 && p.num_tokens * ukv::cdiv(pages, run) < kWgBlocksPerSm * facts.sms) run /= 2;
       return ukv::launch_early(device, score_wgmma_kernel,

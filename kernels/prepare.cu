@@ -106,7 +106,7 @@ __device__ __forceinline__ void prepare_q(const ukv_prepare_qkv_params& p, int i
   // Both factors before either row is used: each is a long dependent chain
   // (conversions to double, adds, shuffles, the refined rsqrt), and computed
   // one after the other they doubled a warp's latency (an absent second head
-  // normalizes zeros, never stored). bench/NOTES.md, version 26.
+  // normalizes zeros, never stored). bench/notes/v26.md.
   float f[kQHeads];
   for (int j = 0; j < kQHeads; ++j) f[j] = norm_factor(x[j], p.q_eps);
   for (int j = 0; j < kQHeads; ++j) {

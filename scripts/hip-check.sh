@@ -8,11 +8,13 @@
 # rocm-device-libs when hipcc is absent (root). The target list is always
 # explicit, so hipcc never probes this machine for a GPU.
 #
-# attention.cu builds its portable kernels only (attention_portable.cuh): the
-# other kernels use NVIDIA-only instructions. For each MFMA target in the list
-# the check disassembles attention.cu and requires v_mfma instructions in both
-# matrix-variant kernels (bf16 and FP8 pools), so the matrix path cannot fall
-# back to its software model unnoticed.
+# Every .cu under kernels/ compiles, test-only sources and hooks included
+# (-DUKV_TEST_HOOKS); the attention instances of NVIDIA-only kernels compile to
+# empty objects, so HIP builds carry the portable kernels only
+# (kernels/attention/portable.cuh). For each MFMA target in the list the check
+# disassembles the two matrix-variant instances (bf16 and FP8 pools) and
+# requires v_mfma instructions in each, so the matrix path cannot fall back to
+# its software model unnoticed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -48,25 +50,30 @@ done
 export HIP_PLATFORM=amd
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-sources=(kernels/*.cu)
+mapfile -t sources < <(find kernels -name '*.cu' | sort)
+flags=(-std=c++17 -O3 -Wall -Wextra -Werror -Ikernels -DUKV_TEST_HOOKS)
 for src in "${sources[@]}"; do
-    hipcc -x hip "${offload[@]}" -std=c++17 -O3 -Wall -Wextra -Werror -c "$src" -o "$out/$(basename "$src" .cu).o" ||
+    hipcc -x hip "${offload[@]}" "${flags[@]}" -c "$src" -o "$out/$(echo "${src%.cu}" | tr / _).o" ||
         die "$src does not compile for $archs"
 done
 
-# The matrix variant on MFMA targets: attention_portable_kernel<kFp8, true>.
+# The matrix variant on MFMA targets: attention_portable_kernel<kFp8, true>,
+# one instance per pool type.
 mfma_kernels=0
 for arch in "${list[@]}"; do
     case "$arch" in gfx90a | gfx94? | gfx950) ;; *) continue ;; esac
-    asm="$out/attention-$arch.s"
-    hipcc -x hip --offload-arch="$arch" --cuda-device-only -S -std=c++17 -O3 -Wall -Wextra -Werror \
-        -Wno-unused-command-line-argument kernels/attention.cu -o "$asm" || die "attention.cu does not compile for $arch"
-    counts=$(awk '/^_Z[^ ]*attention_portable_kernelILb[01]ELb1EE[^ ]*:/ {name = $1; n = 0}
-                  name && /v_mfma/ {n++}
-                  name && /^\.Lfunc_end/ {print n; name = ""}' "$asm")
-    [ "$(echo "$counts" | grep -c '^[1-9]')" = 2 ] ||
-        die "$arch: the matrix attention kernels carry no v_mfma instructions (per kernel: $(echo $counts))"
-    mfma_kernels=$((mfma_kernels + 2))
+    for pool in bf16 fp8; do
+        src=kernels/attention/instances/portable_matrix_$pool.cu
+        asm="$out/portable-matrix-$pool-$arch.s"
+        hipcc -x hip --offload-arch="$arch" --cuda-device-only -S "${flags[@]}" -Wno-unused-command-line-argument \
+            "$src" -o "$asm" || die "$src does not compile for $arch"
+        counts=$(awk '/^_Z[^ ]*attention_portable_kernelILb[01]ELb1EE[^ ]*:/ {name = $1; n = 0}
+                      name && /v_mfma/ {n++}
+                      name && /^\.Lfunc_end/ {print n; name = ""}' "$asm")
+        [ "$(echo "$counts" | grep -c '^[1-9]')" = 1 ] ||
+            die "$arch: the $pool matrix attention kernel carries no v_mfma instructions (per kernel: $(echo $counts))"
+        mfma_kernels=$((mfma_kernels + 1))
+    done
 done
 
 # The entry points: defined by the HIP objects = declared by src/backend/gpu/shim.rs.

@@ -58,7 +58,7 @@ for raw in sys.stdin:
     if name is None: continue
     line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", raw)      # addresses
     line = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "", line)  # TU-local namespace tags
-    line = line.strip()
+    line = " ".join(line.split())  # column padding depends on the whole cubin
     if line and not line.startswith(".") and line != "..........":
         lines.append(line)
 flush()

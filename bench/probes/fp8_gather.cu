@@ -42,7 +42,7 @@ __device__ __forceinline__ void cp16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
-// The integer dequantization of kernels/attention.cu, on one row slot.
+// The integer dequantization of kernels/attention/gather.cuh, on one row slot.
 // kKind 0: full; 1: no stores (results folded into `sink`); 2: stores raw
 // chunks without converting.
 template <int kKind = 0>
@@ -79,7 +79,7 @@ __device__ __forceinline__ void dequant_row(char* row, int lane, uint32_t& sink)
 }
 
 
-// The kernel's dequantization (kernels/attention.cu dequantize_tile, 4 rows
+// The kernel's dequantization (kernels/attention/gather.cuh dequantize_rows, 4 rows
 // per warp round, integer fast path and out-of-line software fallback), with
 // `force_slow` to time the fallback.
 __device__ __forceinline__ float bits_float(uint32_t b) { return __uint_as_float(b); }

@@ -1,4 +1,4 @@
-// Device side of the FP8 codec test (tests/gpu.rs, through the test hook
+// Device side of the FP8 codec test (tests/gpu/fp8_codec.rs, through the test hook
 // unikv::ffi::test_hooks::gpu_fp8_check): every value through the software
 // encoder, the hardware-or-software pair encoder (byte order included) and the
 // UE8M0 scale, and every code decoded, for comparison with src/fp8.rs.

@@ -1,5 +1,5 @@
 // Tensor-core matrix products of one warp (mma.sync, ldmatrix; sm_80+, NVIDIA
-// only). HIP builds use the MFMA wrappers of kernels/matrix_core.cuh instead.
+// only). HIP builds use the MFMA wrappers of kernels/attention/matrix_core.cuh instead.
 #pragma once
 
 #include "../vendor/map.cuh"

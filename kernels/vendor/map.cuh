@@ -69,7 +69,7 @@ inline ukv_error_t ukv_max_active_clusters(void (*kernel)(Params...), dim3 block
   *clusters = 0;
   return hipSuccess;
 }
-// Whether the device runs v_mfma_f32_16x16x16bf16_1k (matrix_core.cuh's
+// Whether the device runs v_mfma_f32_16x16x16bf16_1k (attention/matrix_core.cuh's
 // UKV_MFMA targets), from its ISA name ("gfx942:sramecc+:xnack-").
 inline ukv_error_t ukv_device_has_mfma(int device, bool* has) {
   hipDeviceProp_t prop;

@@ -154,8 +154,8 @@ fn validate<'a>(
 /// `out` may be `q` itself: on every backend all reads of a (token, head)'s
 /// query come before the output row that replaces it is written. The CPU
 /// backend copies each head's query out before computing its row
-/// (`backend::cpu::attention`); each kernel of kernels/attention.cu and
-/// attention_portable.cuh loads its block's query rows into shared memory
+/// (`backend::cpu::attention`); each kernel of kernels/attention/ (the
+/// portable ones included) loads its block's query rows into shared memory
 /// once, before its first key tile, and outputs are written after the last
 /// one: by the block itself (an unsplit token), by the cluster merge after a
 /// cluster barrier all of the token's splits reach, or by `combine_kernel`

@@ -8,10 +8,9 @@
 //     of it elsewhere.
 // A HIP build runs the matrix variant where the device has MFMA and the scalar
 // one otherwise; on NVIDIA a test hook (unikv_gpu_test_plan_portable) runs
-// either, so both are checked against the CPU backend on the H200. Included by
-// attention.cu inside its namespace: it shares the key resolution, split cut,
-// sink fold, inverse-RoPE epilogue and workspace layout (merged by
-// combine_kernel).
+// either, so both are checked against the CPU backend on the H200. It shares
+// common.cuh's key resolution, split cut, sink fold, inverse-RoPE epilogue and
+// workspace layout (merged by combine_kernel).
 //
 // One block = (token, 16-head block, key split), 256 threads; the split's keys
 // in chunks of 32:
@@ -33,6 +32,13 @@
 //     layout through shared memory before the shared epilogue.
 // Matrix-variant rows are padded by 16 bytes: its fragment loads read 16 rows
 // at one column, which would otherwise all hit one bank.
+
+#pragma once
+
+#include "common.cuh"
+#include "matrix_core.cuh"
+
+namespace {
 
 constexpr int kPortableHeads = 16;
 constexpr int kPortableKeys = 32;
@@ -309,3 +315,5 @@ __global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
       for (int i = 0; i < 8; ++i) rec[2 * kPortableHeads + (size_t)(pv_h0 + h) * kD + pv_d0 + i] = acc[h][i];
   }
 }
+
+}  // namespace

@@ -4,7 +4,7 @@
 // other target it is an exact software model of it through shared memory, so
 // code written against this layout runs everywhere: on NVIDIA it is how the
 // H200 tests check the matrix-core kernel's fragment indexing against the CPU
-// backend (attention_portable.cuh).
+// backend (attention/portable.cuh).
 //
 // Layout (lane = thread % 64, g = lane / 16, r = lane % 16):
 //   a: A[r][4g .. 4g + 3]  (A is 16 x 16, M x K), 4 bf16 in k order

@@ -1,0 +1,341 @@
+// Sparse decode / prefill attention over gathered latent rows (K = V, MQA).
+//
+// One CTA = (token, head block of 16*MT heads, key split). Eight warps share
+// every gathered row: each 64-key tile is read from global memory once per CTA
+// (TileLoads: bulk copies or cp.async, pipelined over stages) and serves all
+// heads of the block. attention_kernel (mma.sync):
+//   QK:  S[Hb, 64] = Q[Hb, 512] . K[64, 512]^T, warp w computes keys 8w..8w+7
+//        (mma.sync m16n8k16, bf16 in, f32 accumulate).
+//   softmax (online, log2 domain): warp w owns rows w, w+8, ...; P rounded to
+//        bf16 and the denominator summed from the rounded values.
+//   PV:  O[Hb, 512] += P[Hb, 64] . V[64, 512], warp w owns dims 64w..64w+63.
+// attention_wgmma_kernel does the same for 64-head blocks with warpgroup MMA.
+// A token's keys are cut into at most S splits (S fixed by the plan): tiles per
+// split = cdiv(tiles_t, S). The cut depends only on the token's own length and
+// the plan, never on num_tokens or the other tokens, so a token's output is
+// bitwise independent of its batch. A token with one split is written directly
+// with the sink folded in; otherwise the splits' (m, l, acc) partials merge in
+// split order, inside the token's thread-block cluster (sm_90+) or through the
+// plan's workspace and combine_kernel.
+//
+// Keys come from up to two sources (pool rows, then the prefill chunk's own
+// rows); an index outside its source (-1 included) is skipped, never read.
+// Rows of an FP8 pool (spec unified_kv 1.5(c)) are gathered as they are
+// stored into their bf16 slot in the tile (the 512-byte nope row at its start,
+// the 128-byte rope row at its end) and dequantized there in place
+// (dequantize_rows; in the 16/32-head kernels by producer warps), so every
+// kernel's MMA code reads bf16 tiles either way. portable.cuh holds
+// the kernel for GPUs without NVIDIA's tensor-core or async-copy instructions
+// (HIP builds: on MFMA where the device has it).
+//
+// Layout of kernels/attention/: this header (constants, key resolution, FP8
+// pieces, split cut, epilogue, cluster merge), gather.cuh (tile layouts and
+// the three gather pipelines), one header per kernel family (mma.cuh,
+// wgmma.cuh, swap.cuh with heads_on_n.cuh and raw_fragments.cuh, roles.cuh,
+// portable.cuh), combine.cu (split combine and merge), plan.cu (the plan and
+// the C entry points) and instances/: one translation unit per kernel
+// instantiation, exporting its launcher (launcher.cuh). One nvcc run per
+// file keeps each a whole program (see build.rs).
+#pragma once
+
+#include <math.h>
+
+#include <type_traits>
+
+#include "fp8.cuh"
+#include "shim.cuh"
+#include "warp.cuh"
+
+// The tensor-core, async-copy and cluster kernels use NVIDIA-only instructions;
+// a HIP build carries the portable kernels only (portable.cuh).
+#if !defined(__HIPCC__)
+#define UKV_NVIDIA_KERNELS 1
+#endif
+
+// The split settings of a launch. Outside the anonymous namespace: the plan
+// passes it to the launchers of other translation units (launcher.cuh).
+struct SplitConfig {
+  int splits;   // S: the plan's split cap, also gridDim.z
+  int cluster;  // 1: the S blocks of a (token, head block) form a cluster and merge in it
+};
+
+namespace {
+
+constexpr int kThreads = 256;
+#if defined(UKV_NVIDIA_KERNELS)
+constexpr int kWarps = kThreads / UKV_WARP;
+#endif
+constexpr int kD = 512;
+constexpr int kBK = 64;                 // keys per tile
+constexpr int kChunks = kD * 2 / 16;    // 16-byte chunks per row
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMaxSplits = 64;
+// Most blocks in a cluster: 16 is beyond the portable 8; Hopper schedules it
+// where a GPC has 16 free SMs.
+constexpr int kMaxClusterSplits = 16;
+static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
+
+#if defined(UKV_NVIDIA_KERNELS)
+// Byte offset of 16-byte chunk `c` of row `r` in a 1024-byte-row tile: XOR
+// swizzle so the 8 rows an ldmatrix reads hit distinct banks.
+__device__ __forceinline__ uint32_t row_chunk(int r, int c) {
+  return (uint32_t)r * 1024u + (uint32_t)((c ^ (r & 7)) << 4);
+}
+// Same for the 128-byte rows of P.
+__device__ __forceinline__ uint32_t p_chunk(int r, int c) {
+  return (uint32_t)r * 128u + (uint32_t)((c ^ (r & 7)) << 4);
+}
+#endif
+
+// Resolved key list of one token: source 0 then source 1.
+struct TokenKeys {
+  const int32_t* idx[2];
+  int len[2];
+  int total;
+};
+
+__device__ __forceinline__ TokenKeys token_keys(const ukv_attention_params& p, int t) {
+  TokenKeys k{};
+  for (int s = 0; s < 2; ++s) {
+    k.idx[s] = nullptr;
+    k.len[s] = 0;
+    if (s >= p.num_sources) continue;
+    const ukv_kv_source& src = p.src[s];
+    const int64_t begin = src.indptr[t];
+    int64_t end = src.indptr[t + 1];
+    if (begin < 0 || end <= begin || begin >= src.capacity) continue;
+    if (end > src.capacity) end = src.capacity;
+    k.idx[s] = src.indices + begin;
+    k.len[s] = (int)(end - begin);
+  }
+  k.total = k.len[0] + k.len[1];
+  return k;
+}
+
+// A key index fetched one tile ahead of its use: the global load is issued in
+// one iteration and consumed (checked, turned into an address) in the next, so
+// its latency overlaps a whole tile of compute instead of stalling the gather.
+struct PendingKey {
+  int raw;     // the index value as loaded
+  int source;  // 0 or 1; -1 when the key position is past the token's keys
+};
+
+// Fetches the index of key `j` (counted over source 0 then source 1) of a
+// token; past its keys the source is -1.
+__device__ __forceinline__ PendingKey fetch_key(const TokenKeys& k, int j) {
+  PendingKey key{-1, -1};
+  // Selects, not k.len[s]: a runtime index would put TokenKeys in local memory.
+  const bool second = j >= k.len[0];
+  if (second) j -= k.len[0];
+  if (j < (second ? k.len[1] : k.len[0])) {
+    key.raw = (second ? k.idx[1] : k.idx[0])[j];
+    key.source = second ? 1 : 0;
+  }
+  return key;
+}
+
+// Whether a fetched key names a row of its source (an index outside it, -1
+// included, is never read: its row is zero-filled and masked).
+__device__ __forceinline__ bool key_valid(const ukv_attention_params& p, PendingKey k) {
+  return k.source >= 0 && k.raw >= 0 && k.raw < p.src[k.source].rows;
+}
+
+// What a tile row holds (the per-stage `valid` array): nothing (masked), a
+// bf16 row, or an FP8 row still to be dequantized.
+enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2 };
+
+// FP8 rows gathered raw: the 512 nope bytes (448 codes, the scale bytes and
+// padding) in chunks 0..31 of the row's slot, the 128 rope bytes (already
+// bf16) in chunks 56..63, where the row's bf16 rope dims belong; dequantizing
+// the codes writes chunks 0..55.
+constexpr int kFp8NopeBytes = 512;
+constexpr int kFp8RopeBytes = 128;
+constexpr int kFp8RopeChunk = kChunks - kFp8RopeBytes / 16;
+
+// Whether 8 codes with scale byte s may take the integer path of
+// dequantize_fast: an e4m3fn code c as the bf16 with bits
+// (c & 0x80) << 8 | (c & 0x7F) << 4 has the value fp8(c) * 2^-120 (subnormal
+// codes become bf16 subnormals), and one bf16 multiply by 2^(s - 7) gives
+// fp8(c) * 2^(s - 127) exactly while that factor is a bf16 (s <= 134) and no
+// product is subnormal (s >= 10). NaN codes (0x7F, 0xFF) would come out
+// finite, so rows holding one, fnuz rows and other scales take the software
+// decoder (same values, several times slower).
+__device__ __forceinline__ bool fp8_fast_path(uint2 codes, uint32_t s) {
+  // Bit 7 of a byte of `nan`: that code's low 7 bits are all 1.
+  const uint32_t nan = ((codes.x & 0x7F7F7F7Fu) + 0x01010101u) | ((codes.y & 0x7F7F7F7Fu) + 0x01010101u);
+  return s - 10u <= 124u && (nan & 0x80808080u) == 0u;
+}
+
+// Eight e4m3fn codes (one 8-byte piece of a nope row) with a scale byte that
+// passed fp8_fast_path to their 16-byte chunk of bf16 values: per code pair
+// one byte permute, a shift, a logic op and one bf16x2 multiply, no branch.
+__device__ __forceinline__ uint4 dequantize_fast(uint2 codes, uint32_t s) {
+  const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // Codes 2i, 2i+1 as the high bytes of two 16-bit halves.
+    const uint32_t x = ukv_byte_perm(i < 2 ? codes.x : codes.y, 0u, (i % 2) == 0 ? 0x1404u : 0x3424u);
+    out[i] = ukv_bf16x2_mul((x & 0x80008000u) | ((x >> 4) & 0x07F007F0u), factor);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Any piece: the integer path where it applies, else the software decoder, a
+// compact loop (few live registers) rather than an out-of-line call, whose
+// register saves would spill in the kernels at 128 registers.
+__device__ __forceinline__ void dequantize_piece(uint2 codes, uint32_t s, ukv_fp8_format fmt, char* dst) {
+  if (fmt == UKV_FP8_E4M3FN && fp8_fast_path(codes, s)) {
+    *reinterpret_cast<uint4*>(dst) = dequantize_fast(codes, s);
+    return;
+  }
+  const float scale = ukv_ue8m0_to_float((uint8_t)s);
+  const uint64_t all = (uint64_t)codes.y << 32 | codes.x;
+#pragma unroll 1
+  for (int i = 0; i < 8; ++i) {
+    const float v = ukv_fp8_decode((uint8_t)(all >> (8 * i)), fmt) * scale;
+    *reinterpret_cast<ukv_bf16*>(dst + 2 * i) = ukv_float_to_bf16(v);
+  }
+}
+
+// Decode's inverse-RoPE epilogue (spec unified_kv 5.4): the table row of
+// token t, or nullptr when there is no epilogue or the position lies outside
+// the table (that token's rope dims stay unrotated; the CPU backend rejects it).
+__device__ __forceinline__ const float* inverse_rope_row(const ukv_attention_params& p, int t) {
+  if (p.rope_table == nullptr) return nullptr;
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  return pos >= 0 && pos < p.rope_rows ? p.rope_table + pos * 64 : nullptr;
+}
+
+// Rotates output dims (d, d + 1), d even, by the conjugate of their (cos, sin)
+// pair when they are rope dims (src/rope.rs inverse_rope_row).
+__device__ __forceinline__ void inverse_rope_pair(const float* cs, int d, float& re, float& im) {
+  if (cs == nullptr || d < kD - 64) return;
+  const float2 c = *reinterpret_cast<const float2*>(cs + (d - (kD - 64)));
+  const float r = re, i = im;
+  re = r * c.x + i * c.y;
+  im = i * c.x - r * c.y;
+}
+
+// Four consecutive output values from dim d0 (a multiple of 4), rotated where
+// they are rope dims, packed as bf16.
+__device__ __forceinline__ uint2 pack_out4(const float* cs, int d0, float a, float b, float c, float d) {
+  inverse_rope_pair(cs, d0, a, b);
+  inverse_rope_pair(cs, d0 + 2, c, d);
+  return make_uint2(ukv_pack_bf16x2(a, b), ukv_pack_bf16x2(c, d));
+}
+
+// Folds the sink into (m, l) and returns the scale of acc (0 when the output is
+// zero) and the natural-log LSE.
+__device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h, float m, float l, float* lse) {
+  const float z = p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+  const float mf = fmaxf(m, z);
+  if (mf == -INFINITY) {
+    *lse = -INFINITY;
+    return 0.f;
+  }
+  const float a_kv = exp2f(m - mf);
+  const float lf = l * a_kv + exp2f(z - mf);
+  *lse = (mf + log2f(lf)) * kLn2;
+  return lf > 0.f ? a_kv / lf : 0.f;
+}
+
+// The end of a split merge (cluster or workspace): four output values of
+// (token t, head h) from dim d0, unnormalized with the merged (m, l), get the
+// sink and 1/l, the inverse-RoPE epilogue where asked, and are written as
+// bf16; `with_lse`: this thread also writes the head's LSE.
+__device__ __forceinline__ void write_merged4(const ukv_attention_params& p, int t, int h, int d0,
+                                              const float (&acc)[4], float m, float l, bool with_lse) {
+  float lse;
+  const float scale = fold_sink(p, h, m, l, &lse);
+  ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+  *reinterpret_cast<uint2*>(out + d0) =
+      pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
+  if (p.lse != nullptr && with_lse) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+}
+
+#if defined(UKV_NVIDIA_KERNELS)
+// A split's partial accumulator, f32 [Hb][512], in its block's shared memory
+// for the in-cluster merge; 8-float groups XOR-swizzled by row so the fragment
+// stores of 8 rows at once hit distinct banks.
+__device__ __forceinline__ int partial_at(int r, int col) { return r * kD + (col ^ ((r & 7) << 3)); }
+
+// Merges the splits of one (token, head block) whose (m, l, acc) sit in the
+// shared memory of the cluster's blocks (rank j = split j), in split order,
+// exactly as combine_kernel does from the workspace. Block `rank` of `ranks`
+// writes a 1/ranks share of the outputs, 4 dims per thread.
+template <int kHb>
+__device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int t, int h0, int count, int rank,
+                                              int ranks, const float* m_s, const float* l_s, const float* acc_s) {
+  constexpr int kItems = kHb * (kD / 4);
+  const int per = (kItems + ranks - 1) / ranks;
+  const int end = min(kItems, (rank + 1) * per);
+  for (int item = rank * per + (int)threadIdx.x; item < end; item += kThreads) {
+    const int r = item / (kD / 4), d0 = (item % (kD / 4)) * 4;
+    const int h = h0 + r;
+    if (h >= p.num_heads) continue;
+    float m = -INFINITY;
+    for (int j = 0; j < count; ++j) m = fmaxf(m, ukv_cluster_map(m_s, j)[r]);
+    float l = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < count; ++j) {
+      const float mj = ukv_cluster_map(m_s, j)[r];
+      const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
+      l += w * ukv_cluster_map(l_s, j)[r];
+      const float4 a = *reinterpret_cast<const float4*>(ukv_cluster_map(acc_s, j) + partial_at(r, d0));
+      acc[0] += w * a.x;
+      acc[1] += w * a.y;
+      acc[2] += w * a.z;
+      acc[3] += w * a.w;
+    }
+    write_merged4(p, t, h, d0, acc, m, l, d0 == 0);
+  }
+}
+#endif  // UKV_NVIDIA_KERNELS
+
+// The split cut of one token: tiles per split and the number of splits.
+struct TokenSplit {
+  int tiles, per_split, count;
+};
+__device__ __forceinline__ TokenSplit token_split(int total_keys, int cap) {
+  TokenSplit s;
+  s.tiles = (total_keys + kBK - 1) / kBK;
+  s.per_split = max(1, (s.tiles + cap - 1) / cap);
+  s.count = (s.tiles + s.per_split - 1) / s.per_split;
+  return s;
+}
+
+// A block's share of its token: the token's keys, their cut into splits,
+// whether one split finishes the token alone (written directly, no merge),
+// and this split's tiles.
+struct SplitWork {
+  TokenKeys keys;
+  TokenSplit cut;
+  bool direct;
+  int tile_begin, tile_end;
+};
+
+// The start of every attention kernel: lets the next kernel be scheduled and
+// waits for the previous one's writes (PDL), then resolves the block's work.
+// False: the block has nothing to do. One split (or none: an empty slice) is
+// finished by split 0 alone; in cluster mode every block of a split token joins
+// the merge, even one past the token's splits (it adds nothing and shares the
+// output writes).
+__device__ __forceinline__ bool split_work(const ukv_attention_params& p, int t, int split, const SplitConfig& cfg,
+                                           SplitWork& w) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  w.keys = token_keys(p, t);
+  w.cut = token_split(w.keys.total, cfg.splits);
+  w.direct = w.cut.count <= 1;
+  if (w.direct ? split != 0 : (split >= w.cut.count && cfg.cluster == 0)) return false;
+  w.tile_begin = split * w.cut.per_split;
+  w.tile_end = min(w.cut.tiles, w.tile_begin + w.cut.per_split);
+  return true;
+}
+
+// Workspace record of one (token, head block, split): m[Hb], l[Hb], acc[Hb][512].
+__host__ __device__ __forceinline__ size_t partial_floats(int hb) { return (size_t)hb * (2 + kD); }
+
+}  // namespace

@@ -1,0 +1,8 @@
+// attention_kernel<3, 2> for FP8 pools.
+#include "attention/mma.cuh"
+#include "attention/launcher.cuh"
+
+#if defined(UKV_NVIDIA_KERNELS)
+UKV_ATTENTION_LAUNCHER(kMma3x2Fp8, (Smem<3, 2>::kBytes), kThreads, attention_kernel<3, 2, true>);
+#endif
+
