@@ -76,6 +76,13 @@ constexpr int kMaxSplits = 64;
 constexpr int kMaxClusterSplits = 16;
 static_assert(kD / 4 >= kMaxSplits, "the combine kernel gives each split one thread");
 
+// Element type T at byte offset `offset` of a kernel's dynamic shared memory:
+// what the shared-memory layouts' typed accessors (Smem::scores, ...) return.
+template <class T>
+__device__ __forceinline__ T* smem_at(char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
 #if defined(UKV_NVIDIA_KERNELS)
 // Byte offset of 16-byte chunk `c` of row `r` in a 1024-byte-row tile: XOR
 // swizzle so the 8 rows an ldmatrix reads hit distinct banks.

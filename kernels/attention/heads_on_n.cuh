@@ -56,6 +56,16 @@ struct SwapSmem {
   static constexpr size_t kFac = (kBar + 3 * kStages * 8 + 15) / 16 * 16;
   static constexpr size_t kSmax = kFac + (kRaw ? (kAlt ? 2 : 1) * kRawFacWords * 4 : 0);
   static constexpr size_t kBytes = kSmax + (kRaw ? 2 * 16 * 4 : 0);
+  // Typed views of the carve-outs.
+  __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
+  __device__ __forceinline__ static float* exchange(char* smem) { return smem_at<float>(smem, kX); }
+  __device__ __forceinline__ static float* warp(char* smem) { return smem_at<float>(smem, kWarp); }
+  __device__ __forceinline__ static float* head(char* smem) { return smem_at<float>(smem, kHead); }
+  __device__ __forceinline__ static uint32_t* fac(char* smem) { return smem_at<uint32_t>(smem, kFac); }
+  __device__ __forceinline__ static uint32_t* smax(char* smem) { return smem_at<uint32_t>(smem, kSmax); }
+  __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  // The key stages as f32 once every tile is done (partials, exchanges).
+  __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
 
 // Threads of a swap kernel block: the FP8 instantiations add the producer warps.

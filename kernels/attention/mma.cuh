@@ -28,6 +28,15 @@ struct Smem {
   static constexpr size_t kAlpha = kL + kHb * 4;                    // f32 [Hb] rescale of this tile
   static constexpr size_t kBar = kAlpha + kHb * 4;                  // u64 [stages] mbarriers
   static constexpr size_t kBytes = kBar + kStages * 8;
+  // Typed views of the carve-outs.
+  __device__ __forceinline__ static float* scores(char* smem) { return smem_at<float>(smem, kS); }
+  __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
+  __device__ __forceinline__ static float* running_max(char* smem) { return smem_at<float>(smem, kM); }
+  __device__ __forceinline__ static float* running_sum(char* smem) { return smem_at<float>(smem, kL); }
+  __device__ __forceinline__ static float* alpha(char* smem) { return smem_at<float>(smem, kAlpha); }
+  __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  // The key stages as f32 once every tile is done (partials, exchanges).
+  __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
 
 template <int MT, int ST, bool kFp8>
@@ -39,11 +48,11 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
   const int h0 = hb * kHb;
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row / column-pair
-  float* m_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kM);
-  float* l_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kL);
-  float* alpha_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kAlpha);
-  float* s_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kS);
-  int* valid_s = reinterpret_cast<int*>(smem + Smem<MT, ST>::kValid);
+  float* m_s = Smem<MT, ST>::running_max(smem);
+  float* l_s = Smem<MT, ST>::running_sum(smem);
+  float* alpha_s = Smem<MT, ST>::alpha(smem);
+  float* s_s = Smem<MT, ST>::scores(smem);
+  int* valid_s = Smem<MT, ST>::valid(smem);
 
   SplitWork work;
   if (!split_work(p, t, split, cfg, work)) return;
@@ -65,8 +74,8 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
       for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
   constexpr int kStages = Smem<MT, ST>::kStages;
-  TileLoads<kStages, PadTile, kFp8> loads{smem + Smem<MT, ST>::kK, valid_s,
-                                    reinterpret_cast<uint64_t*>(smem + Smem<MT, ST>::kBar), tile_begin, tile_end};
+  TileLoads<kStages, PadTile, kFp8> loads{smem + Smem<MT, ST>::kK, valid_s, Smem<MT, ST>::bars(smem), tile_begin,
+                                          tile_end};
   loads.init();
   __syncthreads();
   if (tile_begin < tile_end) load_q<RowTile, kHb>(p, t, h0, smem + Smem<MT, ST>::kQ);
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
     // The key stages are free now; they hold this split's acc for the merge.
     static_assert(kHb * kD * 4 <= kStages * Smem<MT, ST>::kTileBytes, "the partial fits in the key stages");
     ukv_cp_async_wait<0>();
-    float* acc_s = reinterpret_cast<float*>(smem + Smem<MT, ST>::kK);
+    float* acc_s = Smem<MT, ST>::drained(smem);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -60,6 +60,13 @@ struct PortableSmem {
   static constexpr size_t kBytes = kScratch + (kMatrix ? kPortableGroups * kMmaScratchBytes : 0);
   // The matrix variant's output tiles, f32 [16][512], reuse K after the loop.
   static_assert(!kMatrix || kPortableKeys * kRow >= (size_t)kPortableHeads * kD * 4, "output tiles fit in K");
+  // Typed views of the carve-outs.
+  __device__ __forceinline__ static float* probs(char* smem) { return smem_at<float>(smem, kP); }
+  __device__ __forceinline__ static float* running_max(char* smem) { return smem_at<float>(smem, kM); }
+  __device__ __forceinline__ static float* running_sum(char* smem) { return smem_at<float>(smem, kL); }
+  __device__ __forceinline__ static float* alpha(char* smem) { return smem_at<float>(smem, kAlpha); }
+  __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
+  __device__ __forceinline__ static float* scores(char* smem) { return smem_at<float>(smem, kS); }
 };
 
 // Row `key` of the chunk: 8 threads (part = 0..7) write 8 of its 64 bf16
@@ -144,12 +151,12 @@ __global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
   const int tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
   const char* q_s = smem + L::kQ;
   char* k_s = smem + L::kK;
-  float* p_s = reinterpret_cast<float*>(smem + L::kP);
-  float* m_s = reinterpret_cast<float*>(smem + L::kM);
-  float* l_s = reinterpret_cast<float*>(smem + L::kL);
-  float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
-  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
-  float* s_s = reinterpret_cast<float*>(smem + L::kS);
+  float* p_s = L::probs(smem);
+  float* m_s = L::running_max(smem);
+  float* l_s = L::running_sum(smem);
+  float* alpha_s = L::alpha(smem);
+  int* valid_s = L::valid(smem);
+  float* s_s = L::scores(smem);
   char* scratch = smem + L::kScratch + (size_t)(tid / 64) * kMmaScratchBytes;
 
   SplitWork work;

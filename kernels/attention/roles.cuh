@@ -49,6 +49,15 @@ struct RoleSmem {
   // u64: full, empty [stages]; pfull, pempty [2]; done
   static constexpr size_t kBar = kValid + kStages * kBK * 4;
   static constexpr size_t kBytes = kBar + (2 * kStages + 5) * 8;
+  // Typed views of the carve-outs.
+  __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
+  __device__ __forceinline__ static float* head(char* smem) { return smem_at<float>(smem, kHead); }
+  __device__ __forceinline__ static uint32_t* fac(char* smem) { return smem_at<uint32_t>(smem, kFac); }
+  __device__ __forceinline__ static float* alpha(char* smem) { return smem_at<float>(smem, kAlpha); }
+  __device__ __forceinline__ static uint32_t* rescale(char* smem) { return smem_at<uint32_t>(smem, kRescale); }
+  __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  __device__ __forceinline__ static float* warp(char* smem) { return smem_at<float>(smem, kWarp); }
+  __device__ __forceinline__ static uint32_t* smax(char* smem) { return smem_at<uint32_t>(smem, kSmax); }
 };
 
 // Named barriers of attention_roles_kernel besides RegsBarrier's (4, 5).
@@ -87,15 +96,15 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   const int tid = threadIdx.x, lane = tid % UKV_WARP;
   const int wg = ukv_shfl(tid / 128, 0, UKV_WARP), q = ukv_shfl((tid / UKV_WARP) % 4, 0, UKV_WARP);
   const int g = lane >> 2, tq = lane & 3;
-  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
-  float* m_h = reinterpret_cast<float*>(smem + L::kHead);
+  int* valid_s = L::valid(smem);
+  float* m_h = L::head(smem);
   float* l_h = m_h + NH;
   float* scale_h = l_h + NH;
   float* qk_h = scale_h + NH;
-  uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
-  float* alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
-  uint32_t* rescale_s = reinterpret_cast<uint32_t*>(smem + L::kRescale);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint32_t* fac_s = L::fac(smem);
+  float* alpha_s = L::alpha(smem);
+  uint32_t* rescale_s = L::rescale(smem);
+  uint64_t* bars = L::bars(smem);
   uint64_t* pfull = bars + 2 * kStages;
   uint64_t* pempty = pfull + 2;
   uint64_t* done = pempty + 2;  // the score warpgroup wrote m_h and l_h
@@ -164,7 +173,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
       }
       for (int tile = tile_begin; tile < tile_end; ++tile) {
         const int i = tile - tile_begin, par = i & 1;
-        float* warp_w = reinterpret_cast<float*>(smem + L::kWarp) + par * 4 * NH;
+        float* warp_w = L::warp(smem) + par * 4 * NH;
         const int stage = pipe.acquire(tile);
         const char* ks = pipe.tile(stage);
         float s[kRegs];
@@ -241,7 +250,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
       }
       // Per-head (m, l): the row sums over lanes, then warps in a fixed order,
       // through the parity buffer the last tile did not use.
-      float* lw = reinterpret_cast<float*>(smem + L::kWarp) + ((tile_end - tile_begin) & 1) * 4 * NH;
+      float* lw = L::warp(smem) + ((tile_end - tile_begin) & 1) * 4 * NH;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const float l = ukv_xor_sum<4, 16>(l_run[c]);
@@ -267,7 +276,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
       // 4 wg + mb its accumulators have seen (raw_pv_codes: they hold values
       // over 2^(ref - 127)).
       const int blk = 4 * wg + tq;
-      uint32_t* smax_w = reinterpret_cast<uint32_t*>(smem + L::kSmax) + 16 * wg;
+      uint32_t* smax_w = L::smax(smem) + 16 * wg;
       uint32_t ref_s[4] = {0u, 0u, 0u, 0u};
       for (int tile = tile_begin; tile < tile_end; ++tile) {
         const int i = tile - tile_begin, par = i & 1;

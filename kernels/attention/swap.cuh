@@ -47,10 +47,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   const int wg = ukv_shfl(tid / 128, 0, UKV_WARP), q = ukv_shfl((tid / UKV_WARP) % 4, 0, UKV_WARP);
   const int g = lane >> 2, tq = lane & 3;
   const int partner = tid ^ 128;
-  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
-  float* xs = reinterpret_cast<float*>(smem + L::kX);
-  float* warp_s = reinterpret_cast<float*>(smem + L::kWarp);
-  float* m_h = reinterpret_cast<float*>(smem + L::kHead);
+  int* valid_s = L::valid(smem);
+  float* xs = L::exchange(smem);
+  float* warp_s = L::warp(smem);
+  float* m_h = L::head(smem);
   float* l_h = m_h + NH;
   float* alpha_h = l_h + NH;
   float* scale_h = alpha_h + NH;
@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   char* pt = smem + L::kPT;
   // Raw variant: the PV factor words (raw_fac_at) and the warps' scale maxima
   // (16 words per warpgroup); kAlt: the factor words per warpgroup too.
-  uint32_t* fac_s = reinterpret_cast<uint32_t*>(smem + L::kFac);
-  uint32_t* smax_s = reinterpret_cast<uint32_t*>(smem + L::kSmax);
+  uint32_t* fac_s = L::fac(smem);
+  uint32_t* smax_s = L::smax(smem);
   // Column (head) of fragment register j of this warpgroup's own S^T part.
   const auto own_head = [&](int j) { return 8 * (wg * (NH / 16) + j / 4) + 2 * tq + (j & 1); };
   // Head of this thread's accumulator column c (S^T or O^T fragment register
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   static_assert(!kFp8 || ST > 1, "the FP8 pipeline keeps a tile in flight while it dequantizes another");
   // (The raw variant names its RawPipeline twice, so that no TileLoads of
   // PadTile stages exists in it.)
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* bars = L::bars(smem);
   using Pipe = std::conditional_t<kRaw, RawPipeline<kStages>, ProducerPipeline<kStages>>;
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       // accumulators to the merged max, then warpgroup w keeps blocks mb
       // 4w..4w+3 (the split layout the writes below expect: scale block
       // 4 wg + q) and adds the other's values for them.
-      float* wg_ml = reinterpret_cast<float*>(smem + L::kX + NH * 128);  // [2 warpgroups][m, l][NH]
+      float* wg_ml = L::exchange(smem) + NH * 32;  // [2 warpgroups][m, l][NH]
       float* warp_w = warp_s + wg * 4 * NH;
       if (consumer) {
 #pragma unroll
@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
       }
       __syncthreads();
       // The other warpgroup's blocks go through the (drained) key stages.
-      float* xbuf = reinterpret_cast<float*>(smem + L::kK);  // [2][4][kRegs][128]
+      float* xbuf = L::drained(smem);  // [2][4][kRegs][128]
       const auto merged = [&](int h, float* m, float* f0, float* f1) {
         const float m0 = wg_ml[h], m1 = wg_ml[2 * NH + h];
         *m = fmaxf(m0, m1);

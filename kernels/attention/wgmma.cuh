@@ -33,6 +33,13 @@ struct WgSmem {
   static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4; // u64 [stages] mbarriers
   static constexpr size_t kBytes = kBar + kStages * 8;
+  // Typed views of the carve-outs.
+  __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
+  __device__ __forceinline__ static float* exchange(char* smem) { return smem_at<float>(smem, kX); }
+  __device__ __forceinline__ static float* exchange_ml(char* smem) { return smem_at<float>(smem, kXm); }
+  __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  // The key stages as f32 once every tile is done (partials, exchanges).
+  __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
 
 template <bool kFp8>
@@ -46,9 +53,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   const int g = lane >> 2, tq = lane & 3;
   const int row0 = wq * 16 + g;  // this thread's rows: row0 and row0 + 8
   const int partner = tid ^ 128;  // same fragment position in the other warpgroup
-  int* valid_s = reinterpret_cast<int*>(smem + WgSmem::kValid);
-  float* xs = reinterpret_cast<float*>(smem + WgSmem::kX);
-  float* xm = reinterpret_cast<float*>(smem + WgSmem::kXm);
+  int* valid_s = WgSmem::valid(smem);
+  float* xs = WgSmem::exchange(smem);
+  float* xm = WgSmem::exchange_ml(smem);
   char* ps = smem + WgSmem::kP;
 
   SplitWork work;
@@ -66,8 +73,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
-  TileLoads<WgSmem::kStages, AtomTile, kFp8> loads{smem + WgSmem::kK, valid_s,
-                                             reinterpret_cast<uint64_t*>(smem + WgSmem::kBar), tile_begin, tile_end};
+  TileLoads<WgSmem::kStages, AtomTile, kFp8> loads{smem + WgSmem::kK, valid_s, WgSmem::bars(smem), tile_begin,
+                                                   tile_end};
   loads.init();
   __syncthreads();
   if (tile_begin < tile_end) load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     // the exchange buffer its (m, l).
     static_assert(kHb * kD * 4 <= WgSmem::kStages * WgSmem::kTileBytes, "the partial fits in the key stages");
     ukv_cp_async_wait<0>();
-    float* acc_s = reinterpret_cast<float*>(smem + WgSmem::kK);
+    float* acc_s = WgSmem::drained(smem);
     float* m_s = xs;
     float* l_s = xs + kHb;
 #pragma unroll
