@@ -31,8 +31,10 @@ struct WgSmem {
   static constexpr size_t kX = kP + (size_t)kHb * kBK * 2;         // f32 [16][threads]: S partial exchange
   static constexpr size_t kXm = kX + (size_t)16 * kThreads * 4;    // f32 [2][threads]: row max / sum exchange
   static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
-  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4; // u64 [stages] mbarriers
-  static constexpr size_t kBytes = kBar + kStages * 8;
+  // u64 mbarriers [3][stages]: TileLoads' (bf16 pools: unused, the gather is
+  // cp.async), then the FP8 producer pipeline's ready and empty.
+  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;
+  static constexpr size_t kBytes = kBar + 3 * kStages * 8;
   // Typed views of the carve-outs.
   __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
   __device__ __forceinline__ static float* exchange(char* smem) { return smem_at<float>(smem, kX); }
@@ -42,8 +44,133 @@ struct WgSmem {
   __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
 
+// Threads of attention_wgmma_kernel: the two consumer warpgroups, and for FP8
+// pools a producer warpgroup (threads 256..383).
+__host__ __device__ constexpr int wgmma_threads(bool fp8) { return fp8 ? kThreads + 128 : kThreads; }
+
+// Named barriers of the FP8 instantiation (bar.sync 0 would wait for the
+// producers too).
+enum WgBarrier : int {
+  kWgConsumers = 1,  // the two consumer warpgroups' 256 threads
+  kWgRegsLent = 2,   // the producers gave their registers back (setmaxnreg)
+};
+
+#if defined(UKV_HAS_WGMMA)
+// The FP8 kernel's producer warpgroup (bench/notes/v31.md): it gathers each
+// tile's stored rows into an AtomTile stage with 16-byte cp.async and
+// dequantizes them in place while the consumer warpgroups run the MMAs and
+// softmax of the tile before, so neither the copies' issue nor the conversion
+// sits on the consumers' path. Producer warp w owns keys 16w..16w+15 of every
+// tile: it copies them, waits for its own copies, and converts them, so no
+// barrier spans the producer warps. Per stage two mbarriers: `ready` (the 128
+// producer threads arrive once the stage holds bf16 rows) and `empty` (the
+// 256 consumer threads arrive once their PV has read it).
+struct WgProducer {
+  static constexpr int kStages = WgSmem::kStages;
+  static constexpr int kKeysPerWarp = kBK / 4;
+  char* stages;
+  int* valid;  // int [kStages][64]: what each key row holds
+  uint64_t* ready;
+  uint64_t* empty;
+  int tile_begin, tile_end;
+
+  __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * AtomTile::kTileBytes; }
+  static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
+
+  // Thread 0, before the roles split; a __syncthreads must follow.
+  __device__ __forceinline__ void init() const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        ukv_mbar_init(&ready[s], 128);
+        ukv_mbar_init(&empty[s], kThreads);
+      }
+      ukv_mbar_init_fence();
+    }
+  }
+
+  // Warp `warp` copies its keys of a tile into `stage` (`pk`: lane l < 16
+  // holds key 16 warp + l). Per key lane l copies chunk l (of a bf16 row, or
+  // of an FP8 row's 512 nope bytes) and chunk 32 + l (bf16 rows; of an FP8
+  // row only the rope chunks 56..63, the rest is written by the conversion);
+  // a key without a row is zero-filled, so its P = 0 meets no NaN in PV.
+  __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp,
+                                        int lane) const {
+    char* dst = tile(stage);
+    const bool ok = lane < kKeysPerWarp && key_valid(p, pk);
+    const ukv_kv_source& src = p.src[ok ? pk.source : 0];
+    int kind = kRowInvalid;
+    const char* lo = static_cast<const char*>(p.src[0].kv.data);
+    const char* hi = lo;
+    if (ok && src.kv.fp8) {
+      kind = kRowFp8;
+      lo = static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
+      hi = static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes - kFp8RopeChunk * 16;
+    } else if (ok) {
+      kind = kRowBf16;
+      lo = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride);
+      hi = lo;
+    }
+    if (lane < kKeysPerWarp) valid[stage * kBK + warp * kKeysPerWarp + lane] = kind;
+    const uint64_t lo_bits = reinterpret_cast<uint64_t>(lo), hi_bits = reinterpret_cast<uint64_t>(hi);
+#pragma unroll 4
+    for (int k = 0; k < kKeysPerWarp; ++k) {
+      const int k_kind = ukv_shfl(kind, k, UKV_WARP);
+      const uint64_t a = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)lo_bits, k, UKV_WARP)) |
+                         ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(lo_bits >> 32), k, UKV_WARP) << 32);
+      const uint64_t b = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)hi_bits, k, UKV_WARP)) |
+                         ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(hi_bits >> 32), k, UKV_WARP) << 32);
+      const int key = warp * kKeysPerWarp + k, c = UKV_WARP + lane;
+      ukv_cp_async16(dst + AtomTile::at(key, lane), reinterpret_cast<const char*>(a) + lane * 16,
+                     k_kind != kRowInvalid);
+      if (k_kind != kRowFp8 || c >= kFp8RopeChunk)
+        ukv_cp_async16(dst + AtomTile::at(key, c), reinterpret_cast<const char*>(b) + c * 16, k_kind != kRowInvalid);
+    }
+    ukv_cp_async_commit();
+  }
+
+  // The producer warpgroup's whole share of the block. Both stages are filled
+  // at once; then tile i is converted as soon as its copies land, and tile
+  // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
+  // a tile's copies overlap the consumers' work on the tile before.
+  __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
+    constexpr int kRoundRows = 2;
+    const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
+    const auto fetch = [&](int tile) {
+      return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + warp * kKeysPerWarp + lane) : PendingKey{-1, -1};
+    };
+    const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
+    const int n = tile_end - tile_begin;
+    const PendingKey first = fetch(tile_begin), second = fetch(tile_begin + 1);
+    if (n > 0) issue(p, first, 0, warp, lane);
+    if (n > 1) issue(p, second, 1, warp, lane);
+    PendingKey next = fetch(tile_begin + 2);
+    for (int i = 0; i < n; ++i) {
+      const int stage = i % kStages;
+      if (i == 0 && n > 1) {
+        ukv_cp_async_wait<1>();
+      } else {
+        ukv_cp_async_wait<0>();
+      }
+      ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
+#pragma unroll 1
+      for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
+        dequantize_rows<AtomTile, kRoundRows>(tile(stage), valid + stage * kBK, fmt,
+                                              warp * kKeysPerWarp + round * kRoundRows, 1);
+      ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
+      ukv_mbar_arrive(&ready[stage]);
+      if (i >= 1 && i + 1 < n) {
+        ukv_mbar_wait(&empty[(i - 1) % kStages], parity(i - 1));
+        issue(p, next, (i + 1) % kStages, warp, lane);
+        next = fetch(tile_begin + i + 2);
+      }
+    }
+  }
+};
+
+#endif  // UKV_HAS_WGMMA
+
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
+__global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   constexpr int kHb = WgSmem::kHb;
   extern __shared__ __align__(1024) char smem[];
@@ -65,6 +192,45 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
   const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
+  // Consumer barriers: the whole block, or (FP8) the consumer warpgroups only.
+  const auto consumers_sync = [] {
+    if constexpr (kFp8) {
+      ukv_named_sync(kWgConsumers, kThreads);
+    } else {
+      __syncthreads();
+    }
+  };
+  TileLoads<WgSmem::kStages, AtomTile, false> loads{smem + WgSmem::kK, valid_s, WgSmem::bars(smem), tile_begin,
+                                                    tile_end};
+  uint64_t* bars = WgSmem::bars(smem);
+  const WgProducer producer{smem + WgSmem::kK, valid_s, bars + WgSmem::kStages, bars + 2 * WgSmem::kStages,
+                            tile_begin, tile_end};
+  if constexpr (kFp8) {
+    producer.init();
+  } else {
+    loads.init();
+  }
+  __syncthreads();
+  if constexpr (kFp8) {
+    // Registers: the producers keep few while the consumers hold the two
+    // 64 x 256 accumulators (setmaxnreg.inc waits until the producers' are free).
+    constexpr int kProducerRegs = 56, kConsumerRegs = 224;
+    static_assert(128 * kProducerRegs + kThreads * kConsumerRegs <= 65536, "the roles' registers fit the SM");
+    if (tid >= kThreads) {
+      ukv_setmaxnreg_dec<kProducerRegs>();
+      ukv_named_arrive(kWgRegsLent, wgmma_threads(true));
+      producer.produce(p, keys);
+      // The cluster merge's two barriers span every thread of the cluster.
+      if (!direct && cfg.cluster != 0) {
+        ukv_cluster_sync();
+        ukv_cluster_sync();
+      }
+      return;
+    }
+    ukv_named_sync(kWgRegsLent, wgmma_threads(true));
+    ukv_setmaxnreg_inc<kConsumerRegs>();
+  }
+
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
   float o[2][64];
@@ -73,20 +239,31 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
-  TileLoads<WgSmem::kStages, AtomTile, kFp8> loads{smem + WgSmem::kK, valid_s, WgSmem::bars(smem), tile_begin,
-                                                   tile_end};
-  loads.init();
-  __syncthreads();
   if (tile_begin < tile_end) load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
-  loads.start(p, keys);
+  if constexpr (kFp8) {
+    ukv_cp_async_commit();
+    ukv_cp_async_wait<0>();
+    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+    consumers_sync();
+  } else {
+    loads.start(p, keys);
+  }
   const float qk_scale = p.softmax_scale * kLog2e;
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = loads.advance(p, keys, tile);
-    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
-    __syncthreads();
-    loads.dequantize(p, stage);
-    const char* ks = loads.tile(stage);
+    int stage;
+    const char* ks;
+    if constexpr (kFp8) {
+      const int i = tile - tile_begin;
+      stage = i % WgSmem::kStages;
+      ukv_mbar_wait(&producer.ready[stage], WgProducer::parity(i));
+      ks = producer.tile(stage);
+    } else {
+      stage = loads.advance(p, keys, tile);
+      ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+      consumers_sync();
+      ks = loads.tile(stage);
+    }
 
     // QK over this warpgroup's half of the dims: k-steps 16w..16w+15, each
     // 16 dims = 32 bytes inside a 128-byte atom column.
@@ -112,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
       xs[j * kThreads + tid] = wg == 0 ? s[16 + j] : s[j];
       x[j] = wg == 0 ? s[j] : s[16 + j];
     }
-    __syncthreads();
+    consumers_sync();
     const int* valid = valid_s + stage * kBK;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -127,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
       mx[r] = ukv_xor_max<1, 2>(mx[r]);
       xm[r * kThreads + tid] = mx[r];
     }
-    __syncthreads();
+    consumers_sync();
     float alpha[2], base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -153,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
 #pragma unroll
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
     ukv_fence_async_shared();
-    __syncthreads();
+    consumers_sync();
 
     // PV: rescale, then O[:, 256w + 128h ...] += P . V for h = 0, 1.
 #pragma unroll
@@ -179,7 +356,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     ukv_wgmma_wait<0>();
     ukv_wgmma_fence_regs(o[0]);
     ukv_wgmma_fence_regs(o[1]);
-    __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
+    if constexpr (kFp8) {
+      // The stage goes back to the producers; P and the exchange buffers are
+      // rewritten only past the next tile's first barrier.
+      ukv_mbar_arrive(&producer.empty[stage]);
+    } else {
+      __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
+    }
   }
 
   // Row sums: the quad's columns, then the partner warpgroup's (same order in
@@ -189,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(ukv_attent
     l_run[r] = ukv_xor_sum<1, 2>(l_run[r]);
     xm[r * kThreads + tid] = l_run[r];
   }
-  __syncthreads();
+  consumers_sync();
   float l_tot[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

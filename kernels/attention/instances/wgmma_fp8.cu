@@ -3,6 +3,6 @@
 #include "attention/launcher.cuh"
 
 #if defined(UKV_NVIDIA_KERNELS)
-UKV_ATTENTION_LAUNCHER(kWgmmaFp8, (WgSmem::kBytes), kThreads, attention_wgmma_kernel<true>);
+UKV_ATTENTION_LAUNCHER(kWgmmaFp8, (WgSmem::kBytes), wgmma_threads(true), attention_wgmma_kernel<true>);
 #endif
 
