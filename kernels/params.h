@@ -243,6 +243,8 @@ typedef struct ukv_attention_plan {
   int32_t cluster;          /* 1: a token's splits merge inside a thread-block cluster (sm_90+) */
   int32_t kv_fp8;           /* 1: the kernels for FP8 pools (in-tile dequantization) */
   int32_t portable;         /* portable kernel: 1 scalar, 2 matrix (HIP builds; NVIDIA: test hook) */
+  int32_t pair;             /* 1: a token's two 64-head FP8 blocks share the conversion in a cluster */
+  int32_t reserved;         /* keeps the struct free of tail padding */
 } ukv_attention_plan;
 
 /* FP8 codec test (kernels/devtools/fp8_check.cu): n values through the encoders, 256 codes decoded. */

@@ -288,7 +288,9 @@ fn rust_layouts() -> Vec<Layout> {
                 wgmma,
                 cluster,
                 kv_fp8,
-                portable
+                portable,
+                pair,
+                reserved
             }
         ),
         mirror!(

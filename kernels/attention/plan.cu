@@ -54,7 +54,7 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const
   }
 #if defined(UKV_NVIDIA_KERNELS)
   switch (plan.wgmma) {
-    case 64: *kernel = fp8 ? &kWgmmaFp8 : &kWgmmaBf16; return UKV_SHIM_OK;
+    case 64: *kernel = fp8 ? (plan.pair != 0 ? &kWgmmaFp8Pair : &kWgmmaFp8) : &kWgmmaBf16; return UKV_SHIM_OK;
     case 16:
       // FP8 plans take the raw variant with five stages, or three (the
       // in-place producer pipeline) when a source holds bf16 rows.
@@ -190,6 +190,14 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
           break;
         }
       }
+    }
+    // 128-head FP8 blocks whose tokens run one split: the token's two head
+    // blocks convert half of every tile each and share it (a cluster of two,
+    // attention_wgmma_pair_kernel; bench/notes/v31.md).
+    if (pl.kv_fp8 != 0 && pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && cc_major >= 9 &&
+        !g_no_cluster) {
+      pl.pair = 1;
+      if (int r = configure(kWgmmaFp8Pair)) return r;
     }
     const size_t records =
         pl.cluster == 0 && pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;

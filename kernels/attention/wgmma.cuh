@@ -60,39 +60,76 @@ enum WgBarrier : int {
 // tile's stored rows into an AtomTile stage with 16-byte cp.async and
 // dequantizes them in place while the consumer warpgroups run the MMAs and
 // softmax of the tile before, so neither the copies' issue nor the conversion
-// sits on the consumers' path. Producer warp w owns keys 16w..16w+15 of every
-// tile: it copies them, waits for its own copies, and converts them, so no
-// barrier spans the producer warps. Per stage two mbarriers: `ready` (the 128
-// producer threads arrive once the stage holds bf16 rows) and `empty` (the
-// 256 consumer threads arrive once their PV has read it).
+// sits on the consumers' path. Each producer warp owns a fixed set of keys of
+// every tile: it copies them, waits for its own copies, and converts them, so
+// no barrier spans the producer warps. Per stage two mbarriers: `ready` (the
+// producers arrive once the stage holds bf16 rows) and `empty` (the consumers
+// arrive once their PV has read it).
+//
+// kPair: the two head blocks of a token (128 heads) run as a cluster of two
+// blocks, and each converts only half of every tile (keys 32 r .. 32 r + 31 in
+// the block of rank r, 8 per producer warp) and also stores its bf16 rows into
+// the peer's stage, so every row is gathered and converted once per token
+// instead of once per head block. Both blocks' producers arrive on each
+// block's `ready` (256 arrivals) and both blocks' consumers on each block's
+// `empty` (512), so a producer refills a stage only when the peer's consumers
+// are done with it too.
+template <bool kPair>
 struct WgProducer {
   static constexpr int kStages = WgSmem::kStages;
-  static constexpr int kKeysPerWarp = kBK / 4;
+  static constexpr int kKeysPerWarp = kPair ? kBK / 8 : kBK / 4;
+  static constexpr int kReadyArrivals = kPair ? 256 : 128;
+  static constexpr int kEmptyArrivals = kPair ? 2 * kThreads : kThreads;
   char* stages;
   int* valid;  // int [kStages][64]: what each key row holds
   uint64_t* ready;
   uint64_t* empty;
   int tile_begin, tile_end;
+  int rank;  // kPair: this block's rank in the pair
 
   __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * AtomTile::kTileBytes; }
   static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
+  // The tile key a producer warp's k-th key is.
+  __device__ __forceinline__ int key_of(int warp, int k) const {
+    return (kPair ? rank * (kBK / 2) : 0) + warp * kKeysPerWarp + k;
+  }
 
-  // Thread 0, before the roles split; a __syncthreads must follow.
+  // Thread 0, before the roles split; a __syncthreads (kPair: a cluster
+  // barrier, before any remote arrival) must follow.
   __device__ __forceinline__ void init() const {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        ukv_mbar_init(&ready[s], 128);
-        ukv_mbar_init(&empty[s], kThreads);
+        ukv_mbar_init(&ready[s], kReadyArrivals);
+        ukv_mbar_init(&empty[s], kEmptyArrivals);
       }
       ukv_mbar_init_fence();
     }
   }
 
-  // Warp `warp` copies its keys of a tile into `stage` (`pk`: lane l < 16
-  // holds key 16 warp + l). Per key lane l copies chunk l (of a bf16 row, or
-  // of an FP8 row's 512 nope bytes) and chunk 32 + l (bf16 rows; of an FP8
-  // row only the rope chunks 56..63, the rest is written by the conversion);
-  // a key without a row is zero-filled, so its P = 0 meets no NaN in PV.
+  // Consumers: waits until tile i's stage holds bf16 rows; returns the stage.
+  __device__ __forceinline__ int acquire(int i) const {
+    const int stage = i % kStages;
+    if constexpr (kPair) {
+      ukv_mbar_wait_cluster(&ready[stage], parity(i));
+      ukv_fence_async_cluster();  // the peer's rows, written through the generic proxy, before wgmma reads them
+    } else {
+      ukv_mbar_wait(&ready[stage], parity(i));
+    }
+    return stage;
+  }
+
+  // Consumers: this thread's PV has read `stage`.
+  __device__ __forceinline__ void release(int stage) const {
+    ukv_mbar_arrive(&empty[stage]);
+    if constexpr (kPair) ukv_mbar_arrive_cluster(&empty[stage], rank ^ 1);
+  }
+
+  // Warp `warp` copies its keys of a tile into `stage` (`pk`: lane l <
+  // kKeysPerWarp holds key key_of(warp, l)). Per key lane l copies chunk l
+  // (of a bf16 row, or of an FP8 row's 512 nope bytes) and chunk 32 + l (bf16
+  // rows; of an FP8 row only the rope chunks 56..63, the rest is written by
+  // the conversion); a key without a row is zero-filled, so its P = 0 meets
+  // no NaN in PV.
   __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp,
                                         int lane) const {
     char* dst = tile(stage);
@@ -110,7 +147,11 @@ struct WgProducer {
       lo = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride);
       hi = lo;
     }
-    if (lane < kKeysPerWarp) valid[stage * kBK + warp * kKeysPerWarp + lane] = kind;
+    if (lane < kKeysPerWarp) {
+      int* v = valid + stage * kBK + key_of(warp, lane);
+      *v = kind;
+      if constexpr (kPair) ukv_st_cluster4(ukv_cluster_smem_addr(v, rank ^ 1), (uint32_t)kind);
+    }
     const uint64_t lo_bits = reinterpret_cast<uint64_t>(lo), hi_bits = reinterpret_cast<uint64_t>(hi);
 #pragma unroll 4
     for (int k = 0; k < kKeysPerWarp; ++k) {
@@ -119,13 +160,26 @@ struct WgProducer {
                          ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(lo_bits >> 32), k, UKV_WARP) << 32);
       const uint64_t b = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)hi_bits, k, UKV_WARP)) |
                          ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(hi_bits >> 32), k, UKV_WARP) << 32);
-      const int key = warp * kKeysPerWarp + k, c = UKV_WARP + lane;
+      const int key = key_of(warp, k), c = UKV_WARP + lane;
       ukv_cp_async16(dst + AtomTile::at(key, lane), reinterpret_cast<const char*>(a) + lane * 16,
                      k_kind != kRowInvalid);
       if (k_kind != kRowFp8 || c >= kFp8RopeChunk)
         ukv_cp_async16(dst + AtomTile::at(key, c), reinterpret_cast<const char*>(b) + c * 16, k_kind != kRowInvalid);
     }
     ukv_cp_async_commit();
+  }
+
+  // kPair: the warp's converted rows of `stage` into the same place of the
+  // peer's stage (each lane chunks l and 32 + l of every row).
+  __device__ __forceinline__ void share(int stage, int warp, int lane) const {
+    const char* src = tile(stage);
+#pragma unroll 4
+    for (int k = 0; k < kKeysPerWarp; ++k)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const char* chunk = src + AtomTile::at(key_of(warp, k), h * UKV_WARP + lane);
+        ukv_st_cluster16(ukv_cluster_smem_addr(chunk, rank ^ 1), *reinterpret_cast<const uint4*>(chunk));
+      }
   }
 
   // The producer warpgroup's whole share of the block. Both stages are filled
@@ -136,7 +190,7 @@ struct WgProducer {
     constexpr int kRoundRows = 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
-      return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + warp * kKeysPerWarp + lane) : PendingKey{-1, -1};
+      return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
     };
     const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
     const int n = tile_end - tile_begin;
@@ -154,12 +208,24 @@ struct WgProducer {
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
 #pragma unroll 1
       for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_rows<AtomTile, kRoundRows>(tile(stage), valid + stage * kBK, fmt,
-                                              warp * kKeysPerWarp + round * kRoundRows, 1);
-      ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
-      ukv_mbar_arrive(&ready[stage]);
+        dequantize_rows<AtomTile, kRoundRows>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows),
+                                              1);
+      if constexpr (kPair) {
+        ukv_syncwarp();  // the converted rows, written per lane, before the warp copies them out
+        share(stage, warp, lane);
+        ukv_fence_async_cluster();  // generic writes (here and in the peer) before wgmma reads them
+        ukv_mbar_arrive(&ready[stage]);
+        ukv_mbar_arrive_cluster(&ready[stage], rank ^ 1);
+      } else {
+        ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
+        ukv_mbar_arrive(&ready[stage]);
+      }
       if (i >= 1 && i + 1 < n) {
-        ukv_mbar_wait(&empty[(i - 1) % kStages], parity(i - 1));
+        if constexpr (kPair) {
+          ukv_mbar_wait_cluster(&empty[(i - 1) % kStages], parity(i - 1));
+        } else {
+          ukv_mbar_wait(&empty[(i - 1) % kStages], parity(i - 1));
+        }
         issue(p, next, (i + 1) % kStages, warp, lane);
         next = fetch(tile_begin + i + 2);
       }
@@ -169,9 +235,12 @@ struct WgProducer {
 
 #endif  // UKV_HAS_WGMMA
 
-template <bool kFp8>
-__global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
+// The body of attention_wgmma_kernel and attention_wgmma_pair_kernel
+// (instances/wgmma_fp8_pair.cu).
+template <bool kFp8, bool kPair>
+__device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, const SplitConfig& cfg) {
 #if defined(UKV_HAS_WGMMA)
+  static_assert(kFp8 || !kPair, "pairs share converted FP8 rows");
   constexpr int kHb = WgSmem::kHb;
   extern __shared__ __align__(1024) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
@@ -203,14 +272,23 @@ __global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel
   TileLoads<WgSmem::kStages, AtomTile, false> loads{smem + WgSmem::kK, valid_s, WgSmem::bars(smem), tile_begin,
                                                     tile_end};
   uint64_t* bars = WgSmem::bars(smem);
-  const WgProducer producer{smem + WgSmem::kK, valid_s, bars + WgSmem::kStages, bars + 2 * WgSmem::kStages,
-                            tile_begin, tile_end};
+  const WgProducer<kPair> producer{smem + WgSmem::kK,
+                                   valid_s,
+                                   bars + WgSmem::kStages,
+                                   bars + 2 * WgSmem::kStages,
+                                   tile_begin,
+                                   tile_end,
+                                   kPair ? ukv_cluster_rank() : 0};
   if constexpr (kFp8) {
     producer.init();
   } else {
     loads.init();
   }
-  __syncthreads();
+  if constexpr (kPair) {
+    ukv_cluster_sync();  // both blocks' barriers initialized before any remote arrival
+  } else {
+    __syncthreads();
+  }
   if constexpr (kFp8) {
     // Registers: the producers keep few while the consumers hold the two
     // 64 x 256 accumulators (setmaxnreg.inc waits until the producers' are free).
@@ -220,6 +298,10 @@ __global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel
       ukv_setmaxnreg_dec<kProducerRegs>();
       ukv_named_arrive(kWgRegsLent, wgmma_threads(true));
       producer.produce(p, keys);
+      if constexpr (kPair) {
+        ukv_cluster_sync();  // see the consumers' last barrier
+        return;
+      }
       // The cluster merge's two barriers span every thread of the cluster.
       if (!direct && cfg.cluster != 0) {
         ukv_cluster_sync();
@@ -254,9 +336,7 @@ __global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel
     int stage;
     const char* ks;
     if constexpr (kFp8) {
-      const int i = tile - tile_begin;
-      stage = i % WgSmem::kStages;
-      ukv_mbar_wait(&producer.ready[stage], WgProducer::parity(i));
+      stage = producer.acquire(tile - tile_begin);
       ks = producer.tile(stage);
     } else {
       stage = loads.advance(p, keys, tile);
@@ -359,7 +439,7 @@ __global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel
     if constexpr (kFp8) {
       // The stage goes back to the producers; P and the exchange buffers are
       // rewritten only past the next tile's first barrier.
-      ukv_mbar_arrive(&producer.empty[stage]);
+      producer.release(stage);
     } else {
       __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
     }
@@ -446,7 +526,20 @@ __global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel
         }
     }
   }
+  if constexpr (kPair) {
+    // No block of the pair exits while its peer may still store into its
+    // shared memory or arrive on its barriers.
+    ukv_cluster_sync();
+  }
+#else
+  (void)p;
+  (void)cfg;
 #endif
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(wgmma_threads(kFp8), 1) attention_wgmma_kernel(ukv_attention_params p, SplitConfig cfg) {
+  wgmma_attention<kFp8, false>(p, cfg);
 }
 
 }  // namespace

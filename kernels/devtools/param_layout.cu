@@ -192,6 +192,8 @@
   X(ukv_attention_plan, cluster)                  \
   X(ukv_attention_plan, kv_fp8)                   \
   X(ukv_attention_plan, portable)                 \
+  X(ukv_attention_plan, pair)                     \
+  X(ukv_attention_plan, reserved)                 \
   X(ukv_fp8_check_params, x)                      \
   X(ukv_fp8_check_params, sw)                     \
   X(ukv_fp8_check_params, hw)                     \

@@ -51,4 +51,65 @@ __device__ __forceinline__ void ukv_cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ukv_smem_addr(bar)) : "memory");
 #endif
 }
+
+// Distributed shared memory of a thread-block cluster: the address of `p`'s
+// offset in block `rank`'s shared memory, in the shared::cluster window.
+__device__ __forceinline__ uint32_t ukv_cluster_smem_addr(const void* p, int rank) {
+  uint32_t out = 0;
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(ukv_smem_addr(p)), "r"(rank));
+#else
+  (void)p;
+  (void)rank;
+#endif
+  return out;
+}
+// This block's rank in its cluster.
+__device__ __forceinline__ int ukv_cluster_rank() {
+  uint32_t r = 0;
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return (int)r;
+}
+// 16 bytes to a shared::cluster address (ukv_cluster_smem_addr).
+__device__ __forceinline__ void ukv_st_cluster16(uint32_t addr, uint4 v) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+#else
+  (void)addr;
+  (void)v;
+#endif
+}
+__device__ __forceinline__ void ukv_st_cluster4(uint32_t addr, uint32_t v) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+#else
+  (void)addr;
+  (void)v;
+#endif
+}
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the
+// cluster, releasing this thread's earlier writes (its stores into that
+// block's shared memory included) at cluster scope.
+__device__ __forceinline__ void ukv_mbar_arrive_cluster(uint64_t* bar, int rank) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ukv_cluster_smem_addr(bar, rank))
+               : "memory");
+#endif
+}
+// ukv_mbar_wait with acquire at cluster scope: what other blocks' threads
+// wrote before their arrivals (ukv_mbar_arrive_cluster) is visible after it.
+__device__ __forceinline__ void ukv_mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(ukv_smem_addr(bar)),
+      "r"(parity), "r"(10000000u)
+      : "memory");
+#endif
+}
 #endif  // !__HIPCC__

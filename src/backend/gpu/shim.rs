@@ -246,6 +246,8 @@ pub struct AttentionPlan {
     pub cluster: i32,
     pub kv_fp8: i32,
     pub portable: i32,
+    pub pair: i32,
+    pub reserved: i32,
 }
 
 #[repr(C)]

@@ -13,9 +13,10 @@ fn decode_over_fp8_pools_matches_cpu() {
     // blocks of more than three tiles take turns at whole tiles; the other
     // sizes also have blocks of a few tiles, which split each tile's dims.
     // There every kernel refills its stages, so the sanitizers see each
-    // pipeline (16, 32 and 64 heads, raw and in-place) wrap around.
+    // pipeline (16, 32 and 64 heads, raw and in-place, and the 128-head pair
+    // at T = 140) wrap around.
     let (tokens, heads): (&[usize], &[usize]) = if small() {
-        (&[3, 140], &[16, 32, 64])
+        (&[3, 140], &[16, 32, 64, 128])
     } else {
         (&[1, 64, 257], &[1, 16, 32, 40, 64, 128])
     };
