@@ -392,6 +392,8 @@ fn main() {
                 );
                 let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
                 let out = Dev::new(ctx, t * h * 512 * 2);
+                // Sink on, as in FlashMLA's prefill measurement (reference.rs).
+                let sink = Dev::upload(ctx, &vec![0.5f32; h]);
                 let mut plan = ptr::null_mut();
                 ok(
                     unsafe { unikv_prefill_plan_create(ctx, &plan_params(t, h), &mut plan) },
@@ -409,7 +411,7 @@ fn main() {
                         q: q.bf16s(&[t, h, 512]),
                         indices: idx.i32s(&[t * prefix]),
                         indptr: indptr.i32s(&[t + 1]),
-                        sink: ABSENT,
+                        sink: sink.t(3, 4, &[h]),
                         out: out.bf16s(&[t, h, 512]),
                         lse: ABSENT,
                         extend_kv: ext_kv.bf16s(&[t, 512]),
