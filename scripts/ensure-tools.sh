@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the builds need when it is missing: cmake >= 3.20, a C/C++
-# compiler (reported, not installed), cargo with rustfmt and clippy.
+# Installs what the builds need when it is missing: cmake >= 3.20, pkg-config,
+# a C/C++ compiler (reported, not installed), cargo with rustfmt and clippy.
 # Idempotent; prints nothing when everything is already there.
 set -euo pipefail
 
@@ -46,6 +46,19 @@ if ! cmake_ok; then
     sudo apt-get install cmake     (Debian/Ubuntu, if recent enough)
     python3 -m pip install --user cmake   (then put \$(python3 -m site --user-base)/bin on PATH)
   or download it from https://cmake.org/download/"
+fi
+
+# ctest's pkg_config case links a C program with `pkg-config --cflags --libs
+# unikv` (it is skipped, saying so, without pkg-config).
+if ! command -v pkg-config >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        quiet apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pkg-config || true
+    fi
+    command -v pkg-config >/dev/null ||
+        echo "ensure-tools: pkg-config is missing, so ctest skips its pkg_config case: install it with
+    sudo apt-get install pkg-config   (Debian/Ubuntu)
+    sudo dnf install pkgconf          (Fedora/RHEL)" >&2
 fi
 
 # The compilers CMake looks for when CC/CXX are unset.
