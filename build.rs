@@ -9,11 +9,26 @@ compile_error!(
     "the `cuda` and `rocm` features exclude each other: build one GPU backend at a time"
 );
 
+/// The SONAME follows the ABI; the same rule is in CMakeLists.txt, which
+/// installs the library under it: before 1.0 every minor version may break
+/// the ABI (libunikv.so.0.MINOR), from 1.0 on only a major version
+/// (libunikv.so.MAJOR).
+fn soname(major: &str, minor: &str) -> String {
+    if major == "0" {
+        format!("libunikv.so.0.{minor}")
+    } else {
+        format!("libunikv.so.{major}")
+    }
+}
+
 fn main() {
-    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_else(|_| "0".into());
+    let version = |part: &str| {
+        std::env::var(format!("CARGO_PKG_VERSION_{part}")).expect("cargo sets the package version")
+    };
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os == "linux" {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libunikv.so.{major}");
+        let soname = soname(&version("MAJOR"), &version("MINOR"));
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo::rustc-check-cfg=cfg(unikv_gpu)");

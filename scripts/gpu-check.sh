@@ -41,7 +41,6 @@ for line in sys.stdin:
     cmake_build "$ROOT/build/gpu"
     cmake --install "$ROOT/build/gpu" --prefix "$BUNDLE/stage"
     strip "$BUNDLE"/stage/lib/libunikv.so.*.*.*
-    rm -f "$BUNDLE"/stage/lib/libunikv.a
     du -sh "$BUNDLE"
 }
 
@@ -132,7 +131,7 @@ PY
     echo "PyTorch ceilings (median of 10): bf16 matmul 8192^3 $tflops TFLOP/s, 2 GiB device copy $tbps TB/s (read + write)" | tee "$out/bench.md"
     if command -v cuobjdump >/dev/null; then
         # Tensor-core evidence: mma.sync shows as HMMA, ldmatrix as LDSM, cp.async as LDGSTS.
-        cuobjdump --dump-sass "$BUNDLE"/stage/lib/libunikv.so.0 >/tmp/unikv.sass
+        cuobjdump --dump-sass "$BUNDLE"/stage/lib/libunikv.so >/tmp/unikv.sass
         echo "SASS of libunikv.so: $(grep -c 'HGMMA' /tmp/unikv.sass) HGMMA (wgmma), $(grep -c 'HMMA' /tmp/unikv.sass) HMMA (mma.sync), $(grep -c 'LDSM' /tmp/unikv.sass) LDSM," \
             "$(grep -c 'LDGSTS' /tmp/unikv.sass) LDGSTS instructions" | tee -a "$out/bench.md"
     fi

@@ -11,6 +11,9 @@ cargo clippy --all-targets --features test-hooks -- -D warnings
 cargo test --features test-hooks
 
 build_and_stage
-cmake_configure "$ROOT/cpp-tests" "$BUILD/cpp-tests" -DCMAKE_PREFIX_PATH="$STAGE"
+# UNIKV_CARGO_TARGET_DIR: the in-tree tests (add_subdirectory, FetchContent)
+# reuse the cargo build build_and_stage just made, so cargo finds it up to date.
+cmake_configure "$ROOT/cpp-tests" "$BUILD/cpp-tests" -DCMAKE_PREFIX_PATH="$STAGE" \
+    -DUNIKV_CARGO_TARGET_DIR="$BUILD/cargo"
 cmake_build "$BUILD/cpp-tests"
 ctest --test-dir "$BUILD/cpp-tests" --output-on-failure
