@@ -182,7 +182,7 @@ static void check_geometry(const unikv_pool *pool, const unikv_pool_params *p, u
 /* ---- tests --------------------------------------------------------------------- */
 
 static void test_status_strings(void) {
-    static const uint32_t all[] = unikv_status_ALL;
+    static const uint32_t all[] = UNIKV_STATUS_ALL;
     const size_t n = sizeof all / sizeof all[0];
     size_t i, j;
     CHECK(n == UNIKV_OVERLAPPING_BUFFERS + 1);

@@ -39,6 +39,7 @@ pub struct unikv_store_flashmla_args {
     /// (the reader must use the same). Each tile's scale is the smallest power
     /// of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
     pub cache_dtype: u32,
+    /// Rows to store.
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,
@@ -70,6 +71,7 @@ pub struct unikv_store_indexer_args {
     /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
     /// max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
     pub cache_dtype: u32,
+    /// Keys to store.
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,

@@ -44,6 +44,8 @@ pub struct unikv_pool_params {
     /// each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
     /// `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
     pub layer_buffers: *const *mut c_void,
+    /// Number of layers L (> 0): entries of `compress_ratios` and of the buffer
+    /// arrays.
     pub num_layers: u32,
     /// Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
     pub max_requests: u32,
@@ -81,11 +83,15 @@ pub struct unikv_pool_info {
     /// Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
     /// nope row + 128-byte rope row).
     pub row_bytes: u64,
+    /// Layers of the pool.
     pub num_layers: u32,
+    /// Maximum concurrent requests (slots 1..=max_requests).
     pub max_requests: u32,
+    /// Sliding window the pool was created with.
     pub window: u32,
     /// Ring rows per request slot: window + spec_extra.
     pub ring: u32,
+    /// 128-token blocks of the caller's KV page space.
     pub c128_blocks: u32,
     /// Slots currently acquired (pool occupancy).
     pub slots_in_use: u32,
@@ -119,6 +125,7 @@ pub struct unikv_pool_layer_info {
     pub bytes: u64,
     /// 0, 4 or 128.
     pub compress_ratio: u32,
+    /// Written as 0.
     pub reserved: u32,
     /// FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
     pub rope_data: *mut c_void,

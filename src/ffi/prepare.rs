@@ -60,12 +60,15 @@ pub struct unikv_prepare_qkv_args {
     /// prefill passes -1 or leaves it absent and stores its final window later
     /// with `unikv_store_swa`).
     pub rows: unikv_tensor,
+    /// Pool layer receiving the KV rows.
     pub layer: u32,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// Q heads H (> 0); num_tokens * H < 2^31.
     pub num_heads: u32,
-    /// RMSNorm epsilons (config.rms_norm_eps, 1e-6), finite and > 0.
+    /// Q RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
     pub q_eps: f32,
+    /// KV RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
     pub kv_eps: f32,
     /// Must be 0.
     pub reserved: u32,

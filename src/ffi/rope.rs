@@ -22,8 +22,10 @@ pub struct unikv_rope_yarn {
     pub factor: f64,
     /// Pre-extension context length (`original_max_position_embeddings`), > 0.
     pub original_max_position: u64,
-    /// Ramp ends in turns over that length: `beta_fast >= beta_slow > 0`.
+    /// Fast end of the ramp in turns over that length (`beta_fast`):
+    /// `beta_fast >= beta_slow > 0`.
     pub beta_fast: f64,
+    /// Slow end of the ramp (`beta_slow`), > 0 and <= `beta_fast`.
     pub beta_slow: f64,
 }
 
@@ -37,6 +39,7 @@ pub struct unikv_rope_params {
     pub struct_size: usize,
     /// Frequency base theta, a finite number > 1.
     pub base: f64,
+    /// YaRN interpolation; `yarn.factor = 0` for none.
     pub yarn: unikv_rope_yarn,
 }
 
@@ -121,6 +124,7 @@ pub struct unikv_inverse_rope_args {
     /// `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
     /// data and row stride 16-byte aligned.
     pub rope_table: unikv_tensor,
+    /// Tokens to rotate.
     pub num_tokens: u32,
     /// Heads per token, > 0; must equal `x.shape[1]`.
     pub num_heads: u32,

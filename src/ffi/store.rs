@@ -31,7 +31,9 @@ pub struct unikv_store_swa_args {
     /// every row is written; a request's rows must then span at most `ring`
     /// positions (decode and verify).
     pub final_pos: unikv_tensor,
+    /// Pool layer written.
     pub layer: u32,
+    /// Rows of `kv` to consider.
     pub num_tokens: u32,
 }
 
@@ -50,7 +52,9 @@ pub struct unikv_store_compressed_args {
     pub kv: unikv_tensor,
     /// `[>= num_rows]` i32: compressed page index of each row; negative = skip.
     pub loc: unikv_tensor,
+    /// Pool layer written.
     pub layer: u32,
+    /// Rows of `kv` to consider.
     pub num_rows: u32,
 }
 
