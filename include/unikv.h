@@ -404,7 +404,7 @@ typedef struct unikv_context_info {
 } unikv_context_info;
 
 /**
- * Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
+ * Parameters of `unikv_pool_create` (docs/pool.md §2). Per layer:
  * rows = (max_requests + 1) * (window + spec_extra)
  *        + c128_blocks * K(ratio) + 256 / ratio,
  * with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
@@ -449,8 +449,8 @@ typedef struct unikv_pool_params {
   uint32_t c128_blocks;
   /**
    * A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
-   * (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
-   * unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+   * (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of
+   * docs/fp8.md §4: per row a 512-byte nope row (448 codes, the 7 UE8M0
    * tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
    * row at the same row id. Stores quantize; attention dequantizes.
    */
@@ -629,7 +629,7 @@ typedef struct unikv_tensor {
 } unikv_tensor;
 
 /**
- * Arguments of `unikv_sparse_decode` (spec unified_kv §3).
+ * Arguments of `unikv_sparse_decode` (docs/attention.md §1).
  */
 typedef struct unikv_decode_args {
   /**
@@ -680,7 +680,7 @@ typedef struct unikv_decode_args {
    */
   uint32_t reserved;
   /**
-   * Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
+   * Optional inverse-RoPE epilogue (docs/attention.md §4): with both
    * `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
    * (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
    * head of token t are rotated by the conjugate of table row `positions[t]`
@@ -697,7 +697,7 @@ typedef struct unikv_decode_args {
 } unikv_decode_args;
 
 /**
- * Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields
+ * Arguments of `unikv_sparse_prefill` (docs/attention.md §2): decode's fields
  * plus the extend source, the chunk's own K rows.
  */
 typedef struct unikv_prefill_args {
@@ -892,7 +892,7 @@ typedef struct unikv_store_indexer_args {
 } unikv_store_indexer_args;
 
 /**
- * Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
+ * Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
  * are 1-D contiguous i32 unless stated.
  */
 typedef struct unikv_decode_streams_args {
@@ -956,7 +956,7 @@ typedef struct unikv_decode_streams_args {
 } unikv_decode_streams_args;
 
 /**
- * Arguments of `unikv_fill_csa_tail` (spec unified_kv §2.3).
+ * Arguments of `unikv_fill_csa_tail` (docs/index-streams.md §4).
  */
 typedef struct unikv_csa_tail_args {
   /**
@@ -995,7 +995,7 @@ typedef struct unikv_csa_tail_args {
 } unikv_csa_tail_args;
 
 /**
- * Arguments of `unikv_build_prefill_streams` (spec unified_kv §4.3).
+ * Arguments of `unikv_build_prefill_streams` (docs/index-streams.md §5).
  */
 typedef struct unikv_prefill_streams_args {
   /**
@@ -1184,7 +1184,7 @@ typedef struct unikv_indexer_prepare_k_args {
 
 /**
  * Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
- * (spec store_fused §4.3). The indexer key cache and the page table use
+ * (docs/indexer.md §3). The indexer key cache and the page table use
  * pages of 64 compressed keys (256 raw tokens): compressed key i of a
  * request lives at location `page_table[request][i / 64] * 64 + i % 64`,
  * which is also its CSA page index.
@@ -1283,7 +1283,7 @@ typedef struct unikv_indexer_topk_args {
  *
  * * Q, each head h: `n = bf16(x * f)` for all 512 dims (the nope output and
  *   the RoPE input), then `q_out = n` on dims 0..447 and `bf16(RoPE(n))` on
- *   448..511 (the CUDA kernels' order, spec §3.7).
+ *   448..511 (the CUDA kernels' order, docs/prepare.md §4).
  * * KV: `k = (x * f) * kv_weight` in f32, RoPE of dims 448..511 from those
  *   f32 values, then `bf16()` once for all 512 dims: that row goes to
  *   `kv_out` and to the pool. An FP8 pool quantizes the bf16 row exactly as
@@ -1365,7 +1365,7 @@ typedef struct unikv_prepare_qkv_args {
 } unikv_prepare_qkv_args;
 
 /**
- * YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
+ * YaRN frequency interpolation (docs/prepare.md §3); `factor = 0` means
  * none, and the other fields are then ignored.
  */
 typedef struct unikv_rope_yarn {
@@ -1390,7 +1390,7 @@ typedef struct unikv_rope_yarn {
 
 /**
  * How a layer's RoPE table is built. Dense layers use base 10000 without
- * YaRN; compressed layers base 40000 with YaRN (spec store_fused §3.3).
+ * YaRN; compressed layers base 40000 with YaRN (docs/prepare.md §3).
  */
 typedef struct unikv_rope_params {
   /**
@@ -1503,7 +1503,7 @@ typedef struct unikv_hash_topk_args {
 } unikv_hash_topk_args;
 
 /**
- * Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
+ * Arguments of `unikv_store_swa` (docs/pool.md §9). Integer tensors are
  * 1-D contiguous i32.
  */
 typedef struct unikv_store_swa_args {
@@ -1546,7 +1546,7 @@ typedef struct unikv_store_swa_args {
 } unikv_store_swa_args;
 
 /**
- * Arguments of `unikv_store_compressed` (spec unified_kv §5.1).
+ * Arguments of `unikv_store_compressed` (docs/pool.md §9).
  */
 typedef struct unikv_store_compressed_args {
   /**
@@ -1836,7 +1836,7 @@ unikv_status unikv_attention_merge(const struct unikv_context *ctx,
 
 /**
  * Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
- * `loc[t]` (spec store_fused §1.1, §2): 7 tiles of 64 dims as FP8 codes with
+ * `loc[t]` (docs/fp8.md §2, §5): 7 tiles of 64 dims as FP8 codes with
  * one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
  * NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
  * may exceed 4 GiB). Tensors are in the context's memory; `args` is host
@@ -1855,8 +1855,8 @@ unikv_status unikv_store_flashmla(const struct unikv_context *ctx,
                                   void *stream);
 
 /**
- * Quantizes key t into the indexer key cache at location `loc[t]` (spec
- * store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
+ * Quantizes key t into the indexer key cache at location `loc[t]` (see
+ * docs/fp8.md §3, §6): 128 FP8 codes and one fp32 scale per key. Memory,
  * stream, device-value, overlap and thread-safety rules as
  * `unikv_store_flashmla`.
  */
@@ -1970,7 +1970,7 @@ unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
                                             void *stream);
 
 /**
- * Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
+ * Prepares one layer's Q and KV for attention (docs/prepare.md §4, §5,
  * math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,
  * and each token's KV row into pool row `rows[t]` (bf16, or quantized for FP8
  * pools). Tensors are in the context's memory; `args` is host memory read
@@ -2007,7 +2007,7 @@ unikv_status unikv_rope_table(const struct unikv_rope_params *params,
                               size_t table_len);
 
 /**
- * Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
+ * Inverse RoPE of an attention output before `wo_a` (docs/attention.md §4):
  * for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
  * 448..511 of `x[t, h]` are multiplied by the conjugate of row
  * `positions[t]` of `rope_table` (c, s = its pair i):

@@ -63,7 +63,7 @@ unsafe impl Versioned for unikv_attention_plan_params {
     const NAME: &'static str = "params";
 }
 
-/// Arguments of `unikv_sparse_decode` (spec unified_kv §3).
+/// Arguments of `unikv_sparse_decode` (docs/attention.md §1).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +93,7 @@ pub struct unikv_decode_args {
     pub softmax_scale: f32,
     /// Must be 0.
     pub reserved: u32,
-    /// Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
+    /// Optional inverse-RoPE epilogue (docs/attention.md §4): with both
     /// `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
     /// (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
     /// head of token t are rotated by the conjugate of table row `positions[t]`
@@ -110,7 +110,7 @@ unsafe impl Versioned for unikv_decode_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields
+/// Arguments of `unikv_sparse_prefill` (docs/attention.md §2): decode's fields
 /// plus the extend source, the chunk's own K rows.
 #[allow(non_camel_case_types)]
 #[repr(C)]

@@ -10,7 +10,7 @@ use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
 use crate::ops::index::{self, CsaTailRaw, DecodeStreamsRaw, PrefillStreamsRaw};
 
-/// Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
+/// Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
 /// are 1-D contiguous i32 unless stated.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -53,7 +53,7 @@ unsafe impl Versioned for unikv_decode_streams_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_fill_csa_tail` (spec unified_kv §2.3).
+/// Arguments of `unikv_fill_csa_tail` (docs/index-streams.md §4).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +81,7 @@ unsafe impl Versioned for unikv_csa_tail_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_build_prefill_streams` (spec unified_kv §4.3).
+/// Arguments of `unikv_build_prefill_streams` (docs/index-streams.md §5).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

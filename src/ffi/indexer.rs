@@ -1,4 +1,4 @@
-//! Lightning indexer entry points (spec store_fused §4): query preparation
+//! Lightning indexer entry points (docs/indexer.md §1): query preparation
 //! (RoPE + Hadamard + FP8 and the folded head weights) and compressed-key
 //! preparation into the indexer key cache.
 
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn unikv_indexer_prepare_k(
 }
 
 /// Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
-/// (spec store_fused §4.3). The indexer key cache and the page table use
+/// (docs/indexer.md §3). The indexer key cache and the page table use
 /// pages of 64 compressed keys (256 raw tokens): compressed key i of a
 /// request lives at location `page_table[request][i / 64] * 64 + i % 64`,
 /// which is also its CSA page index.

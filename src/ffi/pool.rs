@@ -26,7 +26,7 @@ impl Handle for unikv_pool {
     const KIND: &'static str = "unikv_pool";
 }
 
-/// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
+/// Parameters of `unikv_pool_create` (docs/pool.md §2). Per layer:
 /// rows = (max_requests + 1) * (window + spec_extra)
 ///        + c128_blocks * K(ratio) + 256 / ratio,
 /// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
@@ -56,8 +56,8 @@ pub struct unikv_pool_params {
     /// Number of 128-token blocks B of the caller's KV page space.
     pub c128_blocks: u32,
     /// A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
-    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
-    /// unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of
+    /// docs/fp8.md §4: per row a 512-byte nope row (448 codes, the 7 UE8M0
     /// tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
     /// row at the same row id. Stores quantize; attention dequantizes.
     pub kv_dtype: u32,

@@ -1,5 +1,5 @@
-//! RoPE: the fp32 table builder (spec store_fused §3.3) and the inverse RoPE of
-//! an attention output (spec unified_kv §5.4), which reads such a table.
+//! RoPE: the fp32 table builder (docs/prepare.md §3) and the inverse RoPE of
+//! an attention output (docs/attention.md §4), which reads such a table.
 
 use std::os::raw::c_void;
 
@@ -12,7 +12,7 @@ use crate::ffi::types::unikv_tensor;
 use crate::ops::rope::{self as rope_op, InverseRopeRaw};
 use crate::rope::{self, RopeConfig, Yarn, ROPE_DIM};
 
-/// YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
+/// YaRN frequency interpolation (docs/prepare.md §3); `factor = 0` means
 /// none, and the other fields are then ignored.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -30,7 +30,7 @@ pub struct unikv_rope_yarn {
 }
 
 /// How a layer's RoPE table is built. Dense layers use base 10000 without
-/// YaRN; compressed layers base 40000 with YaRN (spec store_fused §3.3).
+/// YaRN; compressed layers base 40000 with YaRN (docs/prepare.md §3).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -134,7 +134,7 @@ unsafe impl Versioned for unikv_inverse_rope_args {
     const NAME: &'static str = "args";
 }
 
-/// Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
+/// Inverse RoPE of an attention output before `wo_a` (docs/attention.md §4):
 /// for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
 /// 448..511 of `x[t, h]` are multiplied by the conjugate of row
 /// `positions[t]` of `rope_table` (c, s = its pair i):

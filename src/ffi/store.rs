@@ -9,7 +9,7 @@ use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
 use crate::ops::store::{self, StoreCompressedRaw, StoreSwaRaw};
 
-/// Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
+/// Arguments of `unikv_store_swa` (docs/pool.md §9). Integer tensors are
 /// 1-D contiguous i32.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -41,7 +41,7 @@ unsafe impl Versioned for unikv_store_swa_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_store_compressed` (spec unified_kv §5.1).
+/// Arguments of `unikv_store_compressed` (docs/pool.md §9).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
