@@ -169,7 +169,7 @@ private:
 };
 
 // ---------------------------------------------------------------------------
-// Float64 reference attention (spec unified_kv §3.2)
+// Float64 reference attention (docs/attention.md §1)
 
 inline std::vector<double> to_double(const uint16_t* bf16, size_t n) {
     std::vector<double> out(n);

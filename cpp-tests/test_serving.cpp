@@ -111,7 +111,7 @@ struct Request {
     int decoded = 0;
 };
 
-// Compressed page index of a request's group (spec unified_kv §1.3):
+// Compressed page index of a request's group (docs/pool.md §5):
 // c4 entry i -> pt[i / 64] * 64 + i % 64, c128 entry i -> pt[i / 2] * 2 + i % 2.
 int page_index(const Request& r, uint32_t ratio, int group) {
     const int per_page = kPageTokens / static_cast<int>(ratio);

@@ -1,6 +1,6 @@
 // serving_step.cpp: a small serving session on a unified KV pool, end to end.
 //
-// What a serving engine does with unikv, in call order (spec unified_kv §5.4):
+// What a serving engine does with unikv, in call order (docs/serving-step.md §2):
 //
 //   startup  unikv_context_create              AUTO: the GPU backend when present
 //            unikv_pool_create                 per layer one [rows, 512] bf16 buffer
@@ -205,7 +205,7 @@ struct Request {
     int len = 0;             // tokens whose rows are in the pool
 };
 
-// Compressed page index of a request's group-th group of `ratio` (spec §1.3):
+// Compressed page index of a request's group-th group of `ratio` (docs/pool.md §5):
 // c4 group i -> pages[i / 64] * 64 + i % 64, c128 group i -> pages[i / 2] * 2 + i % 2.
 int page_index(const Request& r, uint32_t ratio, int group) {
     const int per_page = kPageTokens / static_cast<int>(ratio);
@@ -234,7 +234,7 @@ std::vector<double> to_double(const uint16_t* row) {
 }
 
 // Dense attention in float64 for one (token, head) over `keys` (K = V), with
-// the sink as a virtual key of value zero (spec §3.2).
+// the sink as a virtual key of value zero (docs/attention.md §1).
 std::vector<double> dense_attention(const std::vector<double>& q,
                                     const std::vector<std::vector<double>>& keys, double sink) {
     std::vector<double> logits;

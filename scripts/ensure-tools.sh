@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the builds need when it is missing: cmake >= 3.20, pkg-config,
 # a C/C++ compiler (reported, not installed), cargo with rustfmt and clippy
-# (the toolchain rust-toolchain.toml pins, when Rust comes from rustup).
+# (the toolchain rust-toolchain.toml pins, when Rust comes from rustup), doxygen
+# (the API reference check, scripts/docs.sh).
 # Idempotent; prints nothing when everything is already there.
 set -euo pipefail
 
@@ -115,3 +116,15 @@ ensure_component() { # subcommand component
 }
 ensure_component fmt rustfmt
 ensure_component clippy clippy
+
+# scripts/docs.sh (CI's documentation check) runs Doxygen: the distribution's
+# package (root only), else a message saying how to install it.
+if ! command -v doxygen >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        quiet apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends doxygen || true
+    fi
+    command -v doxygen >/dev/null || die "doxygen is required for scripts/docs.sh: install it with
+    sudo apt-get install doxygen        (Debian/Ubuntu)
+    sudo dnf install doxygen            (Fedora/RHEL)"
+fi

@@ -1,6 +1,6 @@
 //! The unified KV pool: per layer either one `[rows, 512]` bf16 buffer or, for
 //! FP8 pools, a `[rows, 512]` byte buffer of nope rows plus a `[rows, 64]` bf16
-//! buffer of rope rows (spec unified_kv §1.5(c)); and the request-slot
+//! buffer of rope rows (docs/fp8.md §4); and the request-slot
 //! allocator. Buffers live in the context's backend memory and are either
 //! allocated here (zeroed) or adopted from the caller.
 

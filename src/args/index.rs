@@ -41,7 +41,7 @@ pub struct CsaTailArgs<'a> {
     pub csa: StreamOut,
 }
 
-/// Validated `build_prefill_streams` (spec §4.3). Per non-padding token:
+/// Validated `build_prefill_streams` (docs/index-streams.md §5). Per non-padding token:
 /// prefix = ring rows of the window part before the chunk, then compressed rows
 /// (leading valid entries of the table within the token's visible groups);
 /// extend = rows of the chunk's own K tensor inside the window.

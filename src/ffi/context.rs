@@ -61,9 +61,11 @@ pub struct unikv_context_info {
     pub struct_size: usize,
     /// The `unikv_backend` in use (never AUTO).
     pub backend: u32,
+    /// Device ordinal of a GPU backend (as in the options; 0 on the CPU).
     pub device: i32,
     /// Worker threads of the CPU backend (0 for GPU backends).
     pub cpu_threads: u32,
+    /// 1 when the context validates device values before launches, else 0.
     pub validate: u32,
 }
 

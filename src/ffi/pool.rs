@@ -26,7 +26,7 @@ impl Handle for unikv_pool {
     const KIND: &'static str = "unikv_pool";
 }
 
-/// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
+/// Parameters of `unikv_pool_create` (docs/pool.md §2). Per layer:
 /// rows = (max_requests + 1) * (window + spec_extra)
 ///        + c128_blocks * K(ratio) + 256 / ratio,
 /// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
@@ -44,6 +44,8 @@ pub struct unikv_pool_params {
     /// each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
     /// `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
     pub layer_buffers: *const *mut c_void,
+    /// Number of layers L (> 0): entries of `compress_ratios` and of the buffer
+    /// arrays.
     pub num_layers: u32,
     /// Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
     pub max_requests: u32,
@@ -54,8 +56,8 @@ pub struct unikv_pool_params {
     /// Number of 128-token blocks B of the caller's KV page space.
     pub c128_blocks: u32,
     /// A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
-    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
-    /// unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of
+    /// docs/fp8.md §4: per row a 512-byte nope row (448 codes, the 7 UE8M0
     /// tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
     /// row at the same row id. Stores quantize; attention dequantizes.
     pub kv_dtype: u32,
@@ -81,11 +83,15 @@ pub struct unikv_pool_info {
     /// Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
     /// nope row + 128-byte rope row).
     pub row_bytes: u64,
+    /// Layers of the pool.
     pub num_layers: u32,
+    /// Maximum concurrent requests (slots 1..=max_requests).
     pub max_requests: u32,
+    /// Sliding window the pool was created with.
     pub window: u32,
     /// Ring rows per request slot: window + spec_extra.
     pub ring: u32,
+    /// 128-token blocks of the caller's KV page space.
     pub c128_blocks: u32,
     /// Slots currently acquired (pool occupancy).
     pub slots_in_use: u32,
@@ -119,6 +125,7 @@ pub struct unikv_pool_layer_info {
     pub bytes: u64,
     /// 0, 4 or 128.
     pub compress_ratio: u32,
+    /// Written as 0.
     pub reserved: u32,
     /// FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
     pub rope_data: *mut c_void,

@@ -1,4 +1,4 @@
-//! Index-stream builders (spec unified_kv §2 and §4.3).
+//! Index-stream builders (docs/index-streams.md §3, §5).
 //!
 //! Slice order inside one token's decode slice: the SWA window first (oldest to
 //! newest), then the compressed entries in table order. Padding tokens
