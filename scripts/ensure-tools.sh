@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the builds need when it is missing: cmake >= 3.20, a C/C++
-# compiler (reported, not installed), cargo with rustfmt and clippy.
+# compiler (reported, not installed), cargo with rustfmt and clippy, and
+# python3 with NumPy for the Python package's tests.
 # Idempotent; prints nothing when everything is already there.
 set -euo pipefail
 
@@ -72,3 +73,13 @@ ensure_component() { # subcommand component
 }
 ensure_component fmt rustfmt
 ensure_component clippy clippy
+
+# scripts/python-test.sh needs a python3 that imports numpy: the distribution's
+# package when none does (root only; otherwise the script says what to install).
+if ! { command -v python3 >/dev/null && python3 -c 'import numpy' 2>/dev/null; } &&
+    ! /usr/bin/python3 -c 'import numpy' 2>/dev/null &&
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    quiet apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq python3-numpy ||
+        die "could not install python3-numpy (needed by scripts/python-test.sh)"
+fi
