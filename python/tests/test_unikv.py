@@ -229,6 +229,43 @@ class Attention(unittest.TestCase):
                 self.assertLess(err, 1e-2, "token %d head %d" % (t, h))
                 self.assertAlmostEqual(float(lse[t, h]), m + np.log(den), delta=1e-4 * max(1.0, abs(m)))
 
+    def test_prefill_matches_reference(self):
+        """Two key sources (pool rows and the chunk's own rows), -1 skipped."""
+        rng = np.random.default_rng(5)
+        heads, tokens, chunk_rows = 4, 5, 12
+        scale = HEAD_DIM ** -0.5
+        with unikv.Context("cpu") as ctx:
+            pool = ctx.create_pool([0], max_requests=2, window=16)
+            layer = pool.layer(0)
+            rows = int(layer.rows)
+            kv = to_bf16(rng.uniform(-1, 1, (rows, HEAD_DIM)))
+            ctx.memory_copy(layer.data, kv, kv.nbytes, unikv.COPY_HOST_TO_DEVICE)
+            extend_kv = to_bf16(rng.uniform(-1, 1, (chunk_rows, HEAD_DIM)))
+            q = to_bf16(rng.uniform(-3, 3, (tokens, heads, HEAD_DIM)))
+            sink = rng.uniform(-2, 2, heads).astype(np.float32)
+            prefix = [rng.choice(rows, rng.integers(0, 10), replace=False).astype(np.int32) for _ in range(tokens)]
+            extend = [rng.choice(chunk_rows, rng.integers(1, 8), replace=False).astype(np.int32)
+                      for _ in range(tokens)]
+            prefix[1] = np.append(prefix[1], -1).astype(np.int32)  # skipped
+            out = np.full((tokens, heads, HEAD_DIM), 0xFFFF, np.uint16)
+            plan = ctx.create_prefill_plan(max_tokens=tokens, num_heads=heads)
+            plan.sparse_prefill(
+                pool, q=(q, "bf16"), sink=sink, out=(out, "bf16"), layer=0, softmax_scale=scale,
+                indices=np.concatenate(prefix),
+                indptr=np.cumsum([0] + [len(p) for p in prefix]).astype(np.int32),
+                extend_kv=(extend_kv, "bf16"), extend_indices=np.concatenate(extend),
+                extend_indptr=np.cumsum([0] + [len(e) for e in extend]).astype(np.int32))
+        keys, ext, qf, got = from_bf16(kv), from_bf16(extend_kv), from_bf16(q), from_bf16(out)
+        for t in range(tokens):
+            k = np.concatenate([keys[prefix[t][prefix[t] >= 0]], ext[extend[t]]])
+            for h in range(heads):
+                logits = scale * (k @ qf[t, h])
+                m = max(float(sink[h]), logits.max())
+                w = np.exp(logits - m)
+                want = (w @ k) / (np.exp(sink[h] - m) + w.sum())
+                self.assertLess(np.linalg.norm(got[t, h] - want) / np.linalg.norm(want), 1e-2)
+
+
 
 class Stores(unittest.TestCase):
     """unikv_store_swa and unikv_store_compressed against the row formulas."""
@@ -282,6 +319,144 @@ class Stores(unittest.TestCase):
             if p >= 0:
                 want[int(info.swa_rows) + p] = kv[i]
         self.assertTrue(np.array_equal(self.pool_rows(pool, 1), want))
+
+
+class Streams(unittest.TestCase):
+    """unikv_build_decode_streams and unikv_fill_csa_tail against the slice
+    rule: [window rows oldest to newest | compressed rows in table order]."""
+
+    def test_decode_streams(self):
+        window, topk = 8, 4
+        with unikv.Context("cpu") as ctx:
+            pool = ctx.create_pool([0, 4, 128], max_requests=2, window=window, c128_blocks=4)
+            slots = np.array([pool.acquire_slot(), pool.acquire_slot()], np.int32)
+            swa_rows = int(pool.info().swa_rows)
+            batch_id = np.array([0, 1, -1], np.int32)
+            positions = np.array([260, 3, 0], np.int32)
+            # The (pos + 1) / 128 closed 128-groups' page indices, -1 after.
+            c128 = np.array([[5, 3], [-1, -1], [-1, -1]], np.int32)
+            t = len(batch_id)
+            out = {}
+            for kind, width in (("swa", 0), ("hca", 2), ("csa", topk)):
+                out[kind + "_indptr"] = np.full(t + 1, -7, np.int32)
+                out[kind + "_indices"] = np.full(t * (window + width), -7, np.int32)
+            pool.build_decode_streams(batch_id=batch_id, req_slots=slots, positions=positions,
+                                      c128_page_indices=c128, csa_topk=topk, **out)
+            # This layer's top-k: min((pos + 1) / 4, topk) valid entries per token.
+            csa_pages = np.array([[9, 2, 30, 191], [17, -1, -1, -1], [-1, -1, -1, -1]], np.int32)
+            pool.fill_csa_tail(batch_id=batch_id, positions=positions, csa_page_indices=csa_pages,
+                               csa_indptr=out["csa_indptr"], csa_indices=out["csa_indices"])
+
+        def slices(kind):
+            ptr, idx = out[kind + "_indptr"], out[kind + "_indices"]
+            return [list(idx[ptr[i] : ptr[i + 1]]) for i in range(t)]
+
+        swa = []
+        for i in range(t):
+            b = batch_id[i]
+            if b < 0:
+                swa.append([])
+                continue
+            lo = max(0, positions[i] - window + 1)
+            swa.append([slots[b] * window + p % window for p in range(lo, positions[i] + 1)])
+        self.assertEqual(slices("swa"), swa)
+        self.assertEqual(slices("hca"), [swa[0] + [swa_rows + 5, swa_rows + 3], swa[1], []])
+        self.assertEqual(slices("csa"), [swa[0] + [swa_rows + p for p in (9, 2, 30, 191)], swa[1] + [swa_rows + 17],
+                                         []])
+
+
+class ContextOps(unittest.TestCase):
+    """Context-level operations against float64 references."""
+
+    def setUp(self):
+        self.rng = np.random.default_rng(11)
+        self.ctx = unikv.Context("cpu")
+
+    def tearDown(self):
+        self.ctx.close()
+
+    def test_attention_merge(self):
+        parts, tokens, heads = 3, 4, 4
+        parts_out = to_bf16(self.rng.uniform(-1, 1, (parts, tokens, heads, HEAD_DIM)))
+        parts_lse = self.rng.uniform(-3, 3, (parts, tokens, heads)).astype(np.float32)
+        parts_lse[1, 2] = -np.inf  # a part without keys for token 2
+        sink = self.rng.uniform(-2, 2, heads).astype(np.float32)
+        out = np.full((tokens, heads, HEAD_DIM), 0xFFFF, np.uint16)
+        lse = np.full((tokens, heads), np.nan, np.float32)
+        self.ctx.attention_merge(parts_out=(parts_out, "bf16"), parts_lse=parts_lse, sink=sink,
+                                 out=(out, "bf16"), lse=lse)
+        po = from_bf16(parts_out)
+        pl = parts_lse.astype(np.float64)
+        m = np.maximum(pl.max(axis=0), sink[None, :])
+        w = np.exp(pl - m[None])  # [P, T, H]
+        den = w.sum(axis=0) + np.exp(sink[None, :] - m)
+        want = (w[..., None] * po).sum(axis=0) / den[..., None]
+        got = from_bf16(out)
+        err = np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
+        self.assertLess(err.max(), 1e-2)
+        self.assertTrue(np.allclose(lse, m + np.log(den), rtol=0, atol=1e-4))
+
+    def test_inverse_rope(self):
+        tokens, heads, max_pos = 5, 3, 50
+        table = unikv.rope_table(max_pos, base=10000.0)
+        x = to_bf16(self.rng.uniform(-2, 2, (tokens, heads, HEAD_DIM)))
+        before = x.copy()
+        positions = self.rng.integers(0, max_pos, tokens).astype(np.int32)
+        self.ctx.inverse_rope(x=(x, "bf16"), positions=positions, rope_table=table)
+        self.assertTrue(np.array_equal(x[..., :448], before[..., :448]), "dims 0..447 untouched")
+        c = table[positions, 0::2].astype(np.float64)[:, None, :]
+        s = table[positions, 1::2].astype(np.float64)[:, None, :]
+        x0, x1 = from_bf16(before[..., 448::2]), from_bf16(before[..., 449::2])
+        want = np.empty((tokens, heads, 64))
+        want[..., 0::2] = x0 * c + x1 * s
+        want[..., 1::2] = x1 * c - x0 * s
+        got = from_bf16(x[..., 448:])
+        # One rounding to bf16 (8 significant bits) of the exact value.
+        self.assertTrue(np.all(np.abs(got - want) <= 2.0 ** -8 * np.abs(want) + 1e-30))
+
+    def test_hash_topk(self):
+        tokens, experts, k, vocab, scaling = 6, 16, 4, 40, 1.5
+        logits = self.rng.normal(0, 2, (tokens, experts)).astype(np.float32)
+        input_ids = self.rng.integers(0, vocab, tokens).astype(np.int32)
+        tid2eid = np.stack([self.rng.choice(experts, k, replace=False) for _ in range(vocab)]).astype(np.int32)
+        weights = np.full((tokens, k + 1), np.nan, np.float32)
+        ids = np.full((tokens, k + 1), -7, np.int32)
+        real = tokens - 2  # the last two rows are padding
+        self.ctx.hash_topk(router_logits=logits, input_ids=input_ids, tid2eid=tid2eid, topk_weights=weights,
+                           topk_ids=ids, num_real_tokens_host=real, num_shared=1, routed_scaling_factor=scaling)
+        for n in range(tokens):
+            if n >= real:
+                self.assertTrue(np.all(ids[n] == -1) and np.all(weights[n] == 0), "padding row %d" % n)
+                continue
+            e = tid2eid[input_ids[n]]
+            x = logits[n, e].astype(np.float64)
+            w = np.sqrt(np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))))
+            self.assertEqual(list(ids[n]), list(e) + [experts])
+            self.assertTrue(np.allclose(weights[n, :k], w / w.sum(), rtol=1e-6, atol=0))
+            self.assertAlmostEqual(float(weights[n, k]), 1 / scaling, places=6)
+
+
+    def test_indexer_topk_from_logits(self):
+        """The selection rule of unikv_indexer_topk_args on the caller's scores."""
+        tokens, topk, max_pages = 4, 6, 2
+        page_table = np.array([[3, 1], [0, 2]], np.int32)
+        batch_id = np.array([0, 1, 0, -1], np.int32)
+        positions = np.array([30, 300, 11, 5], np.int32)
+        width = max_pages * 64
+        logits = self.rng.normal(size=(tokens, width)).astype(np.float32)
+        logits[0, 2] = logits[0, 5]  # a tie: the lower key index wins
+        out = np.full((tokens, topk), -7, np.int32)
+        self.ctx.indexer_topk_from_logits(page_table=page_table, batch_id=batch_id, positions=positions,
+                                          logits=logits, topk_indices=out, topk=topk)
+        for t in range(tokens):
+            if batch_id[t] < 0:
+                self.assertEqual(list(out[t]), [-1] * topk)
+                continue
+            n = (positions[t] + 1) // 4
+            order = sorted(range(n), key=lambda i: (-logits[t, i], i))
+            chosen = sorted(order[:topk])
+            pages = [page_table[batch_id[t]][i // 64] * 64 + i % 64 for i in chosen]
+            self.assertEqual(list(out[t]), pages + [-1] * (topk - len(pages)), "token %d" % t)
 
 
 if __name__ == "__main__":
