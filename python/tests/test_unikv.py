@@ -6,7 +6,11 @@ staged:
         python3 -m unittest discover -s python/tests -v
 
 (scripts/python-test.sh does exactly that.) Results are compared with float64
-references written here, on random inputs, with outputs poisoned first.
+references written here, on random inputs, with outputs poisoned first:
+decode and prefill attention, the merge, the SWA and compressed stores, the
+decode streams with the CSA tail, inverse RoPE, hash routing and the top-k
+rule; plus the ctypes struct layouts against the C header and the coverage of
+every C function.
 """
 
 import ctypes
