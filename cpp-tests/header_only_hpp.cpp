@@ -162,6 +162,6 @@ int main() {
         std::fprintf(stderr, "FAIL: unexpected %s\n", e.what());
         return 1;
     }
-    if (failures == 0) std::printf("unikv.hpp (C++%ld): PASS\n", static_cast<long>(__cplusplus / 100 % 100));
+    if (failures == 0) std::printf("unikv.hpp (C++%ld): PASS\n", __cplusplus / 100 % 100);
     return failures == 0 ? 0 : 1;
 }

@@ -123,8 +123,8 @@ private:
 // right after the call. Success allocates nothing.
 class [[nodiscard]] status {
 public:
-    status() noexcept = default;
-    explicit status(unikv_status code) : code_(code) {
+    status() noexcept : code_(UNIKV_OK), message_() {}
+    explicit status(unikv_status code) : code_(code), message_() {
         if (code_ != UNIKV_OK) message_ = unikv_last_error_message();
     }
     status(unikv_status code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -154,8 +154,8 @@ inline bool operator!=(const status& s, unikv_status code) noexcept { return s.c
 template <class T>
 class [[nodiscard]] result {
 public:
-    result(T value) : value_(std::move(value)) {}  // NOLINT: implicit on purpose
-    result(status failure) : status_(std::move(failure)) {}
+    result(T value) : status_(), value_(std::move(value)) {}  // NOLINT: implicit on purpose
+    result(status failure) : status_(std::move(failure)), value_() {}
 
     bool ok() const noexcept { return status_.ok(); }
     explicit operator bool() const noexcept { return ok(); }
