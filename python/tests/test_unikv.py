@@ -177,6 +177,40 @@ class Basics(unittest.TestCase):
                 i = unikv.as_tensor(arr, dtype)
                 self.assertEqual(bytes(d), bytes(i))
 
+    def test_torch_and_cuda_interface_paths(self):
+        """The PyTorch (data_ptr + strides) and __cuda_array_interface__ paths,
+        with stand-ins over NumPy memory (PyTorch itself runs in gpu_torch.py)."""
+        a = np.zeros((4, 6), np.float32)[:, 1:5]
+
+        class FakeTorchTensor:  # what the bindings read from a torch.Tensor
+            dtype, is_cuda = "torch.bfloat16", False
+
+            def data_ptr(self):
+                return a.__array_interface__["data"][0]
+
+            def stride(self):
+                return (6, 1)
+
+            def element_size(self):
+                return 2
+
+            def dim(self):
+                return 2
+
+            shape = (4, 4)
+
+        FakeTorchTensor.__module__ = "torch"
+        t = unikv.as_tensor(FakeTorchTensor())
+        self.assertEqual((t.dtype, list(t.shape[:2]), list(t.strides[:2])), (unikv.DTYPE_BF16, [4, 4], [6, 1]))
+        self.assertIsNone(unikv._stream_handle(None, [FakeTorchTensor()]), "CPU tensors: the null stream")
+        self.assertEqual(unikv._stream_handle(0x1234, []), 0x1234)
+
+        class CudaArray:
+            __cuda_array_interface__ = {"data": (a.__array_interface__["data"][0], False), "shape": (4, 4),
+                                        "typestr": "<f4", "strides": (24, 4), "version": 3}
+
+        self.assertEqual(bytes(unikv.as_tensor(CudaArray())), bytes(unikv.as_tensor(a)))
+
     def test_rope_table(self):
         table = unikv.rope_table(7, base=10000.0)
         omega = 10000.0 ** (-2.0 * np.arange(32) / 64.0)
