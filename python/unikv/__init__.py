@@ -463,6 +463,7 @@ class _Handle:
     block, or garbage collection) destroys it."""
 
     _destroy = None
+    _ptr = None  # also when a constructor failed before the handle existed
 
     def __init__(self, ptr):
         self._ptr = ptr
