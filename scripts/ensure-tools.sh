@@ -2,7 +2,8 @@
 # Installs what the builds need when it is missing: cmake >= 3.20, pkg-config,
 # a C/C++ compiler (reported, not installed), cargo with rustfmt and clippy
 # (the toolchain rust-toolchain.toml pins, when Rust comes from rustup), doxygen
-# (the API reference check, scripts/docs.sh).
+# (the API reference check, scripts/docs.sh) and python3 with NumPy for the
+# Python package's tests.
 # Idempotent; prints nothing when everything is already there.
 set -euo pipefail
 
@@ -118,13 +119,19 @@ ensure_component fmt rustfmt
 ensure_component clippy clippy
 
 # scripts/docs.sh (CI's documentation check) runs Doxygen: the distribution's
-# package (root only), else a message saying how to install it.
-if ! command -v doxygen >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        quiet apt-get update -qq || true
-        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends doxygen || true
-    fi
-    command -v doxygen >/dev/null || die "doxygen is required for scripts/docs.sh: install it with
-    sudo apt-get install doxygen        (Debian/Ubuntu)
-    sudo dnf install doxygen            (Fedora/RHEL)"
+# package when running as root; otherwise docs.sh says how to install it (the
+# builds and tests do not need it).
+if ! command -v doxygen >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    quiet apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends doxygen || true
+fi
+
+# scripts/python-test.sh needs a python3 that imports numpy: the distribution's
+# package when none does (root only; otherwise the script says what to install).
+if ! { command -v python3 >/dev/null && python3 -c 'import numpy' 2>/dev/null; } &&
+    ! /usr/bin/python3 -c 'import numpy' 2>/dev/null &&
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    quiet apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq python3-numpy ||
+        die "could not install python3-numpy (needed by scripts/python-test.sh)"
 fi

@@ -56,6 +56,9 @@ run_suites() {
     cmake -S examples -B /tmp/unikv-example-gpu "${gen[@]}" -DCMAKE_PREFIX_PATH="$BUNDLE/stage" >>/tmp/cmake.log 2>&1
     cmake --build /tmp/unikv-example-gpu >>/tmp/cmake.log 2>&1 || { cat /tmp/cmake.log; return 1; }
     /tmp/unikv-example-gpu/unikv_example 2>&1 | tee -a "$out/cpp.log" || status=1
+    # The Python package with PyTorch CUDA tensors against a PyTorch reference.
+    UNIKV_LIBRARY="$BUNDLE/stage/lib/libunikv.so" PYTHONPATH="$ROOT/python" PYTHONDONTWRITEBYTECODE=1 \
+        python3 python/tests/gpu_torch.py 2>&1 | tee "$out/python-gpu.log" || status=1
     return $status
 }
 
@@ -145,6 +148,7 @@ summary() {
     grep -h "test result" "$out/rust-gpu-tests.log" 2>/dev/null | sed 's/^/rust gpu tests: /' || true
     grep -h "tests passed" "$out/cpp.log" 2>/dev/null | sed 's/^/ctest (cuda): /' || true
     grep -h "max relative" "$out/cpp.log" 2>/dev/null | sed 's/^/example: /' || true
+    grep -h "^gpu_torch" "$out/python-gpu.log" 2>/dev/null | sed 's/^/python: /' || true
     for tool in memcheck racecheck synccheck initcheck; do
         [ -f "$out/sanitizer-$tool.log" ] || continue
         echo "compute-sanitizer $tool: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|no result within' "$out/sanitizer-$tool.log" | tail -1)"

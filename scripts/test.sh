@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test, from any directory: rustfmt, clippy and the Rust tests, then
-# the C/C++ suite (ctest) against the library installed into build/stage.
-# Prints one line per phase with the elapsed seconds (4 to 7 minutes in all on a
-# 2-core machine from a fresh clone; compiling the Rust tests dominates).
+# the Python package's tests and the C/C++ suite (ctest) against the library
+# installed into build/stage. Prints one line per phase with the elapsed
+# seconds (4 to 7 minutes in all on a 2-core machine from a fresh clone;
+# compiling the Rust tests dominates).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -23,6 +24,9 @@ phase "cargo clippy" cargo clippy --all-targets --features test-hooks -- -D warn
 phase "cargo test" cargo test --features test-hooks
 
 phase "build and install into build/stage" build_and_stage
+# The Python package (python/) over the installed library: NumPy on the CPU
+# backend (before ctest, whose summary ends the log).
+phase "python tests" "$ROOT/scripts/python-test.sh" "$STAGE"
 # UNIKV_CARGO_TARGET_DIR: the in-tree tests (add_subdirectory, FetchContent)
 # reuse the cargo build build_and_stage just made, so cargo finds it up to date.
 phase "configure cpp-tests" cmake_configure "$ROOT/cpp-tests" "$BUILD/cpp-tests" -DCMAKE_PREFIX_PATH="$STAGE" \
