@@ -992,6 +992,35 @@ UNIKV_NODISCARD unikv_status unikv_pool_acquire_slot(const struct unikv_pool *po
 // cleared. Thread-safe.
 unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
 
+// Fills `info` (host memory; set `info->struct_size` first) with the
+// pool-wide geometry a pool created from `params` would report through
+// `unikv_pool_get_info` (`slots_in_use` is 0; `owns_memory` is 1 when
+// `params->layer_buffers` is NULL), without creating a pool, allocating or
+// needing a context. `params` and its arrays are host memory read during
+// the call and are checked exactly as `unikv_pool_create` checks them (the
+// same statuses and messages, e.g. UNIKV_BAD_ENUM for a compress ratio other
+// than 0, 4 or 128; adopted buffer pointers, when given, are checked for NULL
+// and alignment but never dereferenced). Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_info(const struct unikv_pool_params *params,
+                                        struct unikv_pool_info *info);
+
+// Fills `info` (host memory; set `info->struct_size` first) with one layer's
+// geometry as a pool created from `params` would report it through
+// `unikv_pool_get_layer`: its row count, SWA and compressed rows, and the
+// sizes of every buffer a caller adopting its own memory must supply —
+// `bytes` for `params->layer_buffers[layer]` (rows * 1024 for bf16, rows *
+// 512 for FP8) and `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
+// for FP8 pools, 0 for bf16). `data` and `rope_data` are the caller's
+// buffers when `params` adopts them, NULL otherwise. No pool is created and
+// nothing is allocated. `params` is checked exactly as `unikv_pool_create`
+// checks it; then OUT_OF_RANGE for a `layer` past `params->num_layers`.
+// Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_layer(const struct unikv_pool_params *params,
+                                         uint32_t layer,
+                                         struct unikv_pool_layer_info *info);
+
 // Creates a decode plan for the given capture-time shapes: chooses the launch
 // configuration and loads kernels, so the first launch may be captured in a
 // CUDA graph. `*out` receives a handle owned by the caller. Thread-safe.

@@ -18,6 +18,7 @@ pub mod version;
 // Lifecycle and memory.
 pub mod context;
 pub mod pool;
+pub mod sizes;
 // Operations of one serving step.
 pub mod attention;
 pub mod cache_store;

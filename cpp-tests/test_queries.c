@@ -1,0 +1,141 @@
+/* What a C caller can ask the library, on the CPU backend: pool sizes before
+ * creation (equal to what a created pool reports, and accepted by an adopting
+ * pool). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <unikv.h>
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: \"%s\")\n", __FILE__, \
+                    __LINE__, #cond, unikv_last_error_message());                     \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+#define CHECK_OK(call) CHECK((call) == UNIKV_OK)
+
+/* A failing call: its status and a message containing `arg`. */
+#define CHECK_FAILS(want, arg, call)                                  \
+    do {                                                              \
+        unikv_status got_ = (call);                                   \
+        CHECK(got_ == (want));                                        \
+        CHECK(strstr(unikv_last_error_message(), (arg)) != NULL);     \
+    } while (0)
+
+static unikv_context *cpu_context(void) {
+    unikv_context_options o = {.struct_size = sizeof o, .backend = UNIKV_BACKEND_CPU,
+                               .cpu_threads = 1};
+    unikv_context *ctx = NULL;
+    CHECK_OK(unikv_context_create(&o, &ctx));
+    return ctx;
+}
+
+static const uint32_t kDtypes[3] = {UNIKV_DTYPE_BF16, UNIKV_DTYPE_FP8_E4M3FN,
+                                    UNIKV_DTYPE_FP8_E4M3FNUZ};
+
+static void test_pool_sizes(void) {
+    static const uint32_t ratios_a[] = {0, 4, 128};
+    static const uint32_t ratios_b[] = {128, 4, 0, 4};
+    const unikv_pool_params sets[] = {
+        {.struct_size = sizeof(unikv_pool_params), .compress_ratios = ratios_a,
+         .num_layers = 3, .max_requests = 3, .window = 128, .c128_blocks = 10},
+        {.struct_size = sizeof(unikv_pool_params), .compress_ratios = ratios_b,
+         .num_layers = 4, .max_requests = 9, .window = 8, .spec_extra = 2, .c128_blocks = 1},
+    };
+    unikv_context *ctx = cpu_context();
+    size_t s, d;
+    uint32_t layer;
+    for (s = 0; s < sizeof sets / sizeof sets[0]; ++s) {
+        for (d = 0; d < 3; ++d) {
+            unikv_pool_params p = sets[s];
+            unikv_pool_info before = {.struct_size = sizeof before};
+            unikv_pool_info after = {.struct_size = sizeof after};
+            unikv_pool *pool = NULL, *adopting = NULL;
+            void *data[4] = {0}, *rope[4] = {0};
+            const int fp8 = kDtypes[d] != UNIKV_DTYPE_BF16;
+            p.kv_dtype = kDtypes[d];
+            CHECK_OK(unikv_pool_params_get_info(&p, &before));
+            CHECK_OK(unikv_pool_create(ctx, &p, &pool));
+            CHECK_OK(unikv_pool_get_info(pool, &after));
+            CHECK(before.swa_rows == after.swa_rows && before.row_bytes == after.row_bytes);
+            CHECK(before.ring == after.ring && before.num_layers == after.num_layers);
+            CHECK(before.kv_dtype == after.kv_dtype && before.owns_memory == 1);
+            for (layer = 0; layer < p.num_layers; ++layer) {
+                unikv_pool_layer_info want = {.struct_size = sizeof want};
+                unikv_pool_layer_info got = {.struct_size = sizeof got};
+                CHECK_OK(unikv_pool_params_get_layer(&p, layer, &want));
+                CHECK_OK(unikv_pool_get_layer(pool, layer, &got));
+                CHECK(want.rows == got.rows && want.swa_rows == got.swa_rows);
+                CHECK(want.compressed_rows == got.compressed_rows);
+                CHECK(want.bytes == got.bytes && want.rope_bytes == got.rope_bytes);
+                CHECK(want.compress_ratio == got.compress_ratio);
+                CHECK(want.data == NULL && want.rope_data == NULL);
+                CHECK(want.bytes == want.rows * (fp8 ? 512u : 1024u));
+                CHECK(want.rope_bytes == (fp8 ? want.rows * 128u : 0u));
+                /* Buffers of exactly the reported sizes. */
+                CHECK_OK(unikv_memory_alloc(ctx, (size_t)want.bytes, &data[layer]));
+                if (fp8) CHECK_OK(unikv_memory_alloc(ctx, (size_t)want.rope_bytes, &rope[layer]));
+            }
+            {
+                unikv_pool_layer_info past = {.struct_size = sizeof past};
+                CHECK_FAILS(UNIKV_OUT_OF_RANGE, "layer",
+                            unikv_pool_params_get_layer(&p, p.num_layers, &past));
+            }
+            p.layer_buffers = data;
+            p.rope_buffers = fp8 ? rope : NULL;
+            CHECK_OK(unikv_pool_create(ctx, &p, &adopting));
+            for (layer = 0; layer < p.num_layers; ++layer) {
+                unikv_pool_layer_info got = {.struct_size = sizeof got};
+                CHECK_OK(unikv_pool_get_layer(adopting, layer, &got));
+                CHECK(got.data == data[layer]);
+            }
+            unikv_pool_destroy(adopting);
+            unikv_pool_destroy(pool);
+            for (layer = 0; layer < p.num_layers; ++layer) {
+                CHECK_OK(unikv_memory_free(ctx, data[layer]));
+                CHECK_OK(unikv_memory_free(ctx, rope[layer]));
+            }
+        }
+    }
+    /* The same checks and messages as unikv_pool_create. */
+    {
+        static const uint32_t bad_ratios[] = {0, 5};
+        unikv_pool_params p = {.struct_size = sizeof p, .compress_ratios = bad_ratios,
+                               .num_layers = 2, .max_requests = 1, .window = 4,
+                               .kv_dtype = UNIKV_DTYPE_BF16};
+        unikv_pool_info info = {.struct_size = sizeof info};
+        unikv_pool *pool = NULL;
+        char created[512];
+        CHECK(unikv_pool_create(ctx, &p, &pool) == UNIKV_BAD_ENUM);
+        snprintf(created, sizeof created, "%s", unikv_last_error_message());
+        CHECK_FAILS(UNIKV_BAD_ENUM, "params.compress_ratios[1]",
+                    unikv_pool_params_get_info(&p, &info));
+        CHECK(strcmp(created, unikv_last_error_message()) == 0);
+        p.compress_ratios = ratios_a;
+        p.kv_dtype = UNIKV_DTYPE_F32;
+        CHECK_FAILS(UNIKV_BAD_DTYPE, "params.kv_dtype", unikv_pool_params_get_info(&p, &info));
+        p.kv_dtype = UNIKV_DTYPE_BF16;
+        p.window = 0;
+        CHECK_FAILS(UNIKV_INVALID_ARGUMENT, "params.window", unikv_pool_params_get_info(&p, &info));
+        p.window = 4;
+        p.struct_size = 4;
+        CHECK_FAILS(UNIKV_BAD_STRUCT_SIZE, "params.struct_size",
+                    unikv_pool_params_get_info(&p, &info));
+        CHECK_FAILS(UNIKV_NULL_ARGUMENT, "params", unikv_pool_params_get_info(NULL, &info));
+        p.struct_size = sizeof p;
+        CHECK_FAILS(UNIKV_NULL_ARGUMENT, "info", unikv_pool_params_get_info(&p, NULL));
+        CHECK_FAILS(UNIKV_NULL_ARGUMENT, "info", unikv_pool_params_get_layer(&p, 0, NULL));
+    }
+    unikv_context_destroy(ctx);
+}
+
+int main(void) {
+    test_pool_sizes();
+    printf("test_queries: ok\n");
+    return 0;
+}

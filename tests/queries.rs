@@ -1,0 +1,254 @@
+//! What a caller can ask the library: pool sizes before creation.
+
+mod common;
+
+use std::os::raw::c_void;
+use std::ptr;
+
+use common::*;
+use unikv::ffi::pool::*;
+use unikv::ffi::sizes::*;
+use unikv::ffi::status::unikv_status;
+use unikv::ffi::types::unikv_dtype;
+
+const DTYPES: [unikv_dtype; 3] = [
+    unikv_dtype::UNIKV_DTYPE_BF16,
+    unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+    unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ,
+];
+
+fn specs() -> Vec<PoolSpec> {
+    vec![
+        PoolSpec {
+            ratios: vec![0, 4, 128],
+            max_requests: 3,
+            window: 128,
+            spec_extra: 0,
+            c128_blocks: 10,
+        },
+        PoolSpec {
+            ratios: vec![128, 0, 4, 4, 128],
+            max_requests: 7,
+            window: 8,
+            spec_extra: 3,
+            c128_blocks: 1,
+        },
+        PoolSpec {
+            ratios: vec![0],
+            max_requests: 1,
+            window: 1,
+            spec_extra: 0,
+            c128_blocks: 0,
+        },
+        PoolSpec {
+            ratios: vec![4],
+            max_requests: 64,
+            window: 128,
+            spec_extra: 1,
+            c128_blocks: 333,
+        },
+    ]
+}
+
+fn params_info(params: &unikv_pool_params) -> (unikv_status, unikv_pool_info) {
+    let mut info: unikv_pool_info = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<unikv_pool_info>();
+    let status = unsafe { unikv_pool_params_get_info(params, &mut info) };
+    (status, info)
+}
+
+fn params_layer(params: &unikv_pool_params, layer: u32) -> (unikv_status, unikv_pool_layer_info) {
+    let mut info: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
+    let status = unsafe { unikv_pool_params_get_layer(params, layer, &mut info) };
+    (status, info)
+}
+
+#[test]
+fn sizes_before_creation_equal_a_created_pools() {
+    let ctx = Ctx::cpu(1);
+    for spec in specs() {
+        for dtype in DTYPES {
+            let params = spec.params_of(dtype);
+            let (status, info) = params_info(&params);
+            ok(status);
+            let pool = Pool::of(&ctx, &spec, dtype);
+            let real = pool.info();
+            assert_eq!(info.swa_rows, real.swa_rows, "{spec:?} {dtype:?}");
+            assert_eq!(info.row_bytes, real.row_bytes);
+            assert_eq!(info.num_layers, real.num_layers);
+            assert_eq!(info.max_requests, real.max_requests);
+            assert_eq!(info.window, real.window);
+            assert_eq!(info.ring, real.ring);
+            assert_eq!(info.c128_blocks, real.c128_blocks);
+            assert_eq!(info.kv_dtype, real.kv_dtype);
+            assert_eq!(info.owns_memory, 1);
+            assert_eq!(info.slots_in_use, 0);
+            for layer in 0..spec.ratios.len() as u32 {
+                let (status, l) = params_layer(&params, layer);
+                ok(status);
+                let r = pool.layer(layer);
+                assert_eq!(l.rows, r.rows, "layer {layer} of {spec:?} {dtype:?}");
+                assert_eq!(l.swa_rows, r.swa_rows);
+                assert_eq!(l.compressed_rows, r.compressed_rows);
+                assert_eq!(l.bytes, r.bytes);
+                assert_eq!(l.rope_bytes, r.rope_bytes);
+                assert_eq!(l.compress_ratio, r.compress_ratio);
+                assert!(l.data.is_null() && l.rope_data.is_null());
+                // The formula, restated: bf16 rows are 1024 bytes; FP8 rows a
+                // 512-byte nope row plus a 128-byte rope row.
+                let fp8 = dtype != unikv_dtype::UNIKV_DTYPE_BF16;
+                assert_eq!(l.bytes, l.rows * if fp8 { 512 } else { 1024 });
+                assert_eq!(l.rope_bytes, if fp8 { l.rows * 128 } else { 0 });
+            }
+            let (status, _) = params_layer(&params, spec.ratios.len() as u32);
+            fails(status, UNIKV_OUT_OF_RANGE, "layer");
+        }
+    }
+}
+
+/// Buffers of exactly the reported sizes are what an adopting pool accepts.
+#[test]
+fn reported_sizes_are_what_an_adopting_pool_needs() {
+    let ctx = Ctx::cpu(1);
+    let spec = &specs()[1];
+    for dtype in DTYPES {
+        let fp8 = dtype != unikv_dtype::UNIKV_DTYPE_BF16;
+        let sizing = spec.params_of(dtype);
+        let layers: Vec<_> = (0..spec.ratios.len() as u32)
+            .map(|l| params_layer(&sizing, l).1)
+            .collect();
+        let data: Vec<Dev> = layers
+            .iter()
+            .map(|l| Dev::zeroed(&ctx, l.bytes as usize))
+            .collect();
+        let rope: Vec<Dev> = layers
+            .iter()
+            .filter(|_| fp8)
+            .map(|l| Dev::zeroed(&ctx, l.rope_bytes as usize))
+            .collect();
+        let data_ptrs: Vec<*mut c_void> = data.iter().map(|d| d.ptr).collect();
+        let rope_ptrs: Vec<*mut c_void> = rope.iter().map(|d| d.ptr).collect();
+        let mut params = spec.params_of(dtype);
+        params.layer_buffers = data_ptrs.as_ptr();
+        if fp8 {
+            params.rope_buffers = rope_ptrs.as_ptr();
+        }
+        let (status, info) = params_info(&params);
+        ok(status);
+        assert_eq!(info.owns_memory, 0);
+        for (i, l) in layers.iter().enumerate() {
+            let (status, adopted) = params_layer(&params, i as u32);
+            ok(status);
+            assert_eq!(adopted.data, data_ptrs[i]);
+            assert_eq!(adopted.rows, l.rows);
+            if fp8 {
+                assert_eq!(adopted.rope_data, rope_ptrs[i]);
+            }
+        }
+        let mut pool = ptr::null_mut();
+        ok(unsafe { unikv_pool_create(ctx.0, &params, &mut pool) });
+        let pool = Pool(pool);
+        assert_eq!(pool.info().owns_memory, 0);
+        for (i, l) in layers.iter().enumerate() {
+            let real = pool.layer(i as u32);
+            assert_eq!((real.data, real.bytes), (data_ptrs[i], l.bytes));
+            assert_eq!(real.rope_bytes, l.rope_bytes);
+        }
+        drop(pool);
+    }
+}
+
+/// Every invalid parameter set gets the same status and message from the
+/// size queries as from `unikv_pool_create`.
+#[test]
+fn sizes_validate_exactly_like_pool_create() {
+    let ctx = Ctx::cpu(1);
+    let base = PoolSpec {
+        ratios: vec![0, 4, 128],
+        max_requests: 2,
+        window: 4,
+        spec_extra: 0,
+        c128_blocks: 1,
+    };
+    let bad_ratios = [0u32, 3, 128];
+    let misaligned = [8usize as *mut c_void; 3];
+    let aligned = [64usize as *mut c_void; 3];
+    let mut cases: Vec<(&str, unikv_pool_params)> = Vec::new();
+    let mut p = base.params();
+    p.compress_ratios = bad_ratios.as_ptr();
+    cases.push(("params.compress_ratios[1]", p));
+    let mut p = base.params();
+    p.num_layers = 0;
+    cases.push(("params.num_layers", p));
+    let mut p = base.params();
+    p.compress_ratios = ptr::null();
+    cases.push(("params.compress_ratios", p));
+    let mut p = base.params();
+    p.window = 0;
+    cases.push(("params.window", p));
+    let mut p = base.params();
+    p.max_requests = 0;
+    cases.push(("params.max_requests", p));
+    let mut p = base.params_of(unikv_dtype::UNIKV_DTYPE_F32);
+    p.struct_size = std::mem::size_of::<unikv_pool_params>();
+    cases.push(("params.kv_dtype", p));
+    let mut p = base.params();
+    p.kv_dtype = 99;
+    cases.push(("params.kv_dtype", p));
+    let mut p = base.params();
+    p.c128_blocks = u32::MAX;
+    cases.push(("params.c128_blocks", p));
+    let mut p = base.params();
+    p.max_requests = 1 << 30;
+    p.window = 1 << 20;
+    cases.push(("params.max_requests", p));
+    let mut p = base.params();
+    p.struct_size = 8;
+    cases.push(("params.struct_size", p));
+    let mut p = base.params();
+    p.rope_buffers = aligned.as_ptr();
+    cases.push(("params.rope_buffers", p));
+    let mut p = base.params();
+    p.layer_buffers = misaligned.as_ptr();
+    cases.push(("params.layer_buffers[0]", p));
+    let mut p = base.params_of(unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN);
+    p.layer_buffers = aligned.as_ptr();
+    cases.push(("params.rope_buffers", p));
+    for (arg, params) in &cases {
+        let mut pool = ptr::null_mut();
+        let created = unsafe { unikv_pool_create(ctx.0, params, &mut pool) };
+        assert!(pool.is_null(), "{arg}: created");
+        let created_msg = last_error();
+        assert!(created_msg.contains(arg), "{created_msg:?} names {arg}");
+        let (status, _) = params_info(params);
+        assert_eq!(status, created, "{arg}");
+        assert_eq!(last_error(), created_msg, "{arg}");
+        let (status, _) = params_layer(params, 0);
+        assert_eq!(status, created, "{arg}");
+        assert_eq!(last_error(), created_msg, "{arg}");
+    }
+    let good = base.params();
+    fails(
+        unsafe { unikv_pool_params_get_info(ptr::null(), &mut std::mem::zeroed()) },
+        UNIKV_NULL_ARGUMENT,
+        "params",
+    );
+    fails(
+        unsafe { unikv_pool_params_get_info(&good, ptr::null_mut()) },
+        UNIKV_NULL_ARGUMENT,
+        "info",
+    );
+    fails(
+        unsafe { unikv_pool_params_get_layer(&good, 0, ptr::null_mut()) },
+        UNIKV_NULL_ARGUMENT,
+        "info",
+    );
+    // A caller's older, smaller info struct gets only its own fields.
+    let mut info: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
+    info.struct_size = 24;
+    info.swa_rows = 0xdead;
+    ok(unsafe { unikv_pool_params_get_layer(&good, 2, &mut info) });
+    assert_eq!(info.rows, 3 * 4 + 1 + 2);
+    assert_eq!(info.swa_rows, 0xdead);
+}
