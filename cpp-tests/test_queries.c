@@ -1,6 +1,6 @@
 /* What a C caller can ask the library, on the CPU backend: pool sizes before
  * creation (equal to what a created pool reports, and accepted by an adopting
- * pool). */
+ * pool), and decode streams without the outputs a pool does not need. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,8 +134,53 @@ static void test_pool_sizes(void) {
     unikv_context_destroy(ctx);
 }
 
+/* A dense-only pool: only the SWA stream is required. */
+static void test_decode_streams_without_compressed_outputs(void) {
+    static const uint32_t dense[] = {0, 0};
+    static const uint32_t with_csa[] = {0, 4};
+    unikv_context *ctx = cpu_context();
+    unikv_pool_params p = {.struct_size = sizeof p, .compress_ratios = dense, .num_layers = 2,
+                           .max_requests = 2, .window = 4, .kv_dtype = UNIKV_DTYPE_BF16};
+    unikv_pool *pool = NULL, *csa_pool = NULL;
+    int32_t batch_id[2] = {0, 1}, req_slots[2] = {1, 2}, positions[2] = {2, 9};
+    int32_t indptr[3] = {-7, -7, -7}, indices[8];
+    unikv_decode_streams_args a;
+    memset(&a, 0, sizeof a);
+    memset(indices, 0x5a, sizeof indices);
+    a.struct_size = sizeof a;
+#define VEC(t, ptr, n)                                                              \
+    do {                                                                            \
+        (t).data = (ptr);                                                           \
+        (t).dtype = UNIKV_DTYPE_I32;                                                \
+        (t).ndim = 1;                                                               \
+        (t).shape[0] = (n);                                                         \
+        (t).strides[0] = 1;                                                         \
+    } while (0)
+    VEC(a.batch_id, batch_id, 2);
+    VEC(a.req_slots, req_slots, 2);
+    VEC(a.positions, positions, 2);
+    VEC(a.swa_indptr, indptr, 3);
+    VEC(a.swa_indices, indices, 8);
+    a.num_tokens = 2;
+    CHECK_OK(unikv_pool_create(ctx, &p, &pool));
+    CHECK_OK(unikv_build_decode_streams(pool, &a, NULL));
+    CHECK(indptr[0] == 0 && indptr[1] == 3 && indptr[2] == 7);
+    /* ring 4: slot 1, positions 0..2 -> rows 4..6; slot 2, positions 6..9 -> 10, 11, 8, 9 */
+    CHECK(indices[0] == 4 && indices[1] == 5 && indices[2] == 6);
+    CHECK(indices[3] == 10 && indices[4] == 11 && indices[5] == 8 && indices[6] == 9);
+    /* A pool with ratio-4 layers needs the CSA stream. */
+    p.compress_ratios = with_csa;
+    CHECK_OK(unikv_pool_create(ctx, &p, &csa_pool));
+    CHECK_FAILS(UNIKV_NULL_ARGUMENT, "csa_indptr", unikv_build_decode_streams(csa_pool, &a, NULL));
+    unikv_pool_destroy(csa_pool);
+    unikv_pool_destroy(pool);
+    unikv_context_destroy(ctx);
+#undef VEC
+}
+
 int main(void) {
     test_pool_sizes();
+    test_decode_streams_without_compressed_outputs();
     printf("test_queries: ok\n");
     return 0;
 }

@@ -506,7 +506,10 @@ typedef struct unikv_decode_streams_args {
   struct unikv_tensor c128_page_indices;
   // Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
   // num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
-  // num_tokens * (window + csa_topk) (CSA).
+  // num_tokens * (window + csa_topk) (CSA). The SWA stream is always
+  // required; the HCA stream only when the pool has ratio-128 layers and
+  // the CSA stream only when it has ratio-4 layers: otherwise both of its
+  // tensors may be absent (NULL data), and `csa_topk` is then ignored.
   struct unikv_tensor swa_indptr;
   struct unikv_tensor swa_indices;
   struct unikv_tensor hca_indptr;

@@ -1,4 +1,5 @@
-//! What a caller can ask the library: pool sizes before creation.
+//! What a caller can ask the library: pool sizes before creation, and
+//! decode streams without the HCA / CSA outputs a pool does not need.
 
 mod common;
 
@@ -6,6 +7,7 @@ use std::os::raw::c_void;
 use std::ptr;
 
 use common::*;
+use unikv::ffi::index::*;
 use unikv::ffi::pool::*;
 use unikv::ffi::sizes::*;
 use unikv::ffi::status::unikv_status;
@@ -251,4 +253,123 @@ fn sizes_validate_exactly_like_pool_create() {
     ok(unsafe { unikv_pool_params_get_layer(&good, 2, &mut info) });
     assert_eq!(info.rows, 3 * 4 + 1 + 2);
     assert_eq!(info.swa_rows, 0xdead);
+}
+
+/// Decode stream outputs, poisoned.
+struct Streams {
+    indptr: [Vec<i32>; 3],
+    indices: [Vec<i32>; 3],
+}
+
+fn streams(t: usize, win: usize, width: usize, topk: usize) -> Streams {
+    Streams {
+        indptr: [poisoned(t + 1), poisoned(t + 1), poisoned(t + 1)],
+        indices: [
+            poisoned(t * win),
+            poisoned(t * (win + width)),
+            poisoned(t * (win + topk)),
+        ],
+    }
+}
+
+/// `present[k]`: whether stream k (SWA, HCA, CSA) is passed.
+fn decode_args(
+    out: &Streams,
+    present: [bool; 3],
+    inputs: &[Vec<i32>; 4],
+) -> unikv_decode_streams_args {
+    let t = inputs[0].len();
+    let pick = |k: usize, v: &Vec<i32>| if present[k] { vec1(v) } else { absent() };
+    unikv_decode_streams_args {
+        struct_size: std::mem::size_of::<unikv_decode_streams_args>(),
+        batch_id: vec1(&inputs[0]),
+        req_slots: vec1(&inputs[1]),
+        positions: vec1(&inputs[2]),
+        c128_page_indices: tensor(&inputs[3], &[t, 2]),
+        swa_indptr: pick(0, &out.indptr[0]),
+        swa_indices: pick(0, &out.indices[0]),
+        hca_indptr: pick(1, &out.indptr[1]),
+        hca_indices: pick(1, &out.indices[1]),
+        csa_indptr: pick(2, &out.indptr[2]),
+        csa_indices: pick(2, &out.indices[2]),
+        num_tokens: t as u32,
+        csa_topk: 4,
+    }
+}
+
+#[test]
+fn decode_streams_for_absent_layer_kinds_are_optional() {
+    let ctx = Ctx::cpu(1);
+    let inputs = [
+        vec![0, 1, -1, 1],
+        vec![2, 1],
+        vec![300, 7, 5, 8],
+        vec![0, 1, -1, -1, 0, 0, 0, 0],
+    ];
+    let (t, win) = (4, 8);
+    for ratios in [vec![0], vec![0, 128], vec![0, 4], vec![4, 128, 0]] {
+        let spec = PoolSpec {
+            ratios: ratios.clone(),
+            max_requests: 3,
+            window: win as u32,
+            spec_extra: 0,
+            c128_blocks: 4,
+        };
+        let pool = Pool::new(&ctx, &spec);
+        // Every stream passed: the reference.
+        let full = streams(t, win, 2, 4);
+        let args = decode_args(&full, [true; 3], &inputs);
+        ok(unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) });
+        let has = [true, ratios.contains(&128), ratios.contains(&4)];
+        for (k, name) in [(1, "hca_indptr"), (2, "csa_indptr")] {
+            let mut present = [true; 3];
+            present[k] = false;
+            let out = streams(t, win, 2, 4);
+            let args = decode_args(&out, present, &inputs);
+            let status = unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) };
+            if has[k] {
+                fails(status, UNIKV_NULL_ARGUMENT, name);
+                assert!(last_error().contains("required"), "{}", last_error());
+                assert!(out.indptr[0].iter().all(|&v| v == poisoned::<i32>(1)[0]));
+                continue;
+            }
+            ok(status);
+            for s in 0..3 {
+                if s == k {
+                    continue;
+                }
+                assert_eq!(out.indptr[s], full.indptr[s], "{ratios:?} stream {s}");
+                assert_eq!(out.indices[s], full.indices[s], "{ratios:?} stream {s}");
+            }
+        }
+        // Both compressed streams left out (and the CSA capacity with them).
+        let out = streams(t, win, 2, 4);
+        let mut args = decode_args(&out, [true, false, false], &inputs);
+        args.csa_topk = u32::MAX;
+        let status = unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) };
+        if has[1] || has[2] {
+            check(status, UNIKV_NULL_ARGUMENT);
+        } else {
+            ok(status);
+            assert_eq!(out.indptr[0], full.indptr[0]);
+            assert_eq!(out.indices[0], full.indices[0]);
+        }
+        // Only one tensor of a stream left out: that tensor is named.
+        let out = streams(t, win, 2, 4);
+        let mut args = decode_args(&out, [true; 3], &inputs);
+        args.hca_indices = absent();
+        fails(
+            unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) },
+            UNIKV_NULL_ARGUMENT,
+            "hca_indices",
+        );
+        // The SWA stream is always required.
+        let out = streams(t, win, 2, 4);
+        let args = decode_args(&out, [false, true, true], &inputs);
+        fails(
+            unsafe { unikv_build_decode_streams(pool.0, &args, ptr::null_mut()) },
+            UNIKV_NULL_ARGUMENT,
+            "swa_indptr",
+        );
+    }
 }

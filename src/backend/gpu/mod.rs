@@ -121,6 +121,15 @@ impl GpuBackend {
         }
     }
 
+    /// A stream the caller left out: the kernels skip a NULL indptr.
+    fn absent_stream() -> shim::StreamOut {
+        shim::StreamOut {
+            indptr: std::ptr::null_mut(),
+            indices: std::ptr::null_mut(),
+            capacity: 0,
+        }
+    }
+
     fn stream_out(s: &StreamOut) -> shim::StreamOut {
         shim::StreamOut {
             indptr: s.indptr.as_ptr(),
@@ -458,8 +467,14 @@ impl Backend for GpuBackend {
                 .c128_page_indices
                 .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
             swa: Self::stream_out(&a.swa),
-            hca: Self::stream_out(&a.hca),
-            csa: Self::stream_out(&a.csa),
+            hca: a
+                .hca
+                .as_ref()
+                .map_or_else(Self::absent_stream, Self::stream_out),
+            csa: a
+                .csa
+                .as_ref()
+                .map_or_else(Self::absent_stream, Self::stream_out),
             c128_stride: a.c128_page_indices.map_or(0, |m| m.strides[0] as i64),
             c128_width: i32_of("c128_width", a.c128_page_indices.map_or(0, |m| m.shape[1]))?,
             num_tokens: i32_of("num_tokens", a.num_tokens)?,
