@@ -1,6 +1,7 @@
 /* What a C caller can ask the library, on the CPU backend: pool sizes before
  * creation (equal to what a created pool reports, and accepted by an adopting
- * pool), and decode streams without the outputs a pool does not need. */
+ * pool), decode streams without the outputs a pool does not need, the build's
+ * capabilities and a required GPU. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,9 +179,32 @@ static void test_decode_streams_without_compressed_outputs(void) {
 #undef VEC
 }
 
+static void test_capabilities(void) {
+    unikv_capabilities caps = {.struct_size = sizeof caps};
+    unikv_context_options o = {.struct_size = sizeof o, .backend = UNIKV_BACKEND_GPU};
+    unikv_context *ctx = NULL;
+    CHECK_OK(unikv_get_capabilities(&caps));
+    CHECK(caps.struct_size == sizeof caps);
+    CHECK(caps.backends & (1u << UNIKV_BACKEND_CPU));
+    CHECK(caps.kv_dtypes & (1u << UNIKV_DTYPE_BF16));
+    CHECK(caps.fp8_formats == ((1u << UNIKV_DTYPE_FP8_E4M3FN) | (1u << UNIKV_DTYPE_FP8_E4M3FNUZ)));
+    CHECK(caps.head_dim == 512 && caps.rope_dim == 64 && caps.nope_dim == 448);
+    CHECK(caps.max_heads == 128);
+    CHECK(caps.gpu_archs != NULL);
+    if (!(caps.backends & (1u << UNIKV_BACKEND_GPU))) CHECK(caps.gpu_archs[0] == '\0');
+    CHECK_FAILS(UNIKV_NULL_ARGUMENT, "caps", unikv_get_capabilities(NULL));
+    /* A required GPU is an error, not the CPU fallback of AUTO. */
+    if (caps.gpu_devices == 0) {
+        CHECK_FAILS(UNIKV_BACKEND_UNAVAILABLE, "options.backend", unikv_context_create(&o, &ctx));
+        CHECK(ctx == NULL);
+        CHECK(strstr(unikv_last_error_message(), "UNIKV_BACKEND_GPU") != NULL);
+    }
+}
+
 int main(void) {
     test_pool_sizes();
     test_decode_streams_without_compressed_outputs();
+    test_capabilities();
     printf("test_queries: ok\n");
     return 0;
 }

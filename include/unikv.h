@@ -162,6 +162,12 @@ enum unikv_backend
   UNIKV_BACKEND_CPU = 1,
   UNIKV_BACKEND_CUDA = 2,
   UNIKV_BACKEND_ROCM = 3,
+  // Options only: the GPU backend compiled into this build (CUDA or ROCm)
+  // on `device`, required. Unlike AUTO it never falls back to the CPU
+  // backend: `unikv_context_create` returns UNIKV_BACKEND_UNAVAILABLE, with
+  // a message naming `options.backend`, when no GPU backend is compiled in
+  // or no driver or device is present.
+  UNIKV_BACKEND_GPU = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -205,6 +211,63 @@ typedef struct unikv_pool unikv_pool;
 
 // Opaque prefill plan; same rules as `unikv_decode_plan`.
 typedef struct unikv_prefill_plan unikv_prefill_plan;
+
+// What this build supports (`unikv_get_capabilities`). Bit masks are indexed
+// by enum value: bit `(1u << v)` is set for each supported value `v`.
+typedef struct unikv_capabilities {
+  // sizeof(unikv_capabilities), set by the caller.
+  size_t struct_size;
+  // `unikv_backend` values compiled into this build: UNIKV_BACKEND_CPU
+  // always; UNIKV_BACKEND_CUDA (cargo feature `cuda`) or UNIKV_BACKEND_ROCM
+  // (`rocm`), each with UNIKV_BACKEND_GPU; UNIKV_BACKEND_AUTO always.
+  uint32_t backends;
+  // GPU devices the driver reports at the time of the call; 0 without a
+  // GPU backend, a driver or a device (then AUTO gives the CPU backend
+  // and UNIKV_BACKEND_GPU fails with UNIKV_BACKEND_UNAVAILABLE).
+  uint32_t gpu_devices;
+  // `unikv_dtype` values a pool's and a plan's `kv_dtype` accept: BF16,
+  // FP8_E4M3FN and FP8_E4M3FNUZ.
+  uint32_t kv_dtypes;
+  // `unikv_dtype` values of the FP8 formats the library encodes and
+  // decodes (pools, FlashMLA and indexer caches): FP8_E4M3FN and
+  // FP8_E4M3FNUZ, on every backend.
+  uint32_t fp8_formats;
+  // 1 when the GPU kernels are also embedded as PTX, so a GPU newer than
+  // every compiled target can JIT them; 0 in this version (machine code
+  // only: a GPU must be covered by one of `gpu_archs`; sm_80 code runs on
+  // compute capability 8.x, sm_90a code on 9.0 only).
+  uint32_t ptx_embedded;
+  // Most local query heads of an attention plan (`num_heads` 1..=this).
+  uint32_t max_heads;
+  // The latent row width, the only `head_dim` plans accept (512).
+  uint32_t head_dim;
+  // Leading "nope" dims of a latent row (448), quantized in FP8 pools.
+  uint32_t nope_dim;
+  // Trailing RoPE dims of a latent row (64), kept in bf16.
+  uint32_t rope_dim;
+  // Most entries of a tensor descriptor's shape (`unikv_tensor.ndim`).
+  uint32_t max_tensor_dims;
+  // Tokens per page of the caller's page tables (256).
+  uint32_t page_tokens;
+  // Most keys `unikv_indexer_topk` selects per token.
+  uint32_t max_indexer_topk;
+  // Most indexer heads `unikv_indexer_topk` scores.
+  uint32_t max_indexer_heads;
+  // Width of an indexer key / query head (128).
+  uint32_t indexer_head_dim;
+  // Most slots (routed + shared) per row of `unikv_hash_topk`.
+  uint32_t max_routing_slots;
+  // Most CPU backend worker threads (`unikv_context_options.cpu_threads`).
+  uint32_t max_cpu_threads;
+  // Most tokens of a plan (`max_tokens`): 2^31 - 1.
+  uint32_t max_tokens;
+  // Zero.
+  uint32_t reserved;
+  // Static NUL-terminated, `;`-separated list of the GPU targets the
+  // kernels were compiled for (e.g. "sm_90a;sm_80" or "gfx942;gfx950"),
+  // "" without a GPU backend. Never NULL; do not free.
+  const char *gpu_archs;
+} unikv_capabilities;
 
 // Options of `unikv_context_create`.
 typedef struct unikv_context_options {
@@ -884,6 +947,14 @@ const char *unikv_status_string(uint32_t status);
 // argument at fault ("" before any failure). Valid until the next failing call
 // on this thread; do not free. Thread-safe (thread-local).
 const char *unikv_last_error_message(void);
+
+// Fills `caps` (host memory; set `caps->struct_size` first, as with every
+// info struct: an older, smaller struct gets only the fields it has) with
+// what this build of the library supports: the backends compiled in, the GPU
+// devices present now, the compiled GPU targets, the KV dtypes and FP8
+// formats, and the shape limits the entry points check. Needs no context;
+// may be called before any other function. Thread-safe.
+UNIKV_NODISCARD unikv_status unikv_get_capabilities(struct unikv_capabilities *caps);
 
 // The library's version packed as major * 1000000 + minor * 1000 + patch;
 // compare with `UNIKV_VERSION` to detect a header/library mismatch. Thread-safe.

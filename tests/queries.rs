@@ -1,17 +1,22 @@
-//! What a caller can ask the library: pool sizes before creation, and
-//! decode streams without the HCA / CSA outputs a pool does not need.
+//! What a caller can ask the library: pool sizes before creation, decode
+//! streams without the HCA / CSA outputs a pool does not need, the build's
+//! capabilities and a required GPU.
 
 mod common;
 
-use std::os::raw::c_void;
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_void};
 use std::ptr;
 
 use common::*;
+use unikv::ffi::attention::*;
+use unikv::ffi::capabilities::*;
+use unikv::ffi::context::*;
 use unikv::ffi::index::*;
 use unikv::ffi::pool::*;
 use unikv::ffi::sizes::*;
 use unikv::ffi::status::unikv_status;
-use unikv::ffi::types::unikv_dtype;
+use unikv::ffi::types::{unikv_backend, unikv_dtype};
 
 const DTYPES: [unikv_dtype; 3] = [
     unikv_dtype::UNIKV_DTYPE_BF16,
@@ -371,5 +376,138 @@ fn decode_streams_for_absent_layer_kinds_are_optional() {
             UNIKV_NULL_ARGUMENT,
             "swa_indptr",
         );
+    }
+}
+
+fn capabilities() -> unikv_capabilities {
+    let mut caps: unikv_capabilities = unsafe { std::mem::zeroed() };
+    caps.struct_size = std::mem::size_of::<unikv_capabilities>();
+    ok(unsafe { unikv_get_capabilities(&mut caps) });
+    caps
+}
+
+#[test]
+fn capabilities_describe_this_build() {
+    let caps = capabilities();
+    let bit = |v: u32| 1u32 << v;
+    assert_ne!(
+        caps.backends & bit(unikv_backend::UNIKV_BACKEND_CPU as u32),
+        0
+    );
+    assert_ne!(
+        caps.backends & bit(unikv_backend::UNIKV_BACKEND_AUTO as u32),
+        0
+    );
+    let gpu = cfg!(feature = "cuda") || cfg!(feature = "rocm");
+    assert_eq!(
+        caps.backends & bit(unikv_backend::UNIKV_BACKEND_CUDA as u32) != 0,
+        cfg!(feature = "cuda")
+    );
+    assert_eq!(
+        caps.backends & bit(unikv_backend::UNIKV_BACKEND_GPU as u32) != 0,
+        gpu
+    );
+    let archs = unsafe { CStr::from_ptr(caps.gpu_archs) }.to_str().unwrap();
+    if gpu {
+        assert!(!archs.is_empty());
+    } else {
+        assert_eq!(archs, "");
+        assert_eq!(caps.gpu_devices, 0);
+    }
+    assert_eq!(caps.ptx_embedded, 0);
+    for dtype in DTYPES {
+        assert_ne!(caps.kv_dtypes & bit(dtype as u32), 0, "{dtype:?}");
+    }
+    assert_eq!(caps.kv_dtypes & bit(unikv_dtype::UNIKV_DTYPE_F32 as u32), 0);
+    assert_eq!(
+        caps.fp8_formats,
+        bit(unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN as u32)
+            | bit(unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ as u32)
+    );
+    assert_eq!(
+        (caps.head_dim, caps.nope_dim, caps.rope_dim),
+        (512, 448, 64)
+    );
+    assert_eq!(caps.max_heads, 128);
+    assert_eq!(caps.max_tensor_dims, 4);
+    assert_eq!(caps.page_tokens, 256);
+    assert_eq!(caps.max_tokens, i32::MAX as u32);
+    assert_eq!(caps.indexer_head_dim, 128);
+    assert!(caps.max_indexer_topk >= 1024 && caps.max_indexer_heads >= 64);
+
+    // The limits are the ones plan creation checks.
+    let ctx = Ctx::cpu(1);
+    let mut params = plan_params(caps.max_heads, unikv_dtype::UNIKV_DTYPE_BF16);
+    let mut plan = ptr::null_mut();
+    ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut plan) });
+    unsafe { unikv_decode_plan_destroy(plan) };
+    params.num_heads = caps.max_heads + 1;
+    fails(
+        unsafe { unikv_decode_plan_create(ctx.0, &params, &mut plan) },
+        UNIKV_INVALID_ARGUMENT,
+        "params.num_heads",
+    );
+
+    // An older caller's smaller struct: only the fields it has are written.
+    let mut old: unikv_capabilities = unsafe { std::mem::zeroed() };
+    old.struct_size = 16;
+    old.kv_dtypes = 0xdead;
+    ok(unsafe { unikv_get_capabilities(&mut old) });
+    assert_eq!(old.backends, caps.backends);
+    assert_eq!(old.kv_dtypes, 0xdead);
+    fails(
+        unsafe { unikv_get_capabilities(ptr::null_mut()) },
+        UNIKV_NULL_ARGUMENT,
+        "caps",
+    );
+}
+
+fn context_with(backend: u32) -> (unikv_status, Option<Ctx>) {
+    let options = unikv_context_options {
+        struct_size: std::mem::size_of::<unikv_context_options>(),
+        backend,
+        device: 0,
+        cpu_threads: 1,
+        validate: 0,
+    };
+    let mut ctx = ptr::null_mut();
+    let status = unsafe { unikv_context_create(&options, &mut ctx) };
+    (status, (!ctx.is_null()).then_some(Ctx(ctx)))
+}
+
+#[test]
+fn a_required_gpu_fails_instead_of_falling_back() {
+    if capabilities().gpu_devices > 0 {
+        return; // A GPU machine: covered by the GPU tests.
+    }
+    let (status, ctx) = context_with(unikv_backend::UNIKV_BACKEND_GPU as u32);
+    assert!(ctx.is_none());
+    fails(status, UNIKV_BACKEND_UNAVAILABLE, "options.backend");
+    assert!(
+        last_error().contains("UNIKV_BACKEND_GPU"),
+        "{}",
+        last_error()
+    );
+    // AUTO keeps falling back to the CPU backend.
+    let (status, ctx) = context_with(unikv_backend::UNIKV_BACKEND_AUTO as u32);
+    ok(status);
+    let mut info: unikv_context_info = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<unikv_context_info>();
+    ok(unsafe { unikv_context_get_info(ctx.as_ref().unwrap().0, &mut info) });
+    assert_eq!(info.backend, unikv_backend::UNIKV_BACKEND_CPU as u32);
+    // The next value is still rejected.
+    let (status, _) = context_with(5);
+    fails(status, UNIKV_BAD_ENUM, "options.backend");
+}
+
+fn plan_params(num_heads: u32, kv_dtype: unikv_dtype) -> unikv_attention_plan_params {
+    unikv_attention_plan_params {
+        struct_size: std::mem::size_of::<unikv_attention_plan_params>(),
+        max_tokens: 64,
+        num_heads,
+        head_dim: 512,
+        q_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+        kv_dtype: kv_dtype as u32,
+        out_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
     }
 }

@@ -77,6 +77,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
         1 => BackendChoice::Cpu,
         2 => BackendChoice::Cuda,
         3 => BackendChoice::Rocm,
+        4 => BackendChoice::Gpu,
         _ => {
             return Err(err!(
                 BadEnum,

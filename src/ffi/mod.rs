@@ -12,6 +12,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 // Declared in the order the header presents them.
+pub mod capabilities;
 pub mod status;
 pub mod types;
 pub mod version;

@@ -56,6 +56,18 @@ fn last_error() -> String {
         .into_owned()
 }
 
+/// GPU devices the driver reports now; 0 without a driver or device.
+pub fn device_count() -> u32 {
+    let mut count: c_int = 0;
+    // SAFETY: writes one int.
+    let code = unsafe { shim::unikv_gpu_device_count(&mut count) };
+    if code == shim::SHIM_OK {
+        count.max(0) as u32
+    } else {
+        0
+    }
+}
+
 impl GpuBackend {
     /// Opens `device`, or says why the GPU backend is unavailable here.
     pub fn open(device: i32) -> Result<Self> {
