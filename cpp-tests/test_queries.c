@@ -1,7 +1,7 @@
 /* What a C caller can ask the library, on the CPU backend: pool sizes before
  * creation (equal to what a created pool reports, and accepted by an adopting
- * pool), decode streams without the outputs a pool does not need, the build's
- * capabilities and a required GPU. */
+ * pool), the build's capabilities, a required GPU, plan introspection and the
+ * log callback, and decode streams without the outputs a pool does not need. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,10 +201,74 @@ static void test_capabilities(void) {
     }
 }
 
+/* The log callback's record of this (single-threaded) program. */
+static int g_infos, g_errors;
+static char g_last_info[512], g_last_error[512];
+
+static void on_log(void *user, uint32_t level, const char *message) {
+    CHECK(user == (void *)&g_infos);
+    if (level == UNIKV_LOG_INFO) {
+        ++g_infos;
+        snprintf(g_last_info, sizeof g_last_info, "%s", message);
+    } else if (level == UNIKV_LOG_ERROR) {
+        ++g_errors;
+        snprintf(g_last_error, sizeof g_last_error, "%s", message);
+    }
+}
+
+static void test_plan_introspection(void) {
+    unikv_context *ctx = cpu_context();
+    unikv_attention_plan_params pp = {.struct_size = sizeof pp, .max_tokens = 16, .num_heads = 64,
+                                      .head_dim = 512, .q_dtype = UNIKV_DTYPE_BF16,
+                                      .kv_dtype = UNIKV_DTYPE_FP8_E4M3FN,
+                                      .out_dtype = UNIKV_DTYPE_BF16};
+    unikv_decode_plan *plan = NULL;
+    unikv_prefill_plan *prefill = NULL;
+    unikv_plan_info info = {.struct_size = sizeof info};
+    char line[512], small[10];
+    size_t length = 0, ws = 1;
+    CHECK_OK(unikv_set_log_callback(on_log, &g_infos));
+    CHECK_OK(unikv_decode_plan_create(ctx, &pp, &plan));
+    CHECK(g_infos == 1);
+    CHECK_OK(unikv_decode_plan_get_info(plan, &info));
+    CHECK(info.kind == UNIKV_PLAN_DECODE && info.backend == UNIKV_BACKEND_CPU);
+    CHECK(info.kernel_family == UNIKV_KERNEL_CPU_REFERENCE);
+    CHECK(info.num_heads == 64 && info.max_tokens == 16 && info.kv_dtype == UNIKV_DTYPE_FP8_E4M3FN);
+    CHECK(info.head_block * info.head_blocks >= info.num_heads);
+    CHECK(info.max_splits == 1 && info.cluster_merge == 0);
+    CHECK_OK(unikv_decode_plan_workspace_size(plan, &ws));
+    CHECK(info.workspace_bytes == ws);
+    CHECK_OK(unikv_decode_plan_describe(plan, NULL, 0, &length));
+    CHECK(length > 0 && length < sizeof line);
+    CHECK_OK(unikv_decode_plan_describe(plan, line, sizeof line, NULL));
+    CHECK(strlen(line) == length);
+    CHECK(strcmp(line, g_last_info) == 0); /* the log saw the same line */
+    CHECK(strncmp(line, "decode plan: cpu", 16) == 0);
+    CHECK_OK(unikv_decode_plan_describe(plan, small, sizeof small, &length));
+    CHECK(strlen(small) == sizeof small - 1 && strncmp(small, line, sizeof small - 1) == 0);
+    CHECK_FAILS(UNIKV_NULL_ARGUMENT, "buf", unikv_decode_plan_describe(plan, NULL, 4, NULL));
+    CHECK(g_errors == 1 && strstr(g_last_error, "buf") != NULL);
+    CHECK_FAILS(UNIKV_INVALID_HANDLE, "plan",
+                unikv_prefill_plan_get_info((const unikv_prefill_plan *)plan, &info));
+    CHECK_OK(unikv_prefill_plan_create(ctx, &pp, &prefill));
+    CHECK(g_infos == 2 && strncmp(g_last_info, "prefill plan: cpu", 17) == 0);
+    CHECK_OK(unikv_prefill_plan_get_info(prefill, &info));
+    CHECK(info.kind == UNIKV_PLAN_PREFILL);
+    CHECK_OK(unikv_prefill_plan_describe(prefill, line, sizeof line, NULL));
+    CHECK(strcmp(line, g_last_info) == 0);
+    CHECK_OK(unikv_set_log_callback(NULL, NULL));
+    CHECK(unikv_decode_plan_describe(plan, NULL, 4, NULL) == UNIKV_NULL_ARGUMENT);
+    CHECK(g_errors == 2); /* the last failure came after the callback was removed */
+    unikv_prefill_plan_destroy(prefill);
+    unikv_decode_plan_destroy(plan);
+    unikv_context_destroy(ctx);
+}
+
 int main(void) {
     test_pool_sizes();
     test_decode_streams_without_compressed_outputs();
     test_capabilities();
+    test_plan_introspection();
     printf("test_queries: ok\n");
     return 0;
 }

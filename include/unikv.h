@@ -195,6 +195,73 @@ typedef uint32_t unikv_copy_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// Severity of a diagnostics message (`unikv_log_fn`'s `level`).
+enum unikv_log_level
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // A call failed: the message is the one `unikv_last_error_message`
+  // returns afterwards, prefixed by the status description.
+  UNIKV_LOG_ERROR = 1,
+  // Reserved for conditions that do not fail a call.
+  UNIKV_LOG_WARNING = 2,
+  // A decision worth recording, e.g. the launch configuration a plan
+  // chose (its `unikv_*_plan_describe` line).
+  UNIKV_LOG_INFO = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_log_level unikv_log_level;
+#else
+typedef uint32_t unikv_log_level;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// The kernel family of a plan (`unikv_plan_info.kernel_family`).
+enum unikv_kernel_family
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // The CPU backend's reference computation (work items of 16 heads).
+  UNIKV_KERNEL_CPU_REFERENCE = 1,
+  // The mma.sync tensor-core kernel (NVIDIA sm_80 and newer).
+  UNIKV_KERNEL_MMA = 2,
+  // The sm_90a warpgroup-MMA kernel with 64-head blocks (heads on M).
+  UNIKV_KERNEL_WGMMA_HEADS_ON_M = 3,
+  // The sm_90a warpgroup-MMA kernels with 16- or 32-head blocks (heads on N).
+  UNIKV_KERNEL_WGMMA_HEADS_ON_N = 4,
+  // The portable kernel on CUDA cores / SIMD units (HIP builds).
+  UNIKV_KERNEL_PORTABLE_SCALAR = 5,
+  // The portable kernel on matrix cores (HIP builds with MFMA).
+  UNIKV_KERNEL_PORTABLE_MATRIX = 6,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_kernel_family unikv_kernel_family;
+#else
+typedef uint32_t unikv_kernel_family;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// Kind of a plan (`unikv_plan_info.kind`).
+enum unikv_plan_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  UNIKV_PLAN_DECODE = 1,
+  UNIKV_PLAN_PREFILL = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_plan_kind unikv_plan_kind;
+#else
+typedef uint32_t unikv_plan_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // Opaque context handle: one backend bound to one device. Thread-safe: any
 // number of threads may use one context (and the pools and plans made from it)
 // concurrently.
@@ -268,6 +335,14 @@ typedef struct unikv_capabilities {
   // "" without a GPU backend. Never NULL; do not free.
   const char *gpu_archs;
 } unikv_capabilities;
+
+// A diagnostics callback: `user` is the pointer given to
+// `unikv_set_log_callback`, `level` a `unikv_log_level`, `message` a
+// NUL-terminated line valid only during the call. It runs on the thread of
+// the call that produced the message, possibly on several threads at once;
+// it must return (no exceptions or longjmp across it). A unikv call made
+// from inside it does not log.
+typedef void (*unikv_log_fn)(void *user, uint32_t level, const char *message);
 
 // Options of `unikv_context_create`.
 typedef struct unikv_context_options {
@@ -762,6 +837,50 @@ typedef struct unikv_indexer_topk_args {
   uint32_t topk;
 } unikv_indexer_topk_args;
 
+// The launch configuration a plan chose (`unikv_decode_plan_get_info`,
+// `unikv_prefill_plan_get_info`). Fixed at plan creation: every launch
+// through the plan uses it (a kernel with a raw FP8 variant picks it per call
+// from its key sources, see `raw_fp8_variant`).
+typedef struct unikv_plan_info {
+  // sizeof(unikv_plan_info), set by the caller.
+  size_t struct_size;
+  // A `unikv_plan_kind`.
+  uint32_t kind;
+  // The `unikv_backend` of the plan's context (never AUTO or GPU).
+  uint32_t backend;
+  // A `unikv_kernel_family`.
+  uint32_t kernel_family;
+  // The capture-time shapes the plan was made for.
+  uint32_t max_tokens;
+  uint32_t num_heads;
+  // The `unikv_dtype` of the pool the plan reads.
+  uint32_t kv_dtype;
+  // Heads one thread block (CPU: one work item) computes.
+  uint32_t head_block;
+  // Blocks per token along the heads: ceil(num_heads / head_block).
+  uint32_t head_blocks;
+  // Most key splits per (token, head block); 1 when keys are never split.
+  // A token's split count depends on its length and the plan only.
+  uint32_t max_splits;
+  // 1 when a token's splits merge inside a thread-block cluster (sm_90+;
+  // no workspace, no combine launch), 0 when they merge through the
+  // workspace and a combine kernel (or there is one split).
+  uint32_t cluster_merge;
+  // Key-tile pipeline stages of the kernel instantiation (0 on the CPU).
+  uint32_t stages;
+  // 1 when the combine kernel is launched early (programmatic dependent
+  // launch, sm_90+).
+  uint32_t dependent_launch;
+  // 1 for FP8 plans whose kernel has a raw variant (stored FP8 rows kept
+  // in shared memory), taken by calls whose every key source is an
+  // e4m3fn pool; other calls take the in-tile dequantizing instantiation.
+  uint32_t raw_fp8_variant;
+  // Multiprocessors the split count was sized for (0 on the CPU).
+  uint32_t sm_count;
+  // Bytes of workspace every launch needs (as `*_plan_workspace_size`).
+  uint64_t workspace_bytes;
+} unikv_plan_info;
+
 // Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
 //
 // Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
@@ -955,6 +1074,17 @@ const char *unikv_last_error_message(void);
 // formats, and the shape limits the entry points check. Needs no context;
 // may be called before any other function. Thread-safe.
 UNIKV_NODISCARD unikv_status unikv_get_capabilities(struct unikv_capabilities *caps);
+
+// Sets (or with NULL `callback`, removes) the process-wide diagnostics
+// callback, replacing any earlier one; `user` is passed back to it
+// unchanged. Off by default. Messages: UNIKV_LOG_INFO with the one-line
+// description of every decode and prefill plan created, and UNIKV_LOG_ERROR
+// with the message of every failing call (the status description, then the
+// text `unikv_last_error_message` returns). Messages are formatted only
+// while a callback is set, on plan creation and on errors, never on a
+// successful launch. A call already running on another thread may still
+// pass a message to the previous callback. Thread-safe.
+UNIKV_NODISCARD unikv_status unikv_set_log_callback(unikv_log_fn callback, void *user);
 
 // The library's version packed as major * 1000000 + minor * 1000 + patch;
 // compare with `UNIKV_VERSION` to detect a header/library mismatch. Thread-safe.
@@ -1290,6 +1420,38 @@ UNIKV_NODISCARD
 unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
                                             const struct unikv_indexer_topk_args *args,
                                             void *stream);
+
+// Fills `info` (host memory; set `info->struct_size` first) with the launch
+// configuration the decode plan chose: kernel family, head block, split cap,
+// cluster merge, stages, workspace. Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_get_info(const struct unikv_decode_plan *plan,
+                                        struct unikv_plan_info *info);
+
+// The prefill plan's launch configuration; see `unikv_decode_plan_get_info`.
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_get_info(const struct unikv_prefill_plan *plan,
+                                         struct unikv_plan_info *info);
+
+// Writes a one-line, human-readable description of the decode plan's
+// launch configuration (the fields of `unikv_plan_info` in words; the
+// wording may change between versions, parse the struct instead) into `buf`
+// like snprintf: at most `size - 1` bytes and a terminating NUL (nothing
+// when `size` is 0; `buf` may then be NULL). `*length`, when `length` is not
+// NULL, receives the description's full length without the NUL, so a result
+// with `*length >= size` was truncated. Host memory. Thread-safe.
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_describe(const struct unikv_decode_plan *plan,
+                                        char *buf,
+                                        size_t size,
+                                        size_t *length);
+
+// The prefill plan's description; see `unikv_decode_plan_describe`.
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_describe(const struct unikv_prefill_plan *plan,
+                                         char *buf,
+                                         size_t size,
+                                         size_t *length);
 
 // Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
 // math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,

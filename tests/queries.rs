@@ -1,18 +1,21 @@
-//! What a caller can ask the library: pool sizes before creation, decode
-//! streams without the HCA / CSA outputs a pool does not need, the build's
-//! capabilities and a required GPU.
+//! What a caller can ask the library: pool sizes before creation, the build's
+//! capabilities, a required GPU, plan introspection and the log callback, and
+//! decode streams without the HCA / CSA outputs a pool does not need.
 
 mod common;
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_void};
 use std::ptr;
+use std::sync::Mutex;
 
 use common::*;
 use unikv::ffi::attention::*;
 use unikv::ffi::capabilities::*;
 use unikv::ffi::context::*;
 use unikv::ffi::index::*;
+use unikv::ffi::introspect::*;
+use unikv::ffi::log::*;
 use unikv::ffi::pool::*;
 use unikv::ffi::sizes::*;
 use unikv::ffi::status::unikv_status;
@@ -510,4 +513,153 @@ fn plan_params(num_heads: u32, kv_dtype: unikv_dtype) -> unikv_attention_plan_pa
         kv_dtype: kv_dtype as u32,
         out_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
     }
+}
+
+fn describe_decode(plan: *const unikv_decode_plan) -> String {
+    let mut length = 0usize;
+    ok(unsafe { unikv_decode_plan_describe(plan, ptr::null_mut(), 0, &mut length) });
+    let mut buf = vec![0x7f as c_char; length + 1];
+    ok(unsafe { unikv_decode_plan_describe(plan, buf.as_mut_ptr(), buf.len(), ptr::null_mut()) });
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(text.len(), length);
+    text
+}
+
+#[test]
+fn plans_report_their_launch_configuration() {
+    let ctx = Ctx::cpu(2);
+    for (heads, dtype) in [
+        (64, unikv_dtype::UNIKV_DTYPE_BF16),
+        (16, unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN),
+        (5, unikv_dtype::UNIKV_DTYPE_FP8_E4M3FNUZ),
+    ] {
+        let params = plan_params(heads, dtype);
+        let mut plan = ptr::null_mut();
+        ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut plan) });
+        let mut info: unikv_plan_info = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<unikv_plan_info>();
+        ok(unsafe { unikv_decode_plan_get_info(plan, &mut info) });
+        assert_eq!(info.kind, unikv_plan_kind::UNIKV_PLAN_DECODE as u32);
+        assert_eq!(info.backend, unikv_backend::UNIKV_BACKEND_CPU as u32);
+        assert_eq!(
+            info.kernel_family,
+            unikv_kernel_family::UNIKV_KERNEL_CPU_REFERENCE as u32
+        );
+        assert_eq!((info.max_tokens, info.num_heads), (64, heads));
+        assert_eq!(info.kv_dtype, dtype as u32);
+        assert_eq!(info.head_block, 16);
+        assert_eq!(info.head_blocks, heads.div_ceil(16));
+        assert_eq!(
+            (info.max_splits, info.cluster_merge, info.stages),
+            (1, 0, 0)
+        );
+        assert_eq!((info.dependent_launch, info.raw_fp8_variant), (0, 0));
+        let mut ws = 0usize;
+        ok(unsafe { unikv_decode_plan_workspace_size(plan, &mut ws) });
+        assert_eq!(info.workspace_bytes, ws as u64);
+
+        let text = describe_decode(plan);
+        assert!(
+            text.starts_with("decode plan: cpu, cpu-reference kernel"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("({heads} heads)")), "{text}");
+        assert!(!text.contains('\n'));
+        // snprintf-like truncation.
+        let mut small = [0x7f as c_char; 8];
+        let mut length = 0usize;
+        ok(unsafe { unikv_decode_plan_describe(plan, small.as_mut_ptr(), 8, &mut length) });
+        assert_eq!(length, text.len());
+        let cut = unsafe { CStr::from_ptr(small.as_ptr()) }.to_str().unwrap();
+        assert_eq!(cut, &text[..7]);
+        fails(
+            unsafe { unikv_decode_plan_describe(plan, ptr::null_mut(), 8, &mut length) },
+            UNIKV_NULL_ARGUMENT,
+            "buf",
+        );
+        fails(
+            unsafe { unikv_decode_plan_get_info(plan, ptr::null_mut()) },
+            UNIKV_NULL_ARGUMENT,
+            "info",
+        );
+        // A decode plan is not a prefill plan.
+        fails(
+            unsafe { unikv_prefill_plan_get_info(plan.cast(), &mut info) },
+            UNIKV_INVALID_HANDLE,
+            "plan",
+        );
+        unsafe { unikv_decode_plan_destroy(plan) };
+        fails(
+            unsafe { unikv_decode_plan_get_info(plan, &mut info) },
+            UNIKV_INVALID_HANDLE,
+            "plan",
+        );
+    }
+    let params = plan_params(128, unikv_dtype::UNIKV_DTYPE_BF16);
+    let mut plan = ptr::null_mut();
+    ok(unsafe { unikv_prefill_plan_create(ctx.0, &params, &mut plan) });
+    let mut info: unikv_plan_info = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<unikv_plan_info>();
+    ok(unsafe { unikv_prefill_plan_get_info(plan, &mut info) });
+    assert_eq!(info.kind, unikv_plan_kind::UNIKV_PLAN_PREFILL as u32);
+    assert_eq!(info.head_blocks, 8);
+    let mut buf = [0 as c_char; 256];
+    ok(unsafe { unikv_prefill_plan_describe(plan, buf.as_mut_ptr(), buf.len(), ptr::null_mut()) });
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+    assert!(text.starts_with("prefill plan: cpu"), "{text}");
+    unsafe { unikv_prefill_plan_destroy(plan) };
+}
+
+/// Messages the callback received, with the thread they came from (other
+/// tests of this binary run concurrently and log too).
+static LOG: Mutex<Vec<(std::thread::ThreadId, u32, String)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn record(user: *mut c_void, level: u32, message: *const c_char) {
+    assert_eq!(user as usize, 0x1234);
+    let text = CStr::from_ptr(message).to_string_lossy().into_owned();
+    LOG.lock()
+        .unwrap()
+        .push((std::thread::current().id(), level, text));
+}
+
+fn mine() -> Vec<(u32, String)> {
+    let me = std::thread::current().id();
+    LOG.lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _, _)| *t == me)
+        .map(|(_, l, m)| (*l, m.clone()))
+        .collect()
+}
+
+#[test]
+fn the_log_callback_sees_plans_and_errors() {
+    let ctx = Ctx::cpu(1);
+    ok(unsafe { unikv_set_log_callback(Some(record), 0x1234 as *mut c_void) });
+    let params = plan_params(32, unikv_dtype::UNIKV_DTYPE_BF16);
+    let mut plan = ptr::null_mut();
+    ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut plan) });
+    let described = describe_decode(plan);
+    let mut bad = params;
+    bad.head_dim = 256;
+    let mut other = ptr::null_mut();
+    let status = unsafe { unikv_decode_plan_create(ctx.0, &bad, &mut other) };
+    check(status, UNIKV_INVALID_ARGUMENT);
+    let message = last_error();
+    ok(unsafe { unikv_set_log_callback(None, ptr::null_mut()) });
+    // Nothing after the callback is removed.
+    check(
+        unsafe { unikv_decode_plan_create(ctx.0, &bad, &mut other) },
+        UNIKV_INVALID_ARGUMENT,
+    );
+    unsafe { unikv_decode_plan_destroy(plan) };
+    let got = mine();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0], (unikv_log_level::UNIKV_LOG_INFO as u32, described));
+    assert_eq!(got[1].0, unikv_log_level::UNIKV_LOG_ERROR as u32);
+    assert!(got[1].1.ends_with(&message), "{got:?}");
+    assert!(got[1].1.contains("params.head_dim"));
 }

@@ -87,7 +87,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
     })
 }
 
-fn backend_value(kind: BackendKind) -> unikv_backend {
+pub(crate) fn backend_value(kind: BackendKind) -> unikv_backend {
     match kind {
         BackendKind::Cpu => unikv_backend::UNIKV_BACKEND_CPU,
         BackendKind::Cuda => unikv_backend::UNIKV_BACKEND_CUDA,

@@ -13,6 +13,7 @@
 
 // Declared in the order the header presents them.
 pub mod capabilities;
+pub mod log;
 pub mod status;
 pub mod types;
 pub mod version;
@@ -25,6 +26,7 @@ pub mod attention;
 pub mod cache_store;
 pub mod index;
 pub mod indexer;
+pub mod introspect;
 pub mod prepare;
 pub mod rope;
 pub mod routing;

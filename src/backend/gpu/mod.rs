@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlanState, PlannedLaunch};
+use crate::args::attention::{
+    AttentionArgs, KernelFamily, KvSource, LaunchSummary, PlanShape, PlanState, PlannedLaunch,
+};
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
@@ -46,6 +48,29 @@ struct GpuPlan(shim::AttentionPlan);
 impl PlanState for GpuPlan {
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// What a plan chose, read back from the shim's plan struct.
+fn summary(plan: &shim::AttentionPlan) -> LaunchSummary {
+    let family = match (plan.portable, plan.wgmma) {
+        (1, _) => KernelFamily::PortableScalar,
+        (2, _) => KernelFamily::PortableMatrix,
+        (_, 64) => KernelFamily::WgmmaHeadsOnM,
+        (_, 16 | 32) => KernelFamily::WgmmaHeadsOnN,
+        _ => KernelFamily::Mma,
+    };
+    let count = |v: i32| v.max(0) as usize;
+    LaunchSummary {
+        family,
+        head_block: 16 * count(plan.block_m_tiles),
+        head_blocks: count(plan.head_blocks),
+        max_splits: count(plan.max_splits).max(1),
+        cluster_merge: plan.cluster != 0,
+        stages: count(plan.stages),
+        dependent_launch: plan.dependent_launch != 0,
+        raw_fp8_variant: plan.kv_fp8 != 0 && family == KernelFamily::WgmmaHeadsOnN,
+        sm_count: count(plan.sm_count),
     }
 }
 
@@ -356,6 +381,7 @@ impl Backend for GpuBackend {
         self.check(code, "plan")?;
         Ok(PlannedLaunch {
             workspace_bytes: plan.workspace_bytes as usize,
+            summary: summary(&plan),
             state: Some(Box::new(GpuPlan(plan))),
         })
     }
