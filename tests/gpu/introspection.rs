@@ -22,14 +22,17 @@ fn a_required_gpu_is_the_cuda_backend_or_unavailable() {
     let archs = unsafe { CStr::from_ptr(caps.gpu_archs) }.to_str().unwrap();
     assert!(archs.starts_with("sm_"), "{archs:?}");
     assert_ne!(caps.backends & (1 << 4), 0, "UNIKV_BACKEND_GPU compiled in");
-    match (context(4), context(2)) {
+    let required = context(4);
+    let message = last_error();
+    match (required, context(2)) {
         (Ok(required), Ok(_)) => {
             assert_eq!(backend_of(&required), 2);
             assert!(caps.gpu_devices > 0);
         }
         (Err(status), Err(_)) => {
             assert_eq!(status, UNIKV_BACKEND_UNAVAILABLE);
-            assert!(last_error().contains("options.backend"), "{}", last_error());
+            assert!(message.contains("options.backend"), "{message}");
+            assert!(message.contains("UNIKV_BACKEND_GPU"), "{message}");
             assert_eq!(caps.gpu_devices, 0);
         }
         _ => panic!("UNIKV_BACKEND_GPU and UNIKV_BACKEND_CUDA disagree"),
