@@ -38,6 +38,10 @@ fn main() {
     rocm::build();
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     println!("cargo:rustc-cfg=unikv_gpu");
+    // The compiled GPU targets, for `unikv_get_capabilities` (set by the GPU
+    // builds; empty without one).
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS=");
 }
 
 /// The kernel sources, their compile runs and the flags every backend shares.
@@ -193,6 +197,8 @@ mod cuda {
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         let home = find_nvcc();
         rerun_on_sources();
+        let archs = target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a");
+        println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS={}", archs.join(";"));
         // One nvcc run per source, each a whole program: with several files in
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
@@ -270,6 +276,7 @@ mod rocm {
         if let Some(bad) = archs.iter().find(|a| !a.starts_with("gfx")) {
             panic!("UNIKV_HIP_ARCHS: {bad:?} is not an AMD GPU target such as gfx942");
         }
+        println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS={}", archs.join(";"));
         // AMD targets whatever CUDA toolkit is on PATH; the explicit target
         // list (and HCC_AMDGPU_TARGET for the compiler checks the cc crate
         // runs without our flags) keeps hipcc from probing this machine's GPUs.

@@ -279,6 +279,14 @@ enum
    * AMD GPUs through HIP (the `rocm` build feature).
    */
   UNIKV_BACKEND_ROCM = 3,
+  /**
+   * Options only: the GPU backend compiled into this build (CUDA or ROCm)
+   * on `device`, required. Unlike AUTO it never falls back to the CPU
+   * backend: `unikv_context_create` returns UNIKV_BACKEND_UNAVAILABLE, with
+   * a message naming `options.backend`, when no GPU backend is compiled in
+   * or no driver or device is present.
+   */
+  UNIKV_BACKEND_GPU = 4,
 };
 /** The C type of `unikv_backend` values: uint32_t before C23, the enum in C23 and C++. */
 #ifndef __cplusplus
@@ -321,6 +329,103 @@ typedef uint32_t unikv_copy_kind;
 #endif // __cplusplus
 
 /**
+ * Severity of a diagnostics message (`unikv_log_fn`'s `level`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_log_level : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * A call failed: the message is the one `unikv_last_error_message`
+   * returns afterwards, prefixed by the status description.
+   */
+  UNIKV_LOG_ERROR = 1,
+  /**
+   * Reserved for conditions that do not fail a call.
+   */
+  UNIKV_LOG_WARNING = 2,
+  /**
+   * A decision worth recording, e.g. the launch configuration a plan
+   * chose (its `unikv_*_plan_describe` line).
+   */
+  UNIKV_LOG_INFO = 3,
+};
+/** The C type of `unikv_log_level` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_log_level unikv_log_level;
+#else
+typedef uint32_t unikv_log_level;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The kernel family of a plan (`unikv_plan_info.kernel_family`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_kernel_family : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * The CPU backend's reference computation (work items of 16 heads).
+   */
+  UNIKV_KERNEL_CPU_REFERENCE = 1,
+  /**
+   * The mma.sync tensor-core kernel (NVIDIA sm_80 and newer).
+   */
+  UNIKV_KERNEL_MMA = 2,
+  /**
+   * The sm_90a warpgroup-MMA kernel with 64-head blocks (heads on M).
+   */
+  UNIKV_KERNEL_WGMMA_HEADS_ON_M = 3,
+  /**
+   * The sm_90a warpgroup-MMA kernels with 16- or 32-head blocks (heads on N).
+   */
+  UNIKV_KERNEL_WGMMA_HEADS_ON_N = 4,
+  /**
+   * The portable kernel on CUDA cores / SIMD units (HIP builds).
+   */
+  UNIKV_KERNEL_PORTABLE_SCALAR = 5,
+  /**
+   * The portable kernel on matrix cores (HIP builds with MFMA).
+   */
+  UNIKV_KERNEL_PORTABLE_MATRIX = 6,
+};
+/** The C type of `unikv_kernel_family` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_kernel_family unikv_kernel_family;
+#else
+typedef uint32_t unikv_kernel_family;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Kind of a plan (`unikv_plan_info.kind`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_plan_kind : uint32_t
+#else
+enum
+#endif
+{
+  UNIKV_PLAN_DECODE = 1,
+  UNIKV_PLAN_PREFILL = 2,
+};
+/** The C type of `unikv_plan_kind` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_plan_kind unikv_plan_kind;
+#else
+typedef uint32_t unikv_plan_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Opaque context handle: one backend bound to one device. Thread-safe: any
  * number of threads may use one context (and the pools and plans made from it)
  * concurrently.
@@ -344,6 +449,115 @@ typedef struct unikv_pool unikv_pool;
  * Opaque prefill plan; same rules as `unikv_decode_plan`.
  */
 typedef struct unikv_prefill_plan unikv_prefill_plan;
+
+/**
+ * What this build supports (`unikv_get_capabilities`). Bit masks are indexed
+ * by enum value: bit `(1u << v)` is set for each supported value `v`.
+ */
+typedef struct unikv_capabilities {
+  /**
+   * sizeof(unikv_capabilities), set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * `unikv_backend` values compiled into this build: UNIKV_BACKEND_CPU
+   * always; UNIKV_BACKEND_CUDA (cargo feature `cuda`) or UNIKV_BACKEND_ROCM
+   * (`rocm`), each with UNIKV_BACKEND_GPU; UNIKV_BACKEND_AUTO always.
+   */
+  uint32_t backends;
+  /**
+   * GPU devices the driver reports at the time of the call; 0 without a
+   * GPU backend, a driver or a device (then AUTO gives the CPU backend
+   * and UNIKV_BACKEND_GPU fails with UNIKV_BACKEND_UNAVAILABLE).
+   */
+  uint32_t gpu_devices;
+  /**
+   * `unikv_dtype` values a pool's and a plan's `kv_dtype` accept: BF16,
+   * FP8_E4M3FN and FP8_E4M3FNUZ.
+   */
+  uint32_t kv_dtypes;
+  /**
+   * `unikv_dtype` values of the FP8 formats the library encodes and
+   * decodes (pools, FlashMLA and indexer caches): FP8_E4M3FN and
+   * FP8_E4M3FNUZ, on every backend.
+   */
+  uint32_t fp8_formats;
+  /**
+   * 1 when the GPU kernels are also embedded as PTX, so a GPU newer than
+   * every compiled target can JIT them; 0 in this version (machine code
+   * only: a GPU must be covered by one of `gpu_archs`; sm_80 code runs on
+   * compute capability 8.x, sm_90a code on 9.0 only).
+   */
+  uint32_t ptx_embedded;
+  /**
+   * Most local query heads of an attention plan (`num_heads` 1..=this).
+   */
+  uint32_t max_heads;
+  /**
+   * The latent row width, the only `head_dim` plans accept (512).
+   */
+  uint32_t head_dim;
+  /**
+   * Leading "nope" dims of a latent row (448), quantized in FP8 pools.
+   */
+  uint32_t nope_dim;
+  /**
+   * Trailing RoPE dims of a latent row (64), kept in bf16.
+   */
+  uint32_t rope_dim;
+  /**
+   * Most entries of a tensor descriptor's shape (`unikv_tensor.ndim`).
+   */
+  uint32_t max_tensor_dims;
+  /**
+   * Tokens per page of the caller's page tables (256).
+   */
+  uint32_t page_tokens;
+  /**
+   * Most keys `unikv_indexer_topk` selects per token.
+   */
+  uint32_t max_indexer_topk;
+  /**
+   * Most indexer heads `unikv_indexer_topk` scores.
+   */
+  uint32_t max_indexer_heads;
+  /**
+   * Width of an indexer key / query head (128).
+   */
+  uint32_t indexer_head_dim;
+  /**
+   * Most slots (routed + shared) per row of `unikv_hash_topk`.
+   */
+  uint32_t max_routing_slots;
+  /**
+   * Most CPU backend worker threads (`unikv_context_options.cpu_threads`).
+   */
+  uint32_t max_cpu_threads;
+  /**
+   * Most tokens of a plan (`max_tokens`): 2^31 - 1.
+   */
+  uint32_t max_tokens;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
+  /**
+   * Static NUL-terminated, `;`-separated list of the GPU targets the
+   * kernels were compiled for (e.g. "sm_90a;sm_80" or "gfx942;gfx950"),
+   * "" without a GPU backend. Never NULL; do not free.
+   */
+  const char *gpu_archs;
+} unikv_capabilities;
+
+/**
+ * A diagnostics callback: `user` is the pointer given to
+ * `unikv_set_log_callback`, `level` a `unikv_log_level`, `message` a
+ * NUL-terminated line valid only during the call. It runs on the thread of
+ * the call that produced the message, possibly on several threads at once;
+ * it must return (no exceptions or longjmp across it). A unikv call made
+ * from inside it does not log.
+ */
+typedef void (*unikv_log_fn)(void *user, uint32_t level, const char *message);
 
 /**
  * Options of `unikv_context_create`.
@@ -921,7 +1135,10 @@ typedef struct unikv_decode_streams_args {
   /**
    * Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
    * num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
-   * num_tokens * (window + csa_topk) (CSA).
+   * num_tokens * (window + csa_topk) (CSA). The SWA stream is always
+   * required; the HCA stream only when the pool has ratio-128 layers and
+   * the CSA stream only when it has ratio-4 layers: otherwise both of its
+   * tensors may be absent (NULL data), and `csa_topk` is then ignored.
    */
   struct unikv_tensor swa_indptr;
   /**
@@ -1272,6 +1489,85 @@ typedef struct unikv_indexer_topk_args {
 } unikv_indexer_topk_args;
 
 /**
+ * The launch configuration a plan chose (`unikv_decode_plan_get_info`,
+ * `unikv_prefill_plan_get_info`). Fixed at plan creation: every launch
+ * through the plan uses it (a kernel with a raw FP8 variant picks it per call
+ * from its key sources, see `raw_fp8_variant`).
+ */
+typedef struct unikv_plan_info {
+  /**
+   * sizeof(unikv_plan_info), set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * A `unikv_plan_kind`.
+   */
+  uint32_t kind;
+  /**
+   * The `unikv_backend` of the plan's context (never AUTO or GPU).
+   */
+  uint32_t backend;
+  /**
+   * A `unikv_kernel_family`.
+   */
+  uint32_t kernel_family;
+  /**
+   * The most tokens one call through the plan may carry (capture-time shape).
+   */
+  uint32_t max_tokens;
+  /**
+   * The query heads the plan was made for (capture-time shape).
+   */
+  uint32_t num_heads;
+  /**
+   * The `unikv_dtype` of the pool the plan reads.
+   */
+  uint32_t kv_dtype;
+  /**
+   * Heads one thread block (CPU: one work item) computes.
+   */
+  uint32_t head_block;
+  /**
+   * Blocks per token along the heads: ceil(num_heads / head_block).
+   */
+  uint32_t head_blocks;
+  /**
+   * Most key splits per (token, head block); 1 when keys are never split.
+   * A token's split count depends on its length and the plan only.
+   */
+  uint32_t max_splits;
+  /**
+   * 1 when a token's splits merge inside a thread-block cluster (sm_90+;
+   * no workspace, no combine launch), 0 when they merge through the
+   * workspace and a combine kernel (or there is one split).
+   */
+  uint32_t cluster_merge;
+  /**
+   * Key-tile pipeline stages of the kernel instantiation (0 on the CPU).
+   */
+  uint32_t stages;
+  /**
+   * 1 when the combine kernel is launched early (programmatic dependent
+   * launch, sm_90+).
+   */
+  uint32_t dependent_launch;
+  /**
+   * 1 for FP8 plans whose kernel has a raw variant (stored FP8 rows kept
+   * in shared memory), taken by calls whose every key source is an
+   * e4m3fn pool; other calls take the in-tile dequantizing instantiation.
+   */
+  uint32_t raw_fp8_variant;
+  /**
+   * Multiprocessors the split count was sized for (0 on the CPU).
+   */
+  uint32_t sm_count;
+  /**
+   * Bytes of workspace every launch needs (as `*_plan_workspace_size`).
+   */
+  uint64_t workspace_bytes;
+} unikv_plan_info;
+
+/**
  * Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
  *
  * Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
@@ -1596,6 +1892,29 @@ const char *unikv_status_string(uint32_t status);
 const char *unikv_last_error_message(void);
 
 /**
+ * Fills `caps` (host memory; set `caps->struct_size` first, as with every
+ * info struct: an older, smaller struct gets only the fields it has) with
+ * what this build of the library supports: the backends compiled in, the GPU
+ * devices present now, the compiled GPU targets, the KV dtypes and FP8
+ * formats, and the shape limits the entry points check. Needs no context;
+ * may be called before any other function. Thread-safe.
+ */
+UNIKV_NODISCARD unikv_status unikv_get_capabilities(struct unikv_capabilities *caps);
+
+/**
+ * Sets (or with NULL `callback`, removes) the process-wide diagnostics
+ * callback, replacing any earlier one; `user` is passed back to it
+ * unchanged. Off by default. Messages: UNIKV_LOG_INFO with the one-line
+ * description of every decode and prefill plan created, and UNIKV_LOG_ERROR
+ * with the message of every failing call (the status description, then the
+ * text `unikv_last_error_message` returns). Messages are formatted only
+ * while a callback is set, on plan creation and on errors, never on a
+ * successful launch. A call already running on another thread may still
+ * pass a message to the previous callback. Thread-safe.
+ */
+UNIKV_NODISCARD unikv_status unikv_set_log_callback(unikv_log_fn callback, void *user);
+
+/**
  * The library's version packed as major * 1000000 + minor * 1000 + patch;
  * compare with `UNIKV_VERSION` to detect a header/library mismatch. Thread-safe.
  */
@@ -1736,6 +2055,39 @@ UNIKV_NODISCARD unikv_status unikv_pool_acquire_slot(const struct unikv_pool *po
  * cleared. Thread-safe.
  */
 unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
+
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the
+ * pool-wide geometry a pool created from `params` would report through
+ * `unikv_pool_get_info` (`slots_in_use` is 0; `owns_memory` is 1 when
+ * `params->layer_buffers` is NULL), without creating a pool, allocating or
+ * needing a context. `params` and its arrays are host memory read during
+ * the call and are checked exactly as `unikv_pool_create` checks them (the
+ * same statuses and messages, e.g. UNIKV_BAD_ENUM for a compress ratio other
+ * than 0, 4 or 128; adopted buffer pointers, when given, are checked for NULL
+ * and alignment but never dereferenced). Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_info(const struct unikv_pool_params *params,
+                                        struct unikv_pool_info *info);
+
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with one layer's
+ * geometry as a pool created from `params` would report it through
+ * `unikv_pool_get_layer`: its row count, SWA and compressed rows, and the
+ * sizes of every buffer a caller adopting its own memory must supply —
+ * `bytes` for `params->layer_buffers[layer]` (rows * 1024 for bf16, rows *
+ * 512 for FP8) and `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
+ * for FP8 pools, 0 for bf16). `data` and `rope_data` are the caller's
+ * buffers when `params` adopts them, NULL otherwise. No pool is created and
+ * nothing is allocated. `params` is checked exactly as `unikv_pool_create`
+ * checks it; then OUT_OF_RANGE for a `layer` past `params->num_layers`.
+ * Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_layer(const struct unikv_pool_params *params,
+                                         uint32_t layer,
+                                         struct unikv_pool_layer_info *info);
 
 /**
  * Creates a decode plan for the given capture-time shapes: chooses the launch
@@ -1968,6 +2320,46 @@ UNIKV_NODISCARD
 unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
                                             const struct unikv_indexer_topk_args *args,
                                             void *stream);
+
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the launch
+ * configuration the decode plan chose: kernel family, head block, split cap,
+ * cluster merge, stages, workspace. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_get_info(const struct unikv_decode_plan *plan,
+                                        struct unikv_plan_info *info);
+
+/**
+ * The prefill plan's launch configuration; see `unikv_decode_plan_get_info`.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_get_info(const struct unikv_prefill_plan *plan,
+                                         struct unikv_plan_info *info);
+
+/**
+ * Writes a one-line, human-readable description of the decode plan's
+ * launch configuration (the fields of `unikv_plan_info` in words; the
+ * wording may change between versions, parse the struct instead) into `buf`
+ * like snprintf: at most `size - 1` bytes and a terminating NUL (nothing
+ * when `size` is 0; `buf` may then be NULL). `*length`, when `length` is not
+ * NULL, receives the description's full length without the NUL, so a result
+ * with `*length >= size` was truncated. Host memory. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_describe(const struct unikv_decode_plan *plan,
+                                        char *buf,
+                                        size_t size,
+                                        size_t *length);
+
+/**
+ * The prefill plan's description; see `unikv_decode_plan_describe`.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_describe(const struct unikv_prefill_plan *plan,
+                                         char *buf,
+                                         size_t size,
+                                         size_t *length);
 
 /**
  * Prepares one layer's Q and KV for attention (docs/prepare.md §4, §5,

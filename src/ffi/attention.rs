@@ -20,7 +20,7 @@ use crate::plan::AttentionPlan;
 /// after creation; thread-safe (concurrent launches need distinct workspaces).
 #[allow(non_camel_case_types)]
 pub struct unikv_decode_plan {
-    inner: AttentionPlan,
+    pub(crate) inner: AttentionPlan,
 }
 
 impl Handle for unikv_decode_plan {
@@ -30,7 +30,7 @@ impl Handle for unikv_decode_plan {
 /// Opaque prefill plan; same rules as `unikv_decode_plan`.
 #[allow(non_camel_case_types)]
 pub struct unikv_prefill_plan {
-    inner: AttentionPlan,
+    pub(crate) inner: AttentionPlan,
 }
 
 impl Handle for unikv_prefill_plan {
@@ -170,7 +170,9 @@ unsafe fn create_plan(
 ) -> Result<AttentionPlan> {
     let ctx = context(ctx)?;
     let p = read_params(params, std::mem::zeroed())?;
-    AttentionPlan::new(ctx.clone(), plan_shape(kind, &p)?)
+    let plan = AttentionPlan::new(ctx.clone(), plan_shape(kind, &p)?)?;
+    crate::ffi::introspect::log_plan(&plan);
+    Ok(plan)
 }
 
 /// Records the plan's context for the panic boundary.

@@ -79,6 +79,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
         1 => BackendChoice::Cpu,
         2 => BackendChoice::Cuda,
         3 => BackendChoice::Rocm,
+        4 => BackendChoice::Gpu,
         _ => {
             return Err(err!(
                 BadEnum,
@@ -88,7 +89,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
     })
 }
 
-fn backend_value(kind: BackendKind) -> unikv_backend {
+pub(crate) fn backend_value(kind: BackendKind) -> unikv_backend {
     match kind {
         BackendKind::Cpu => unikv_backend::UNIKV_BACKEND_CPU,
         BackendKind::Cuda => unikv_backend::UNIKV_BACKEND_CUDA,

@@ -30,7 +30,10 @@ pub struct unikv_decode_streams_args {
     pub c128_page_indices: unikv_tensor,
     /// Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
     /// num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
-    /// num_tokens * (window + csa_topk) (CSA).
+    /// num_tokens * (window + csa_topk) (CSA). The SWA stream is always
+    /// required; the HCA stream only when the pool has ratio-128 layers and
+    /// the CSA stream only when it has ratio-4 layers: otherwise both of its
+    /// tensors may be absent (NULL data), and `csa_topk` is then ignored.
     pub swa_indptr: unikv_tensor,
     /// SWA stream indices (pool rows of each token's window).
     pub swa_indices: unikv_tensor,

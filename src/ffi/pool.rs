@@ -173,73 +173,8 @@ pub unsafe extern "C" fn unikv_pool_create(
     boundary(|| {
         let ctx = context(ctx)?;
         ensure!(!out.is_null(), NullArgument, "out");
-        let defaults = unikv_pool_params {
-            struct_size: 0,
-            compress_ratios: std::ptr::null(),
-            layer_buffers: std::ptr::null(),
-            num_layers: 0,
-            max_requests: 0,
-            window: 0,
-            spec_extra: 0,
-            c128_blocks: 0,
-            kv_dtype: 0,
-            rope_buffers: std::ptr::null(),
-        };
-        let p = read_params(params, defaults)?;
-        let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
-        ensure!(
-            p.num_layers >= 1,
-            InvalidArgument,
-            "params.num_layers: must be at least 1"
-        );
-        ensure!(
-            !p.compress_ratios.is_null(),
-            NullArgument,
-            "params.compress_ratios"
-        );
-        let layers = p.num_layers as usize;
-        let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, layers);
-        let mut ratios = table_for(layers)?;
-        for (i, r) in raw_ratios.iter().enumerate() {
-            ratios.push(Ratio::from_raw(
-                &format!("params.compress_ratios[{i}]"),
-                *r,
-            )?);
-        }
-        let fp8 = dtype.fp8_format().is_some();
-        ensure!(
-            p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
-            InvalidArgument,
-            "params.rope_buffers: only for FP8 pools that adopt layer_buffers"
-        );
-        ensure!(
-            p.layer_buffers.is_null() || !fp8 || !p.rope_buffers.is_null(),
-            NullArgument,
-            "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
-        );
-        let adopt = if p.layer_buffers.is_null() {
-            None
-        } else {
-            let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
-            let mut adopt = table_for(layers)?;
-            adopt.extend((0..layers).map(|l| LayerBuffers {
-                data: data[l],
-                rope: if fp8 {
-                    *(p.rope_buffers as *const *mut u8).add(l)
-                } else {
-                    std::ptr::null_mut()
-                },
-            }));
-            Some(adopt)
-        };
-        let config = PoolConfig {
-            ratios,
-            max_requests: p.max_requests as usize,
-            window: p.window as usize,
-            spec_extra: p.spec_extra as usize,
-            c128_blocks: p.c128_blocks as usize,
-        };
-        let inner = Pool::new(ctx.clone(), config, dtype, adopt.as_deref())?;
+        let r = read_pool_params(params)?;
+        let inner = Pool::new(ctx.clone(), r.config, r.dtype, r.adopt.as_deref())?;
         out.write(new_handle(unikv_pool { inner }));
         Ok(())
     })
@@ -346,4 +281,93 @@ pub unsafe extern "C" fn unikv_pool_release_slot(
     slot: u32,
 ) -> unikv_status {
     boundary(|| pool_of(pool)?.slots().release(slot))
+}
+
+/// A pool's parameters read from the caller's struct: `unikv_pool_create` and
+/// the size queries (`ffi::sizes`) read them the same way.
+pub(crate) struct PoolRequest {
+    pub config: PoolConfig,
+    pub dtype: DType,
+    /// The caller's buffers when it adopts them.
+    pub adopt: Option<Vec<LayerBuffers>>,
+}
+
+/// Reads and checks `unikv_pool_params` up to the geometry (which
+/// `pool::check_pool` derives).
+///
+/// # Safety
+/// A non-NULL `params` is valid for its `struct_size` bytes, and its arrays
+/// for `num_layers` entries.
+pub(crate) unsafe fn read_pool_params(params: *const unikv_pool_params) -> Result<PoolRequest> {
+    let defaults = unikv_pool_params {
+        struct_size: 0,
+        compress_ratios: std::ptr::null(),
+        layer_buffers: std::ptr::null(),
+        num_layers: 0,
+        max_requests: 0,
+        window: 0,
+        spec_extra: 0,
+        c128_blocks: 0,
+        kv_dtype: 0,
+        rope_buffers: std::ptr::null(),
+    };
+    let p = read_params(params, defaults)?;
+    let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
+    ensure!(
+        p.num_layers >= 1,
+        InvalidArgument,
+        "params.num_layers: must be at least 1"
+    );
+    ensure!(
+        !p.compress_ratios.is_null(),
+        NullArgument,
+        "params.compress_ratios"
+    );
+    let layers = p.num_layers as usize;
+    let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, layers);
+    let mut ratios = table_for(layers)?;
+    for (i, r) in raw_ratios.iter().enumerate() {
+        ratios.push(Ratio::from_raw(
+            &format!("params.compress_ratios[{i}]"),
+            *r,
+        )?);
+    }
+    let fp8 = dtype.fp8_format().is_some();
+    ensure!(
+        p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
+        InvalidArgument,
+        "params.rope_buffers: only for FP8 pools that adopt layer_buffers"
+    );
+    ensure!(
+        p.layer_buffers.is_null() || !fp8 || !p.rope_buffers.is_null(),
+        NullArgument,
+        "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
+    );
+    let adopt = if p.layer_buffers.is_null() {
+        None
+    } else {
+        let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
+        let mut adopt = table_for(layers)?;
+        adopt.extend((0..layers).map(|l| LayerBuffers {
+            data: data[l],
+            rope: if fp8 {
+                *(p.rope_buffers as *const *mut u8).add(l)
+            } else {
+                std::ptr::null_mut()
+            },
+        }));
+        Some(adopt)
+    };
+    let config = PoolConfig {
+        ratios,
+        max_requests: p.max_requests as usize,
+        window: p.window as usize,
+        spec_extra: p.spec_extra as usize,
+        c128_blocks: p.c128_blocks as usize,
+    };
+    Ok(PoolRequest {
+        config,
+        dtype,
+        adopt,
+    })
 }

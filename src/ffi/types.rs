@@ -46,6 +46,12 @@ pub enum unikv_backend {
     UNIKV_BACKEND_CUDA = 2,
     /// AMD GPUs through HIP (the `rocm` build feature).
     UNIKV_BACKEND_ROCM = 3,
+    /// Options only: the GPU backend compiled into this build (CUDA or ROCm)
+    /// on `device`, required. Unlike AUTO it never falls back to the CPU
+    /// backend: `unikv_context_create` returns UNIKV_BACKEND_UNAVAILABLE, with
+    /// a message naming `options.backend`, when no GPU backend is compiled in
+    /// or no driver or device is present.
+    UNIKV_BACKEND_GPU = 4,
 }
 
 /// Direction of `unikv_memory_copy`.
