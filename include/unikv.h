@@ -600,7 +600,8 @@ typedef struct unikv_context_info {
    */
   size_t struct_size;
   /**
-   * The `unikv_backend` in use (never AUTO).
+   * The `unikv_backend` the context chose and runs on: CPU, CUDA or ROCM,
+   * never AUTO or GPU (which are requests, resolved at creation).
    */
   uint32_t backend;
   /**
@@ -622,6 +623,11 @@ typedef struct unikv_context_info {
  * rows = (max_requests + 1) * (window + spec_extra)
  *        + c128_blocks * K(ratio) + 256 / ratio,
  * with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+ * A caller adopting its own buffers (`layer_buffers`, `rope_buffers`) need
+ * not restate the formula: `unikv_pool_params_get_info` and
+ * `unikv_pool_params_get_layer` report, from these parameters alone and
+ * before any pool exists, the geometry and each layer's `bytes` and
+ * `rope_bytes` to allocate.
  */
 typedef struct unikv_pool_params {
   /**

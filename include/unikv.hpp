@@ -1,7 +1,8 @@
 // unikv.hpp: header-only C++17 bindings over the C API of unikv.h.
 //
 // What it adds to the C header, and nothing else (no state, no threads, no
-// allocation except in error messages and the vector helpers):
+// allocation except in error messages, the vector and string helpers and the
+// std::function log callback):
 //
 // - Errors as exceptions: every fallible wrapper throws `unikv::error`, which
 //   carries the status code, the C function's name and the library's
@@ -32,7 +33,12 @@
 // handle without the kind's prefix:
 //
 //   unikv_status_string / last_error_message / version / version_string /
-//   rope_table                          -> unikv::status_string(), ... (free)
+//   rope_table / get_capabilities / set_log_callback
+//                                       -> unikv::status_string(), ... (free;
+//                                          also scoped_log_callback)
+//   unikv_pool_params_get_info / _get_layer
+//                                       -> unikv::pool_params_get_info(params),
+//                                          pool_params_get_layer(params, layer)
 //   unikv_context_create / _destroy     -> context::create, ~context
 //   unikv_context_get_info              -> context::get_info
 //   unikv_memory_alloc/free/copy/set    -> context::memory_alloc, ... (and `buffer`)
@@ -46,9 +52,10 @@
 //   unikv_build_decode_streams, unikv_fill_csa_tail,
 //   unikv_build_prefill_streams, unikv_prepare_qkv, unikv_store_swa,
 //   unikv_store_compressed              -> pool::build_decode_streams, ...
-//   unikv_decode_plan_create / _destroy / _workspace_size, unikv_sparse_decode
-//                                       -> decode_plan::create, ~decode_plan,
-//                                          workspace_size, sparse_decode
+//   unikv_decode_plan_create / _destroy / _workspace_size / _get_info /
+//   _describe, unikv_sparse_decode      -> decode_plan::create, ~decode_plan,
+//                                          workspace_size, get_info, describe
+//                                          (a std::string), sparse_decode
 //   unikv_prefill_plan_*, unikv_sparse_prefill -> prefill_plan::...
 //
 // Streams are `void*` (a cudaStream_t / hipStream_t; nullptr = the default
@@ -60,6 +67,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -195,6 +203,25 @@ inline void check(unikv_status code, const char* call) {
     if (code != UNIKV_OK) throw error(code, call, unikv_last_error_message());
 }
 
+// A snprintf-like C call `write(buf, size, &length)` read into a std::string:
+// once with size 0 for the length, then into a buffer of that size.
+template <class Write>
+std::string read_text(Write write, const char* call) {
+    std::size_t length = 0;
+    check(write(nullptr, 0, &length), call);
+    std::string text;
+    for (;;) {
+        text.assign(length + 1, '\0');
+        std::size_t needed = 0;
+        check(write(&text[0], text.size(), &needed), call);
+        if (needed <= length) {
+            text.resize(needed);
+            return text;
+        }
+        length = needed;  // grew between the calls
+    }
+}
+
 // Unique ownership of a C handle; Destroy accepts null and cannot fail.
 template <class T, void (*Destroy)(T*)>
 class handle {
@@ -252,6 +279,9 @@ using inverse_rope_args = unikv_inverse_rope_args;
 using hash_topk_args = unikv_hash_topk_args;
 using store_swa_args = unikv_store_swa_args;
 using store_compressed_args = unikv_store_compressed_args;
+using plan_info = unikv_plan_info;
+// unikv_capabilities has no short alias: `unikv::capabilities()` would then
+// compile to an empty struct instead of the query, get_capabilities().
 
 // A zero-initialised S with `struct_size = sizeof(S)`: every parameter,
 // argument and info struct of the C API (all start with `size_t struct_size`).
@@ -415,6 +445,82 @@ inline std::vector<float> rope_table(const unikv_rope_params& params, std::uint3
     rope_table(params, max_pos, table.data(), table.size());
     return table;
 }
+
+// What this build supports: backends compiled in (bit `1u << backend`), GPU
+// devices present now, compiled GPU targets, KV dtypes, FP8 formats and the
+// shape limits. Needs no context.
+inline unikv_capabilities get_capabilities() {
+    unikv_capabilities caps = make_struct<unikv_capabilities>();
+    detail::check(unikv_get_capabilities(&caps), "unikv_get_capabilities");
+    return caps;
+}
+
+// True when `caps.backends` has the bit of `backend` (e.g. UNIKV_BACKEND_CUDA).
+constexpr bool has_backend(const unikv_capabilities& caps, unikv_backend backend) noexcept {
+    return backend < 32 && (caps.backends & (1u << backend)) != 0;
+}
+
+// Sizes before creating a pool: the pool-wide geometry a pool created from
+// `params` would report (`pool::get_info`, with slots_in_use 0). `params` is
+// checked exactly as pool::create checks it (same statuses and messages).
+inline unikv_pool_info pool_params_get_info(const unikv_pool_params& params) {
+    unikv_pool_info info = make_struct<unikv_pool_info>();
+    detail::check(unikv_pool_params_get_info(&params, &info), "unikv_pool_params_get_info");
+    return info;
+}
+
+// One layer of a pool created from `params` (`pool::get_layer`): rows, and
+// `bytes` / `rope_bytes`, the sizes of the buffers an adopting pool needs for
+// `params.layer_buffers[layer]` / `params.rope_buffers[layer]`.
+inline unikv_pool_layer_info pool_params_get_layer(const unikv_pool_params& params, std::uint32_t layer) {
+    unikv_pool_layer_info info = make_struct<unikv_pool_layer_info>();
+    detail::check(unikv_pool_params_get_layer(&params, layer, &info), "unikv_pool_params_get_layer");
+    return info;
+}
+
+// ---------------------------------------------------------------------------
+// Diagnostics callback (process-wide)
+
+using log_fn = unikv_log_fn;
+
+// Sets (or with a null `callback`, removes) the process-wide diagnostics
+// callback; `user` is passed back to it. `callback` gets a `unikv_log_level`
+// and a message valid during the call only; it may run on several threads at
+// once and must not throw. Whatever `user` points to must stay valid until the
+// callback is replaced or removed, and a call already running on another
+// thread may still reach the previous callback: remove or replace it while no
+// other thread is inside the library before freeing that state.
+inline void set_log_callback(unikv_log_fn callback, void* user = nullptr) {
+    detail::check(unikv_set_log_callback(callback, user), "unikv_set_log_callback");
+}
+
+// A std::function as the diagnostics callback for the lifetime of this object:
+//   unikv::scoped_log_callback log([](std::uint32_t level, const char* msg) { ... });
+// The constructor installs it (replacing any callback), the destructor removes
+// the process-wide callback, whichever is set then. Neither copyable nor
+// movable: the library holds this object's address. An exception thrown by
+// the function is swallowed (it must not cross the C library). Destroy it
+// while no other thread is inside the library (see set_log_callback).
+class scoped_log_callback {
+public:
+    using function = std::function<void(std::uint32_t level, const char* message)>;
+
+    explicit scoped_log_callback(function fn) : fn_(std::move(fn)) { set_log_callback(&trampoline, this); }
+    scoped_log_callback(const scoped_log_callback&) = delete;
+    scoped_log_callback& operator=(const scoped_log_callback&) = delete;
+    ~scoped_log_callback() { static_cast<void>(unikv_set_log_callback(nullptr, nullptr)); }
+
+private:
+    static void trampoline(void* user, std::uint32_t level, const char* message) noexcept {
+        try {
+            const auto* self = static_cast<const scoped_log_callback*>(user);
+            if (self->fn_) self->fn_(level, message);
+        } catch (...) {  // NOLINT(bugprone-empty-catch): nothing may unwind into the library
+        }
+    }
+
+    function fn_;
+};
 
 // ---------------------------------------------------------------------------
 // Handles
@@ -679,6 +785,21 @@ public:
         return bytes;
     }
 
+    // The launch configuration the plan chose (kernel family, head block,
+    // split cap, cluster merge, stages, workspace).
+    unikv_plan_info get_info() const {
+        unikv_plan_info info = make_struct<unikv_plan_info>();
+        detail::check(unikv_decode_plan_get_info(get(), &info), "unikv_decode_plan_get_info");
+        return info;
+    }
+    // The same as one human-readable line (wording may change between
+    // versions; read get_info() to decide anything).
+    std::string describe() const {
+        return detail::read_text([this](char* buf, std::size_t size, std::size_t* length) {
+            return unikv_decode_plan_describe(get(), buf, size, length);
+        }, "unikv_decode_plan_describe");
+    }
+
     void sparse_decode(const pool& p, const unikv_decode_args& args, void* workspace, std::size_t workspace_bytes,
                        void* stream = nullptr) const {
         detail::check(unikv_sparse_decode(get(), p.get(), &args, workspace, workspace_bytes, stream),
@@ -712,6 +833,21 @@ public:
         std::size_t bytes = 0;
         detail::check(unikv_prefill_plan_workspace_size(get(), &bytes), "unikv_prefill_plan_workspace_size");
         return bytes;
+    }
+
+    // The launch configuration the plan chose (kernel family, head block,
+    // split cap, cluster merge, stages, workspace).
+    unikv_plan_info get_info() const {
+        unikv_plan_info info = make_struct<unikv_plan_info>();
+        detail::check(unikv_prefill_plan_get_info(get(), &info), "unikv_prefill_plan_get_info");
+        return info;
+    }
+    // The same as one human-readable line (wording may change between
+    // versions; read get_info() to decide anything).
+    std::string describe() const {
+        return detail::read_text([this](char* buf, std::size_t size, std::size_t* length) {
+            return unikv_prefill_plan_describe(get(), buf, size, length);
+        }, "unikv_prefill_plan_describe");
     }
 
     void sparse_prefill(const pool& p, const unikv_prefill_args& args, void* workspace,

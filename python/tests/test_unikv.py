@@ -8,9 +8,11 @@ staged:
 (scripts/python-test.sh does exactly that.) Results are compared with float64
 references written here, on random inputs, with outputs poisoned first:
 decode and prefill attention, the merge, the SWA and compressed stores, the
-decode streams with the CSA tail, inverse RoPE, hash routing and the top-k
-rule; plus the ctypes struct layouts against the C header and the coverage of
-every C function.
+decode streams with the CSA tail (and without the HCA/CSA outputs), inverse
+RoPE, hash routing and the top-k rule; the queries (capabilities, pool sizes
+before creation, plan info and description, the log callback); plus the
+ctypes struct layouts against the C header and the coverage of every C
+function.
 """
 
 import ctypes
@@ -89,7 +91,7 @@ class Abi(unittest.TestCase):
     def test_every_c_function_is_bound_and_wrapped(self):
         with open(os.path.join(include_dir(), "unikv.h")) as f:
             names = header_functions(f.read())
-        self.assertGreaterEqual(len(names), 42)
+        self.assertGreaterEqual(len(names), 50)
         self.assertEqual(sorted(names), sorted(_capi.FUNCTIONS), "ctypes prototypes vs unikv.h")
         with open(unikv.__file__) as f:
             source = f.read()
@@ -303,6 +305,158 @@ class Attention(unittest.TestCase):
                 want = (w @ k) / (np.exp(sink[h] - m) + w.sum())
                 self.assertLess(np.linalg.norm(got[t, h] - want) / np.linalg.norm(want), 1e-2)
 
+
+class Queries(unittest.TestCase):
+    """Capabilities, pool sizes before creation, plan introspection and the
+    log callback, on the CPU backend."""
+
+    def setUp(self):
+        self.ctx = unikv.Context("cpu", cpu_threads=1)
+
+    def tearDown(self):
+        unikv.unset_log_callback()
+        self.ctx.close()
+
+    def test_capabilities(self):
+        caps = unikv.capabilities()
+        self.assertIn("cpu", caps["backends"])
+        self.assertIn("auto", caps["backends"])
+        self.assertEqual("gpu" in caps["backends"], "cuda" in caps["backends"] or "rocm" in caps["backends"])
+        self.assertIn("bf16", caps["kv_dtypes"])
+        self.assertEqual(caps["fp8_formats"], ["fp8_e4m3fn", "fp8_e4m3fnuz"])
+        self.assertEqual((caps["head_dim"], caps["nope_dim"], caps["rope_dim"]), (512, 448, 64))
+        self.assertEqual(caps["max_heads"], 128)
+        self.assertIsInstance(caps["ptx_embedded"], bool)
+        self.assertIsInstance(caps["gpu_archs"], list)
+        if "gpu" not in caps["backends"]:
+            self.assertEqual(caps["gpu_archs"], [])
+        if caps["gpu_devices"] == 0:
+            # A required GPU is an error, not AUTO's CPU fallback.
+            with self.assertRaises(unikv.Error) as caught:
+                unikv.Context("gpu")
+            self.assertEqual(caught.exception.status_name, "UNIKV_BACKEND_UNAVAILABLE")
+            self.assertIn("UNIKV_BACKEND_GPU", caught.exception.message)
+        self.assertEqual(self.ctx.backend, "cpu")
+
+    def test_pool_sizes_equal_a_created_pool(self):
+        ratios = [0, 4, 128, 4]
+        for kv_dtype in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"):
+            fp8 = kv_dtype != "bf16"
+            geometry = dict(max_requests=3, window=8, spec_extra=2, c128_blocks=5, kv_dtype=kv_dtype)
+            info, layers = unikv.pool_sizes(ratios, **geometry)
+            pool = self.ctx.create_pool(ratios, **geometry)
+            got = pool.info()
+            for field in ("swa_rows", "row_bytes", "num_layers", "max_requests", "window", "ring", "c128_blocks",
+                          "kv_dtype", "owns_memory", "slots_in_use"):
+                self.assertEqual(getattr(info, field), getattr(got, field), "%s %s" % (kv_dtype, field))
+            self.assertEqual(len(layers), len(ratios))
+            for i, want in enumerate(layers):
+                have = pool.layer(i)
+                for field in ("rows", "swa_rows", "compressed_rows", "bytes", "compress_ratio", "rope_bytes"):
+                    self.assertEqual(getattr(want, field), getattr(have, field),
+                                     "%s layer %d %s" % (kv_dtype, i, field))
+                self.assertIsNone(want.data)
+                self.assertEqual(want.bytes, want.rows * (512 if fp8 else 1024))
+                self.assertEqual(want.rope_bytes, want.rows * 128 if fp8 else 0)
+            pool.close()
+            # Buffers of exactly those sizes are what an adopting pool takes.
+            data = [self.ctx.alloc(int(layer.bytes)) for layer in layers]
+            rope = [self.ctx.alloc(int(layer.rope_bytes)) for layer in layers] if fp8 else None
+            adopting = self.ctx.create_pool(ratios, layer_buffers=data, rope_buffers=rope, **geometry)
+            self.assertEqual(adopting.info().owns_memory, 0)
+            self.assertEqual([adopting.layer(i).data for i in range(len(ratios))], [b.ptr for b in data])
+            info, layers = unikv.pool_sizes(ratios, layer_buffers=data, rope_buffers=rope, **geometry)
+            self.assertEqual(info.owns_memory, 0)
+            self.assertEqual(layers[1].data, data[1].ptr)
+            adopting.close()
+
+    def test_pool_sizes_check_like_create_pool(self):
+        for bad in (dict(compress_ratios=[0, 5]), dict(window=0), dict(kv_dtype="f32")):
+            args = dict(compress_ratios=[0, 4], max_requests=1, window=4)
+            args.update(bad)
+            with self.assertRaises(unikv.Error) as created:
+                self.ctx.create_pool(**args)
+            with self.assertRaises(unikv.Error) as sized:
+                unikv.pool_sizes(**args)
+            self.assertEqual(sized.exception.status, created.exception.status, bad)
+            self.assertEqual(sized.exception.message, created.exception.message, bad)
+            self.assertEqual(sized.exception.call, "unikv_pool_params_get_info")
+
+    def test_plan_info_and_description(self):
+        for create, kind, prefix in ((self.ctx.create_decode_plan, unikv.PLAN_DECODE, "decode plan: cpu"),
+                                     (self.ctx.create_prefill_plan, unikv.PLAN_PREFILL, "prefill plan: cpu")):
+            plan = create(max_tokens=16, num_heads=64, kv_dtype="fp8_e4m3fn")
+            info = plan.info()
+            self.assertEqual((info.kind, info.backend, info.kernel_family),
+                             (kind, unikv.BACKEND_CPU, unikv.KERNEL_CPU_REFERENCE))
+            self.assertEqual((info.max_tokens, info.num_heads, info.kv_dtype), (16, 64, unikv.DTYPE_FP8_E4M3FN))
+            self.assertGreaterEqual(info.head_block * info.head_blocks, 64)
+            self.assertEqual((info.max_splits, info.cluster_merge, info.stages, info.sm_count), (1, 0, 0, 0))
+            self.assertEqual(info.workspace_bytes, plan.workspace_size)
+            line = plan.describe()
+            self.assertTrue(line.startswith(prefix + ", cpu-reference kernel"), line)
+            self.assertIn("%d block%s of %d heads (64 heads)"
+                          % (info.head_blocks, "" if info.head_blocks == 1 else "s", info.head_block), line)
+            self.assertIn("no key splits", line)
+            self.assertIn("%d workspace bytes, max_tokens 16" % info.workspace_bytes, line)
+            self.assertNotIn("\0", line)
+            plan.close()
+        with self.assertRaises(ValueError):
+            plan.describe()  # closed
+
+    def test_log_callback(self):
+        messages = []
+        unikv.set_log_callback(lambda level, message: messages.append((level, message)))
+        plan = self.ctx.create_decode_plan(max_tokens=4, num_heads=16)
+        self.assertEqual(messages, [(unikv.LOG_INFO, plan.describe())])
+        prefill = self.ctx.create_prefill_plan(max_tokens=4, num_heads=16)
+        self.assertEqual(messages[-1], (unikv.LOG_INFO, prefill.describe()))
+        with self.assertRaises(unikv.Error) as caught:
+            self.ctx.create_pool([0], max_requests=1, window=0)
+        level, message = messages[-1]
+        self.assertEqual(level, unikv.LOG_ERROR)
+        self.assertIn(caught.exception.message, message)
+        self.assertIn("params.window", message)
+        # A callback that raises is reported and ignored; the call succeeds.
+        def broken(level, message):
+            raise RuntimeError("from the callback")
+
+        unikv.set_log_callback(broken)
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.ctx.create_decode_plan(max_tokens=4, num_heads=16).close()
+        self.assertIn("from the callback", err.getvalue())
+        # Removed: nothing more arrives.
+        unikv.set_log_callback(lambda level, message: messages.append((level, message)))
+        count = len(messages)
+        unikv.unset_log_callback()
+        self.ctx.create_decode_plan(max_tokens=4, num_heads=16).close()
+        self.assertEqual(len(messages), count)
+        with self.assertRaises(TypeError):
+            unikv.set_log_callback("not callable")
+
+    def test_decode_streams_without_compressed_outputs(self):
+        """A pool without ratio-4 / ratio-128 layers: the HCA and CSA outputs left out."""
+        window = 4
+        pool = self.ctx.create_pool([0, 0], max_requests=2, window=window)
+        batch_id = np.array([0, 1], np.int32)
+        slots = np.array([1, 2], np.int32)
+        positions = np.array([2, 9], np.int32)
+        indptr = np.full(3, -7, np.int32)
+        indices = np.full(2 * window, -7, np.int32)
+        pool.build_decode_streams(batch_id=batch_id, req_slots=slots, positions=positions, swa_indptr=indptr,
+                                  swa_indices=indices)
+        self.assertEqual(list(indptr), [0, 3, 7])
+        # ring 4: slot 1, positions 0..2 -> rows 4..6; slot 2, positions 6..9 -> 10, 11, 8, 9
+        self.assertEqual(list(indices[:7]), [4, 5, 6, 10, 11, 8, 9])
+        csa_pool = self.ctx.create_pool([0, 4], max_requests=2, window=window)
+        with self.assertRaises(unikv.Error) as caught:
+            csa_pool.build_decode_streams(batch_id=batch_id, req_slots=slots, positions=positions,
+                                          swa_indptr=indptr, swa_indices=indices)
+        self.assertEqual(caught.exception.status_name, "UNIKV_NULL_ARGUMENT")
+        self.assertIn("csa_indptr", caught.exception.message)
 
 
 class Stores(unittest.TestCase):

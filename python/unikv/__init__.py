@@ -29,6 +29,9 @@ C function                                      Python
 unikv_status_string, unikv_last_error_message,  status_string(), last_error_message(),
 unikv_version, unikv_version_string,            version(), version_string(),
 unikv_rope_table                                rope_table()
+unikv_get_capabilities                          capabilities() -> dict
+unikv_pool_params_get_info / _get_layer         pool_sizes(...) -> (PoolInfo, [PoolLayerInfo])
+unikv_set_log_callback                          set_log_callback(fn), unset_log_callback()
 unikv_context_create / _destroy / _get_info     Context(...), Context.close(), .info()
 unikv_memory_alloc / free / copy / set          Context.alloc() -> Buffer, Buffer.free(),
                                                 Context.memory_copy(), .memory_set()
@@ -44,7 +47,8 @@ unikv_build_decode_streams, unikv_fill_csa_tail,  Pool.build_decode_streams(**fi
 unikv_build_prefill_streams, unikv_prepare_qkv,
 unikv_store_swa, unikv_store_compressed
 unikv_decode_plan_create / _destroy /           Context.create_decode_plan(), .close(),
-_workspace_size, unikv_sparse_decode            .workspace_size, .sparse_decode(pool, ...)
+_workspace_size / _get_info / _describe,        .workspace_size, .info(), .describe(),
+unikv_sparse_decode                             .sparse_decode(pool, ...)
 unikv_prefill_plan_*, unikv_sparse_prefill      the same on PrefillPlan
 ==============================================  ===============================
 
@@ -55,12 +59,14 @@ extents of the main tensor; everything else left out is zero / absent.
 """
 
 import ctypes
+import threading
 
 from . import _capi
 from ._capi import (  # noqa: F401  (re-exported)
     BACKEND_AUTO,
     BACKEND_CPU,
     BACKEND_CUDA,
+    BACKEND_GPU,
     BACKEND_ROCM,
     COPY_DEVICE_TO_DEVICE,
     COPY_DEVICE_TO_HOST,
@@ -73,6 +79,17 @@ from ._capi import (  # noqa: F401  (re-exported)
     DTYPE_I32,
     DTYPE_I64,
     DTYPE_U8,
+    KERNEL_CPU_REFERENCE,
+    KERNEL_MMA,
+    KERNEL_PORTABLE_MATRIX,
+    KERNEL_PORTABLE_SCALAR,
+    KERNEL_WGMMA_HEADS_ON_M,
+    KERNEL_WGMMA_HEADS_ON_N,
+    LOG_ERROR,
+    LOG_INFO,
+    LOG_WARNING,
+    PLAN_DECODE,
+    PLAN_PREFILL,
     STATUS_NAMES,
     Tensor,
 )
@@ -94,6 +111,10 @@ __all__ = [
     "version",
     "version_string",
     "rope_table",
+    "capabilities",
+    "pool_sizes",
+    "set_log_callback",
+    "unset_log_callback",
 ]
 
 # ---------------------------------------------------------------------------
@@ -170,6 +191,129 @@ def rope_table(max_pos, base, yarn_factor=0.0, original_max_position=0, beta_fas
     return out
 
 
+_BACKEND_NAMES = {BACKEND_AUTO: "auto", BACKEND_CPU: "cpu", BACKEND_CUDA: "cuda", BACKEND_ROCM: "rocm",
+                  BACKEND_GPU: "gpu"}
+
+
+def _mask_names(mask, names):
+    return [name for code, name in sorted(names.items()) if mask >> code & 1]
+
+
+def capabilities():
+    """unikv_get_capabilities: what this build supports, as a dict.
+
+    ``backends``: the backend names compiled in ("auto", "cpu", then "cuda" or
+    "rocm" with "gpu"); ``gpu_devices``: GPUs present now; ``gpu_archs``: the
+    compiled GPU targets (a list, empty without a GPU backend); ``kv_dtypes``
+    and ``fp8_formats``: dtype names ("bf16", "fp8_e4m3fn", ...);
+    ``ptx_embedded``: a bool; then the shape limits as ints (``max_heads``,
+    ``head_dim``, ``nope_dim``, ``rope_dim``, ``max_tensor_dims``,
+    ``page_tokens``, ``max_indexer_topk``, ``max_indexer_heads``,
+    ``indexer_head_dim``, ``max_routing_slots``, ``max_cpu_threads``,
+    ``max_tokens``)."""
+    caps = _capi.Capabilities()
+    _check(_capi.load().unikv_get_capabilities(ctypes.byref(caps)), "unikv_get_capabilities")
+    dtypes = {code: name for name, code in _DTYPE_NAMES.items() if name in _CANONICAL_DTYPES}
+    out = {}
+    for name, _ in _capi.Capabilities._fields_:
+        if name not in ("struct_size", "reserved"):
+            out[name] = getattr(caps, name)
+    out["backends"] = _mask_names(caps.backends, _BACKEND_NAMES)
+    out["kv_dtypes"] = _mask_names(caps.kv_dtypes, dtypes)
+    out["fp8_formats"] = _mask_names(caps.fp8_formats, dtypes)
+    out["ptx_embedded"] = bool(caps.ptx_embedded)
+    archs = (caps.gpu_archs or b"").decode()
+    out["gpu_archs"] = archs.split(";") if archs else []
+    return out
+
+
+def _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype, layer_buffers,
+                 rope_buffers):
+    """A PoolParams struct and the ctypes arrays it points into (keep both)."""
+    ratios = (ctypes.c_uint32 * len(compress_ratios))(*compress_ratios)
+    params = _capi.PoolParams(
+        compress_ratios=ratios,
+        num_layers=len(compress_ratios),
+        max_requests=max_requests,
+        window=window,
+        spec_extra=spec_extra,
+        c128_blocks=c128_blocks,
+        kv_dtype=_dtype_code(kv_dtype),
+    )
+    keep = [ratios]
+    if layer_buffers is not None:
+        keep.append((ctypes.c_void_p * len(layer_buffers))(*[_address(b) for b in layer_buffers]))
+        params.layer_buffers = keep[-1]
+    if rope_buffers is not None:
+        keep.append((ctypes.c_void_p * len(rope_buffers))(*[_address(b) for b in rope_buffers]))
+        params.rope_buffers = keep[-1]
+    return params, keep
+
+
+def pool_sizes(compress_ratios, max_requests, window, spec_extra=0, c128_blocks=0, kv_dtype="bf16",
+               layer_buffers=None, rope_buffers=None):
+    """The geometry a pool created with these arguments (those of
+    ``Context.create_pool``) would have, without creating it or needing a
+    context: ``(PoolInfo, [PoolLayerInfo per layer])`` from
+    unikv_pool_params_get_info and unikv_pool_params_get_layer. Each layer's
+    ``bytes`` and ``rope_bytes`` are the sizes of the ``layer_buffers`` /
+    ``rope_buffers`` entries an adopting pool needs. The arguments are checked
+    as ``create_pool`` checks them (the same errors)."""
+    params, _keep = _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype,
+                                 layer_buffers, rope_buffers)
+    lib = _capi.load()
+    info = _capi.PoolInfo()
+    _check(lib.unikv_pool_params_get_info(ctypes.byref(params), ctypes.byref(info)), "unikv_pool_params_get_info")
+    layers = []
+    for i in range(len(compress_ratios)):
+        layer = _capi.PoolLayerInfo()
+        _check(lib.unikv_pool_params_get_layer(ctypes.byref(params), i, ctypes.byref(layer)),
+               "unikv_pool_params_get_layer")
+        layers.append(layer)
+    return info, layers
+
+
+# The installed log callback (its ctypes thunk must stay alive while the
+# library may call it) and every one replaced before: a call already running
+# on another thread may still reach a replaced callback, so none is freed.
+_log_lock = threading.Lock()
+_log_thunks = []
+
+
+def set_log_callback(fn):
+    """unikv_set_log_callback: ``fn(level, message)`` receives the library's
+    diagnostics (process-wide; replaces any earlier callback): LOG_INFO with
+    the description of every plan created, LOG_ERROR with the message of
+    every failing call. ``message`` is a str. It runs on the thread of the
+    call that produced the message; an exception it raises is printed and
+    ignored (it cannot cross the C library). ``fn=None`` removes it (as
+    ``unset_log_callback()``). The bindings keep the callback alive."""
+    if fn is None:
+        thunk = _capi.LogFn()  # NULL
+    else:
+        if not callable(fn):
+            raise TypeError("set_log_callback: %s is not callable" % type(fn).__name__)
+
+        def forward(_user, level, message):
+            try:
+                fn(int(level), (message or b"").decode("utf-8", "replace"))
+            except Exception:  # must not unwind into C
+                import traceback
+
+                traceback.print_exc()
+
+        thunk = _capi.LogFn(forward)
+    with _log_lock:
+        _check(_capi.load().unikv_set_log_callback(thunk, None), "unikv_set_log_callback")
+        if fn is not None:
+            _log_thunks.append(thunk)
+
+
+def unset_log_callback():
+    """Removes the log callback (unikv_set_log_callback with NULL)."""
+    set_log_callback(None)
+
+
 # ---------------------------------------------------------------------------
 # Tensors
 
@@ -191,6 +335,8 @@ _DTYPE_NAMES = {
     "fp8_e4m3fnuz": DTYPE_FP8_E4M3FNUZ,
     "float8_e4m3fnuz": DTYPE_FP8_E4M3FNUZ,
 }
+# The names capabilities() reports.
+_CANONICAL_DTYPES = ("bf16", "f16", "f32", "i32", "i64", "u8", "fp8_e4m3fn", "fp8_e4m3fnuz")
 _DTYPE_SIZES = {DTYPE_BF16: 2, DTYPE_F16: 2, DTYPE_F32: 4, DTYPE_I32: 4, DTYPE_I64: 8, DTYPE_U8: 1}
 _DTYPE_SIZES[DTYPE_FP8_E4M3FN] = 1
 _DTYPE_SIZES[DTYPE_FP8_E4M3FNUZ] = 1
@@ -512,10 +658,12 @@ class Context(_Handle):
     """unikv_context: one backend on one device.
 
     ``backend``: "auto" (a GPU when compiled in and present, else the CPU),
+    "gpu" (a GPU required: Error UNIKV_BACKEND_UNAVAILABLE without one),
     "cpu", "cuda", "rocm" or a BACKEND_* code."""
 
     _destroy = "unikv_context_destroy"
-    _BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA, "rocm": BACKEND_ROCM}
+    _BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA, "rocm": BACKEND_ROCM,
+                 "gpu": BACKEND_GPU}
 
     def __init__(self, backend="auto", device=0, cpu_threads=0, validate=False):
         code = self._BACKENDS[backend] if isinstance(backend, str) else int(backend)
@@ -530,9 +678,8 @@ class Context(_Handle):
 
     @property
     def backend(self):
-        """The backend in use: "cpu", "cuda" or "rocm"."""
-        code = self.info().backend
-        return {v: k for k, v in self._BACKENDS.items()}[code]
+        """The backend in use: "cpu", "cuda" or "rocm" (never "auto" or "gpu")."""
+        return _BACKEND_NAMES[self.info().backend]
 
     # --- memory ---------------------------------------------------------
 
@@ -566,7 +713,9 @@ class Context(_Handle):
                     layer_buffers=None, rope_buffers=None):
         """unikv_pool_create. ``layer_buffers`` / ``rope_buffers``: None (the
         pool allocates) or one caller-owned buffer per layer (arrays, Buffers
-        or addresses), which must outlive the pool (the Pool keeps a reference)."""
+        or addresses), which must outlive the pool (the Pool keeps a
+        reference); ``unikv.pool_sizes(...)`` with the same arguments gives
+        their sizes."""
         return Pool(self, compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype, layer_buffers,
                     rope_buffers)
 
@@ -677,21 +826,9 @@ class Pool(_Handle):
 
     def __init__(self, ctx, compress_ratios, max_requests, window, spec_extra=0, c128_blocks=0, kv_dtype="bf16",
                  layer_buffers=None, rope_buffers=None):
-        ratios = (ctypes.c_uint32 * len(compress_ratios))(*compress_ratios)
-        params = _capi.PoolParams(
-            compress_ratios=ratios,
-            num_layers=len(compress_ratios),
-            max_requests=max_requests,
-            window=window,
-            spec_extra=spec_extra,
-            c128_blocks=c128_blocks,
-            kv_dtype=_dtype_code(kv_dtype),
-        )
+        params, _keep = _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype,
+                                     layer_buffers, rope_buffers)
         self._buffers = (layer_buffers, rope_buffers)  # caller memory must outlive the pool
-        if layer_buffers is not None:
-            params.layer_buffers = (ctypes.c_void_p * len(layer_buffers))(*[_address(b) for b in layer_buffers])
-        if rope_buffers is not None:
-            params.rope_buffers = (ctypes.c_void_p * len(rope_buffers))(*[_address(b) for b in rope_buffers])
         self.ctx = ctx
         super().__init__(_new_handle("unikv_pool_create", ctx.handle, ctypes.byref(params)))
 
@@ -718,7 +855,10 @@ class Pool(_Handle):
         _check(_capi.load().unikv_pool_release_slot(self.handle, slot), "unikv_pool_release_slot")
 
     def build_decode_streams(self, stream=None, **fields):
-        """unikv_build_decode_streams; fields of unikv_decode_streams_args."""
+        """unikv_build_decode_streams; fields of unikv_decode_streams_args.
+        The HCA (``hca_indptr``, ``hca_indices``) and CSA (``csa_indptr``,
+        ``csa_indices``) outputs may be left out (both of a pair) when the
+        pool has no ratio-128 / ratio-4 layers."""
         self._launch("unikv_build_decode_streams", fields, stream)
 
     def fill_csa_tail(self, stream=None, **fields):
@@ -743,7 +883,7 @@ class Pool(_Handle):
 
 
 class _Plan(_Handle):
-    _create = _size = _run = None
+    _create = _size = _run = _info = _describe = None
 
     def __init__(self, ctx, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype):
         params = _capi.AttentionPlanParams(
@@ -763,6 +903,28 @@ class _Plan(_Handle):
         n = ctypes.c_size_t()
         _check(getattr(_capi.load(), self._size)(self.handle, ctypes.byref(n)), self._size)
         return n.value
+
+    def info(self):
+        """The launch configuration the plan chose, as a PlanInfo struct
+        (``kind``, ``backend``, ``kernel_family``, ``head_block``,
+        ``max_splits``, ``cluster_merge``, ``stages``, ``workspace_bytes``, ...)."""
+        info = _capi.PlanInfo()
+        _check(getattr(_capi.load(), self._info)(self.handle, ctypes.byref(info)), self._info)
+        return info
+
+    def describe(self):
+        """The launch configuration as one human-readable line (its wording
+        may change between versions: decide from ``info()``)."""
+        call = getattr(_capi.load(), self._describe)
+        length = ctypes.c_size_t()
+        _check(call(self.handle, None, 0, ctypes.byref(length)), self._describe)
+        while True:
+            buf = ctypes.create_string_buffer(length.value + 1)
+            needed = ctypes.c_size_t()
+            _check(call(self.handle, buf, len(buf), ctypes.byref(needed)), self._describe)
+            if needed.value <= length.value:
+                return buf.raw[: needed.value].decode("utf-8", "replace")
+            length = needed
 
     def _attend(self, pool, workspace, stream, fields):
         args, keep, arrays = _build_args(self._run, fields)
@@ -788,6 +950,8 @@ class DecodePlan(_Plan):
     _create = "unikv_decode_plan_create"
     _size = "unikv_decode_plan_workspace_size"
     _run = "unikv_sparse_decode"
+    _info = "unikv_decode_plan_get_info"
+    _describe = "unikv_decode_plan_describe"
 
     def sparse_decode(self, pool, workspace=None, stream=None, **fields):
         """unikv_sparse_decode; fields of unikv_decode_args. ``workspace``: a
@@ -802,6 +966,8 @@ class PrefillPlan(_Plan):
     _create = "unikv_prefill_plan_create"
     _size = "unikv_prefill_plan_workspace_size"
     _run = "unikv_sparse_prefill"
+    _info = "unikv_prefill_plan_get_info"
+    _describe = "unikv_prefill_plan_describe"
 
     def sparse_prefill(self, pool, workspace=None, stream=None, **fields):
         """unikv_sparse_prefill; fields of unikv_prefill_args."""

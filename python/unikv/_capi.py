@@ -1,4 +1,4 @@
-"""The C API of unikv.h through ctypes: the structs, the enums and the 42
+"""The C API of unikv.h through ctypes: the structs, the enums and the 50
 function prototypes, and how the shared library is found.
 
 Layer of record: every struct here mirrors its C twin field by field (the
@@ -11,6 +11,7 @@ import ctypes.util
 import os
 import threading
 from ctypes import (
+    CFUNCTYPE,
     POINTER,
     c_char_p,
     c_double,
@@ -67,6 +68,24 @@ BACKEND_AUTO = 0
 BACKEND_CPU = 1
 BACKEND_CUDA = 2
 BACKEND_ROCM = 3
+BACKEND_GPU = 4  # a request only: CUDA or ROCm, whichever is compiled in; never reported
+
+# unikv_log_level
+LOG_ERROR = 1
+LOG_WARNING = 2
+LOG_INFO = 3
+
+# unikv_kernel_family
+KERNEL_CPU_REFERENCE = 1
+KERNEL_MMA = 2
+KERNEL_WGMMA_HEADS_ON_M = 3
+KERNEL_WGMMA_HEADS_ON_N = 4
+KERNEL_PORTABLE_SCALAR = 5
+KERNEL_PORTABLE_MATRIX = 6
+
+# unikv_plan_kind
+PLAN_DECODE = 1
+PLAN_PREFILL = 2
 
 COPY_HOST_TO_DEVICE = 0
 COPY_DEVICE_TO_HOST = 1
@@ -281,6 +300,53 @@ StoreCompressedArgs = _sized(
     "unikv_store_compressed_args",
     [("kv", T), ("loc", T), ("layer", c_uint32), ("num_rows", c_uint32)],
 )
+Capabilities = _sized(
+    "unikv_capabilities",
+    [
+        ("backends", c_uint32),
+        ("gpu_devices", c_uint32),
+        ("kv_dtypes", c_uint32),
+        ("fp8_formats", c_uint32),
+        ("ptx_embedded", c_uint32),
+        ("max_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("nope_dim", c_uint32),
+        ("rope_dim", c_uint32),
+        ("max_tensor_dims", c_uint32),
+        ("page_tokens", c_uint32),
+        ("max_indexer_topk", c_uint32),
+        ("max_indexer_heads", c_uint32),
+        ("indexer_head_dim", c_uint32),
+        ("max_routing_slots", c_uint32),
+        ("max_cpu_threads", c_uint32),
+        ("max_tokens", c_uint32),
+        ("reserved", c_uint32),
+        ("gpu_archs", c_char_p),
+    ],
+)
+PlanInfo = _sized(
+    "unikv_plan_info",
+    [
+        ("kind", c_uint32),
+        ("backend", c_uint32),
+        ("kernel_family", c_uint32),
+        ("max_tokens", c_uint32),
+        ("num_heads", c_uint32),
+        ("kv_dtype", c_uint32),
+        ("head_block", c_uint32),
+        ("head_blocks", c_uint32),
+        ("max_splits", c_uint32),
+        ("cluster_merge", c_uint32),
+        ("stages", c_uint32),
+        ("dependent_launch", c_uint32),
+        ("raw_fp8_variant", c_uint32),
+        ("sm_count", c_uint32),
+        ("workspace_bytes", c_uint64),
+    ],
+)
+
+# unikv_log_fn: void (*)(void* user, uint32_t level, const char* message).
+LogFn = CFUNCTYPE(None, c_void_p, c_uint32, c_char_p)
 
 # Every struct, for the layout test.
 STRUCTS = [
@@ -309,6 +375,8 @@ STRUCTS = [
     HashTopkArgs,
     StoreSwaArgs,
     StoreCompressedArgs,
+    Capabilities,
+    PlanInfo,
 ]
 
 # ---------------------------------------------------------------------------
@@ -366,6 +434,14 @@ FUNCTIONS = {
     "unikv_hash_topk": (_ST, [_H, _p(HashTopkArgs), _P]),
     "unikv_store_swa": (_ST, [_H, _p(StoreSwaArgs), _P]),
     "unikv_store_compressed": (_ST, [_H, _p(StoreCompressedArgs), _P]),
+    "unikv_pool_params_get_info": (_ST, [_p(PoolParams), _p(PoolInfo)]),
+    "unikv_pool_params_get_layer": (_ST, [_p(PoolParams), c_uint32, _p(PoolLayerInfo)]),
+    "unikv_get_capabilities": (_ST, [_p(Capabilities)]),
+    "unikv_decode_plan_get_info": (_ST, [_H, _p(PlanInfo)]),
+    "unikv_prefill_plan_get_info": (_ST, [_H, _p(PlanInfo)]),
+    "unikv_decode_plan_describe": (_ST, [_H, _P, c_size_t, _p(c_size_t)]),
+    "unikv_prefill_plan_describe": (_ST, [_H, _P, c_size_t, _p(c_size_t)]),
+    "unikv_set_log_callback": (_ST, [LogFn, c_void_p]),
 }
 
 # ---------------------------------------------------------------------------

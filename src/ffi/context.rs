@@ -59,7 +59,8 @@ unsafe impl Versioned for unikv_context_options {
 pub struct unikv_context_info {
     /// sizeof(unikv_context_info), set by the caller.
     pub struct_size: usize,
-    /// The `unikv_backend` in use (never AUTO).
+    /// The `unikv_backend` the context chose and runs on: CPU, CUDA or ROCM,
+    /// never AUTO or GPU (which are requests, resolved at creation).
     pub backend: u32,
     /// Device ordinal of a GPU backend (as in the options; 0 on the CPU).
     pub device: i32,

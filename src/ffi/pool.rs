@@ -30,6 +30,11 @@ impl Handle for unikv_pool {
 /// rows = (max_requests + 1) * (window + spec_extra)
 ///        + c128_blocks * K(ratio) + 256 / ratio,
 /// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+/// A caller adopting its own buffers (`layer_buffers`, `rope_buffers`) need
+/// not restate the formula: `unikv_pool_params_get_info` and
+/// `unikv_pool_params_get_layer` report, from these parameters alone and
+/// before any pool exists, the geometry and each layer's `bytes` and
+/// `rope_bytes` to allocate.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
