@@ -42,6 +42,9 @@ fn main() {
     // builds; empty without one).
     #[cfg(not(any(feature = "cuda", feature = "rocm")))]
     println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS=");
+    // Whether the CUDA kernels also carry portable PTX (gencode_flags).
+    #[cfg(not(feature = "cuda"))]
+    println!("cargo:rustc-env=UNIKV_BUILD_PTX=0");
 }
 
 /// The kernel sources, their compile runs and the flags every backend shares.
@@ -181,6 +184,12 @@ mod cuda {
     }
 
     /// `UNIKV_CUDA_ARCHS`, e.g. "sm_90a;sm_80": each becomes a -gencode pair.
+    /// A portable target (sm_NN, no `a`) also embeds its PTX (code=compute_NN,
+    /// from the same compile pass), which the driver compiles for a GPU newer
+    /// than every target; arch-specific targets (sm_90a) have no portable PTX.
+    /// The kernels that then run are the portable ones: the runtime reads the
+    /// loaded image's architecture (kernels/shim.cu, `image_arch`) before it
+    /// uses a feature of a newer one.
     fn gencode_flags() -> Vec<String> {
         target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a")
             .iter()
@@ -188,7 +197,11 @@ mod cuda {
                 let Some(num) = arch.strip_prefix("sm_") else {
                     panic!("UNIKV_CUDA_ARCHS: {arch:?} is not of the form sm_NN[a]");
                 };
-                format!("-gencode=arch=compute_{num},code=sm_{num}")
+                if num.ends_with('a') {
+                    format!("-gencode=arch=compute_{num},code=sm_{num}")
+                } else {
+                    format!("-gencode=arch=compute_{num},code=[sm_{num},compute_{num}]")
+                }
             })
             .collect()
     }
@@ -199,6 +212,8 @@ mod cuda {
         rerun_on_sources();
         let archs = target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a");
         println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS={}", archs.join(";"));
+        let ptx = archs.iter().any(|a| !a.ends_with('a'));
+        println!("cargo:rustc-env=UNIKV_BUILD_PTX={}", u8::from(ptx));
         // One nvcc run per source, each a whole program: with several files in
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel

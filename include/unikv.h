@@ -483,10 +483,13 @@ typedef struct unikv_capabilities {
    */
   uint32_t fp8_formats;
   /**
-   * 1 when the GPU kernels are also embedded as PTX, so a GPU newer than
-   * every compiled target can JIT them; 0 in this version (machine code
-   * only: a GPU must be covered by one of `gpu_archs`; sm_80 code runs on
-   * compute capability 8.x, sm_90a code on 9.0 only).
+   * 1 when the CUDA kernels also carry PTX (a CUDA build whose `gpu_archs`
+   * name a portable target such as sm_80, the default), so the driver
+   * compiles them for a GPU newer than every compiled target; such a GPU
+   * then runs the portable kernels, without the sm_90a ones' tensor-core
+   * paths. 0 otherwise: machine code only, and a GPU must be covered by one
+   * of `gpu_archs` (sm_80 code runs on compute capability 8.x and newer
+   * only through PTX; sm_90a code on 9.0 only).
    */
   uint32_t ptx_embedded;
   /**

@@ -417,7 +417,10 @@ fn capabilities_describe_this_build() {
         assert_eq!(archs, "");
         assert_eq!(caps.gpu_devices, 0);
     }
-    assert_eq!(caps.ptx_embedded, 0);
+    // PTX rides along with every portable CUDA target (the default sm_80).
+    let ptx =
+        cfg!(feature = "cuda") && archs.split(';').any(|a| !a.is_empty() && !a.ends_with('a'));
+    assert_eq!(caps.ptx_embedded, u32::from(ptx));
     for dtype in DTYPES {
         assert_ne!(caps.kv_dtypes & bit(dtype as u32), 0, "{dtype:?}");
     }

@@ -44,10 +44,13 @@ pub struct unikv_capabilities {
     /// decodes (pools, FlashMLA and indexer caches): FP8_E4M3FN and
     /// FP8_E4M3FNUZ, on every backend.
     pub fp8_formats: u32,
-    /// 1 when the GPU kernels are also embedded as PTX, so a GPU newer than
-    /// every compiled target can JIT them; 0 in this version (machine code
-    /// only: a GPU must be covered by one of `gpu_archs`; sm_80 code runs on
-    /// compute capability 8.x, sm_90a code on 9.0 only).
+    /// 1 when the CUDA kernels also carry PTX (a CUDA build whose `gpu_archs`
+    /// name a portable target such as sm_80, the default), so the driver
+    /// compiles them for a GPU newer than every compiled target; such a GPU
+    /// then runs the portable kernels, without the sm_90a ones' tensor-core
+    /// paths. 0 otherwise: machine code only, and a GPU must be covered by one
+    /// of `gpu_archs` (sm_80 code runs on compute capability 8.x and newer
+    /// only through PTX; sm_90a code on 9.0 only).
     pub ptx_embedded: u32,
     /// Most local query heads of an attention plan (`num_heads` 1..=this).
     pub max_heads: u32,
@@ -122,7 +125,7 @@ pub fn capabilities() -> unikv_capabilities {
         gpu_devices: gpu_devices(),
         kv_dtypes: bit(DType::Bf16.to_raw()) | fp8,
         fp8_formats: fp8,
-        ptx_embedded: 0,
+        ptx_embedded: u32::from(env!("UNIKV_BUILD_PTX") == "1"),
         max_heads: MAX_HEADS as u32,
         head_dim: HEAD_DIM as u32,
         nope_dim: NOPE_DIMS as u32,
