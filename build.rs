@@ -9,11 +9,26 @@ compile_error!(
     "the `cuda` and `rocm` features exclude each other: build one GPU backend at a time"
 );
 
+/// The SONAME follows the ABI; the same rule is in CMakeLists.txt, which
+/// installs the library under it: before 1.0 every minor version may break
+/// the ABI (libunikv.so.0.MINOR), from 1.0 on only a major version
+/// (libunikv.so.MAJOR).
+fn soname(major: &str, minor: &str) -> String {
+    if major == "0" {
+        format!("libunikv.so.0.{minor}")
+    } else {
+        format!("libunikv.so.{major}")
+    }
+}
+
 fn main() {
-    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_else(|_| "0".into());
+    let version = |part: &str| {
+        std::env::var(format!("CARGO_PKG_VERSION_{part}")).expect("cargo sets the package version")
+    };
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os == "linux" {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libunikv.so.{major}");
+        let soname = soname(&version("MAJOR"), &version("MINOR"));
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo::rustc-check-cfg=cfg(unikv_gpu)");
@@ -23,6 +38,13 @@ fn main() {
     rocm::build();
     #[cfg(any(feature = "cuda", feature = "rocm"))]
     println!("cargo:rustc-cfg=unikv_gpu");
+    // The compiled GPU targets, for `unikv_get_capabilities` (set by the GPU
+    // builds; empty without one).
+    #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+    println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS=");
+    // Whether the CUDA kernels also carry portable PTX (gencode_flags).
+    #[cfg(not(feature = "cuda"))]
+    println!("cargo:rustc-env=UNIKV_BUILD_PTX=0");
 }
 
 /// The kernel sources, their compile runs and the flags every backend shares.
@@ -162,6 +184,12 @@ mod cuda {
     }
 
     /// `UNIKV_CUDA_ARCHS`, e.g. "sm_90a;sm_80": each becomes a -gencode pair.
+    /// A portable target (sm_NN, no `a`) also embeds its PTX (code=compute_NN,
+    /// from the same compile pass), which the driver compiles for a GPU newer
+    /// than every target; arch-specific targets (sm_90a) have no portable PTX.
+    /// The kernels that then run are the portable ones: the runtime reads the
+    /// loaded image's architecture (kernels/shim.cu, `image_arch`) before it
+    /// uses a feature of a newer one.
     fn gencode_flags() -> Vec<String> {
         target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a")
             .iter()
@@ -169,7 +197,11 @@ mod cuda {
                 let Some(num) = arch.strip_prefix("sm_") else {
                     panic!("UNIKV_CUDA_ARCHS: {arch:?} is not of the form sm_NN[a]");
                 };
-                format!("-gencode=arch=compute_{num},code=sm_{num}")
+                if num.ends_with('a') {
+                    format!("-gencode=arch=compute_{num},code=sm_{num}")
+                } else {
+                    format!("-gencode=arch=compute_{num},code=[sm_{num},compute_{num}]")
+                }
             })
             .collect()
     }
@@ -178,6 +210,10 @@ mod cuda {
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         let home = find_nvcc();
         rerun_on_sources();
+        let archs = target_list("UNIKV_CUDA_ARCHS", DEFAULT_ARCHS, "sm_90a");
+        println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS={}", archs.join(";"));
+        let ptx = archs.iter().any(|a| !a.ends_with('a'));
+        println!("cargo:rustc-env=UNIKV_BUILD_PTX={}", u8::from(ptx));
         // One nvcc run per source, each a whole program: with several files in
         // one cc::Build, cc compiles relocatable device code (--device-c), and
         // ptxas then serializes the wgmma instructions of the attention kernel
@@ -255,6 +291,7 @@ mod rocm {
         if let Some(bad) = archs.iter().find(|a| !a.starts_with("gfx")) {
             panic!("UNIKV_HIP_ARCHS: {bad:?} is not an AMD GPU target such as gfx942");
         }
+        println!("cargo:rustc-env=UNIKV_BUILD_GPU_ARCHS={}", archs.join(";"));
         // AMD targets whatever CUDA toolkit is on PATH; the explicit target
         // list (and HCC_AMDGPU_TARGET for the compiler checks the cc crate
         // runs without our flags) keeps hipcc from probing this machine's GPUs.

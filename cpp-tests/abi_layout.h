@@ -290,6 +290,37 @@ PIN_AT(unikv_indexer_topk_args, cache_dtype, 648);
 PIN_AT(unikv_indexer_topk_args, num_tokens, 652);
 PIN_AT(unikv_indexer_topk_args, num_heads, 656);
 PIN_AT(unikv_indexer_topk_args, topk, 660);
+
+PIN_SIZE(unikv_capabilities, 88);
+PIN_AT(unikv_capabilities, struct_size, 0);
+PIN_AT(unikv_capabilities, backends, 8);
+PIN_AT(unikv_capabilities, gpu_devices, 12);
+PIN_AT(unikv_capabilities, kv_dtypes, 16);
+PIN_AT(unikv_capabilities, fp8_formats, 20);
+PIN_AT(unikv_capabilities, ptx_embedded, 24);
+PIN_AT(unikv_capabilities, max_heads, 28);
+PIN_AT(unikv_capabilities, head_dim, 32);
+PIN_AT(unikv_capabilities, max_tokens, 72);
+PIN_AT(unikv_capabilities, reserved, 76);
+PIN_AT(unikv_capabilities, gpu_archs, 80);
+
+PIN_SIZE(unikv_plan_info, 72);
+PIN_AT(unikv_plan_info, struct_size, 0);
+PIN_AT(unikv_plan_info, kind, 8);
+PIN_AT(unikv_plan_info, backend, 12);
+PIN_AT(unikv_plan_info, kernel_family, 16);
+PIN_AT(unikv_plan_info, max_tokens, 20);
+PIN_AT(unikv_plan_info, num_heads, 24);
+PIN_AT(unikv_plan_info, kv_dtype, 28);
+PIN_AT(unikv_plan_info, head_block, 32);
+PIN_AT(unikv_plan_info, head_blocks, 36);
+PIN_AT(unikv_plan_info, max_splits, 40);
+PIN_AT(unikv_plan_info, cluster_merge, 44);
+PIN_AT(unikv_plan_info, stages, 48);
+PIN_AT(unikv_plan_info, dependent_launch, 52);
+PIN_AT(unikv_plan_info, raw_fp8_variant, 56);
+PIN_AT(unikv_plan_info, sm_count, 60);
+PIN_AT(unikv_plan_info, workspace_bytes, 64);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

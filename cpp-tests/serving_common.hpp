@@ -1,6 +1,7 @@
-// Helpers shared by the C++ serving tests: bf16 conversion, status checks,
-// buffers in the context's memory, tensor descriptors, deterministic
-// pseudo-random values and the float64 attention reference.
+// Helpers shared by the C++ serving tests: bf16 conversion, error reporting,
+// whole-vector transfers to the context's memory, deterministic pseudo-random
+// values and the float64 attention reference. Handles, buffers and tensor
+// descriptors come from unikv.hpp.
 //
 // Buffers go through unikv_memory_alloc / unikv_memory_copy, so a test written
 // with them runs unchanged on a GPU backend.
@@ -13,11 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "unikv.h"
+#include "unikv.hpp"
 
 namespace serving {
 
@@ -29,20 +29,9 @@ using Bf16Row = std::vector<uint16_t>;
 // ---------------------------------------------------------------------------
 // bf16 <-> float (round to nearest even; NaN stays a quiet NaN)
 
-inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    if (std::isnan(value)) return 0x7FC0;
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
+inline uint16_t float_to_bf16(float value) { return unikv::bf16::from_float(value).bits; }
 
-inline float bf16_to_float(uint16_t half) {
-    const uint32_t bits = static_cast<uint32_t>(half) << 16;
-    float value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
+inline float bf16_to_float(uint16_t half) { return unikv::bf16{half}.to_float(); }
 
 // ---------------------------------------------------------------------------
 // Failure reporting
@@ -52,23 +41,17 @@ inline float bf16_to_float(uint16_t half) {
     std::exit(1);
 }
 
-// Every library call goes through here: a failing status ends the test with
-// the library's own description of the argument at fault.
-inline void check(unikv_status status, const char* call) {
-    if (status != UNIKV_OK) {
-        fail(std::string(call) + " -> " + unikv_status_string(status) + ": " + unikv_last_error_message());
+// Runs a test body: a failing library call (unikv::error) ends the test with
+// the call, the status and the library's description of the argument at fault.
+template <class Body>
+int run_test(Body&& body) {
+    try {
+        body();
+    } catch (const unikv::error& e) {
+        fail(e.what());
     }
+    return 0;
 }
-
-// ---------------------------------------------------------------------------
-// Owning handles: each *_create has a *_destroy
-
-template <class T, void (*Destroy)(T*)>
-struct Destroyer {
-    void operator()(T* handle) const { Destroy(handle); }
-};
-template <class T, void (*Destroy)(T*)>
-using Handle = std::unique_ptr<T, Destroyer<T, Destroy>>;
 
 // ---------------------------------------------------------------------------
 // Deterministic pseudo-random values: every value is a pure function of a key,
@@ -107,69 +90,32 @@ inline Bf16Row random_row(std::initializer_list<uint64_t> key, double amplitude)
 }
 
 // ---------------------------------------------------------------------------
-// Memory in the context's address space (host memory on the CPU backend)
+// Memory in the context's address space (host memory on the CPU backend):
+// unikv::buffer plus whole-vector transfers that wait for the copy.
 
-class DeviceBuffer {
+class DeviceBuffer : public unikv::buffer {
 public:
-    DeviceBuffer(const unikv_context* ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
-        check(unikv_memory_alloc(ctx_, bytes_, &data_), "unikv_memory_alloc");
-    }
-    ~DeviceBuffer() {
-        const unikv_status status = unikv_memory_free(ctx_, data_);
-        if (status != UNIKV_OK) std::fprintf(stderr, "unikv_memory_free: %s\n", unikv_last_error_message());
-    }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-    void* data() const { return data_; }
-    size_t size() const { return bytes_; }
+    DeviceBuffer(const unikv::context& ctx, size_t bytes) : unikv::buffer(ctx, bytes), ctx_(&ctx) {}
 
     template <class T>
     void upload(const std::vector<T>& host) {
-        const size_t bytes = host.size() * sizeof(T);
-        if (bytes > bytes_) fail("upload of " + std::to_string(bytes) + " bytes into a smaller buffer");
-        check(unikv_memory_copy(ctx_, data_, host.data(), bytes, UNIKV_COPY_HOST_TO_DEVICE, nullptr),
-              "unikv_memory_copy(host to device)");
+        unikv::buffer::upload(host.data(), host.size() * sizeof(T));
     }
 
     template <class T>
     std::vector<T> download(size_t count) const {
         std::vector<T> host(count);
-        check(unikv_memory_copy(ctx_, host.data(), data_, count * sizeof(T), UNIKV_COPY_DEVICE_TO_HOST,
-                                nullptr),
-              "unikv_memory_copy(device to host)");
-        check(unikv_stream_synchronize(ctx_, nullptr), "unikv_stream_synchronize");
+        unikv::buffer::download(host.data(), count * sizeof(T));
+        ctx_->stream_synchronize();  // the copy is ordered on the stream
         return host;
     }
 
-    // Poisons the buffer so that any element the library fails to write shows.
-    void fill(uint8_t byte) {
-        check(unikv_memory_set(ctx_, data_, byte, bytes_, nullptr), "unikv_memory_set");
-    }
-
-    // A contiguous row-major descriptor of this buffer.
-    unikv_tensor tensor(unikv_dtype dtype, std::initializer_list<int64_t> shape) const {
-        unikv_tensor t{};
-        t.data = data_;
-        t.dtype = dtype;
-        t.ndim = static_cast<uint32_t>(shape.size());
-        int64_t stride = 1;
-        for (int axis = static_cast<int>(shape.size()) - 1; axis >= 0; --axis) {
-            t.shape[axis] = shape.begin()[axis];
-            t.strides[axis] = stride;
-            stride *= t.shape[axis];
-        }
-        return t;
-    }
-
 private:
-    const unikv_context* ctx_;
-    size_t bytes_;
-    void* data_ = nullptr;
+    const unikv::context* ctx_;
 };
 
 // ---------------------------------------------------------------------------
-// Float64 reference attention (spec unified_kv §3.2)
+// Float64 reference attention (docs/attention.md §1)
 
 inline std::vector<double> to_double(const uint16_t* bf16, size_t n) {
     std::vector<double> out(n);

@@ -182,7 +182,7 @@ static void check_geometry(const unikv_pool *pool, const unikv_pool_params *p, u
 /* ---- tests --------------------------------------------------------------------- */
 
 static void test_status_strings(void) {
-    static const uint32_t all[] = unikv_status_ALL;
+    static const uint32_t all[] = UNIKV_STATUS_ALL;
     const size_t n = sizeof all / sizeof all[0];
     size_t i, j;
     CHECK(n == UNIKV_OVERLAPPING_BUFFERS + 1);
@@ -472,7 +472,7 @@ static void test_plans(void) {
 
 enum { T = 2, H = 4, POOL_ROWS = 16 };
 
-/* Dense float64 reference of spec unified_kv §3.2 for one (token, head); K = V. */
+/* Dense float64 reference of docs/attention.md §1 for one (token, head); K = V. */
 static void reference(const uint16_t *q, const uint16_t *kv, const int32_t *rows, int n,
                       double sink, double scale, double *out, double *lse) {
     double s[POOL_ROWS], m = sink, den;

@@ -24,10 +24,6 @@ constexpr int kHeads = 16;
 constexpr int kRounds = 2000;
 constexpr int kDecodeEvery = 10;
 
-using Context = Handle<unikv_context, unikv_context_destroy>;
-using Pool = Handle<unikv_pool, unikv_pool_destroy>;
-using Plan = Handle<unikv_decode_plan, unikv_decode_plan_destroy>;
-
 unikv_backend backend_from_env() {
     const char* name = std::getenv("UNIKV_TEST_BACKEND");
     if (name == nullptr || std::strcmp(name, "cpu") == 0) return UNIKV_BACKEND_CPU;
@@ -38,13 +34,13 @@ unikv_backend backend_from_env() {
 
 // The fixed inputs of one decode call and a way to run it into fresh buffers.
 struct DecodeCase {
-    const unikv_context* ctx;
-    unikv_pool* pool;
-    unikv_decode_plan* plan;
+    const unikv::context& ctx;
+    const unikv::pool& pool;
+    const unikv::decode_plan& plan;
     DeviceBuffer q, indices, indptr;
     size_t workspace_bytes = 0;
 
-    DecodeCase(const unikv_context* c, unikv_pool* p, unikv_decode_plan* pl, uint64_t rows)
+    DecodeCase(const unikv::context& c, const unikv::pool& p, const unikv::decode_plan& pl, uint64_t rows)
         : ctx(c),
           pool(p),
           plan(pl),
@@ -66,7 +62,7 @@ struct DecodeCase {
         }
         indices.upload(idx);
         indptr.upload(ptr);
-        check(unikv_decode_plan_workspace_size(plan, &workspace_bytes), "unikv_decode_plan_workspace_size");
+        workspace_bytes = plan.workspace_size();
     }
 
     // Runs decode on the default stream into a fresh output; returns its bits.
@@ -74,8 +70,7 @@ struct DecodeCase {
         DeviceBuffer out(ctx, size_t{kTokens} * kHeads * kHeadDim * 2);
         DeviceBuffer workspace(ctx, workspace_bytes);
         out.fill(0xA5);
-        unikv_decode_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::decode_args>();
         a.q = q.tensor(UNIKV_DTYPE_BF16, {kTokens, kHeads, kHeadDim});
         a.indices = indices.tensor(UNIKV_DTYPE_I32, {static_cast<int64_t>(indices.size() / 4)});
         a.indptr = indptr.tensor(UNIKV_DTYPE_I32, {kTokens + 1});
@@ -83,58 +78,34 @@ struct DecodeCase {
         a.layer = 0;
         a.num_tokens = kTokens;
         a.softmax_scale = 0.044194173f;
-        check(unikv_sparse_decode(plan, pool, &a, workspace.data(), workspace.size(), nullptr),
-              "unikv_sparse_decode");
+        plan.sparse_decode(pool, a, workspace);
         return out.download<uint16_t>(size_t{kTokens} * kHeads * kHeadDim);
     }
 };
 
-}  // namespace
-
-int main() {
-    unikv_context_options o{};
-    o.struct_size = sizeof o;
-    o.backend = backend_from_env();
-    o.cpu_threads = 2;
-    unikv_context* raw_ctx = nullptr;
-    check(unikv_context_create(&o, &raw_ctx), "unikv_context_create");
-    Context ctx(raw_ctx);
+void run() {
+    const unikv::context ctx = unikv::context::create(backend_from_env(), /*cpu_threads=*/2);
 
     const uint32_t ratios[] = {0};
-    unikv_pool_params p{};
-    p.struct_size = sizeof p;
+    auto p = unikv::make_struct<unikv::pool_params>();
     p.compress_ratios = ratios;
     p.num_layers = 1;
     p.max_requests = kSlots;
     p.window = 8;
     p.kv_dtype = UNIKV_DTYPE_BF16;
-    unikv_pool* raw_pool = nullptr;
-    check(unikv_pool_create(ctx.get(), &p, &raw_pool), "unikv_pool_create");
-    Pool pool(raw_pool);
+    const unikv::pool pool = unikv::pool::create(ctx, p);
 
-    unikv_pool_layer_info layer{};
-    layer.struct_size = sizeof layer;
-    check(unikv_pool_get_layer(pool.get(), 0, &layer), "unikv_pool_get_layer");
+    const unikv_pool_layer_info layer = pool.get_layer(0);
     std::vector<uint16_t> rows;
     for (uint64_t r = 0; r < layer.rows; ++r) {
         const Bf16Row row = random_row({3, r}, 1.0);
         rows.insert(rows.end(), row.begin(), row.end());
     }
-    check(unikv_memory_copy(ctx.get(), layer.data, rows.data(), rows.size() * 2, UNIKV_COPY_HOST_TO_DEVICE,
-                            nullptr),
-          "unikv_memory_copy(pool rows)");
+    ctx.memory_copy(layer.data, rows.data(), rows.size() * 2, UNIKV_COPY_HOST_TO_DEVICE);
 
-    unikv_attention_plan_params pp{};
-    pp.struct_size = sizeof pp;
-    pp.max_tokens = kTokens;
-    pp.num_heads = kHeads;
-    pp.head_dim = kHeadDim;
-    pp.q_dtype = pp.kv_dtype = pp.out_dtype = UNIKV_DTYPE_BF16;
-    unikv_decode_plan* raw_plan = nullptr;
-    check(unikv_decode_plan_create(ctx.get(), &pp, &raw_plan), "unikv_decode_plan_create");
-    Plan plan(raw_plan);
+    const unikv::decode_plan plan = unikv::decode_plan::create(ctx, unikv::plan_params(kTokens, kHeads));
 
-    const DecodeCase decode(ctx.get(), pool.get(), plan.get(), layer.rows);
+    const DecodeCase decode(ctx, pool, plan, layer.rows);
     const std::vector<uint16_t> expected = decode.run();
 
     // owner[s] is the thread (1-based) holding slot s, 0 when free.
@@ -147,9 +118,10 @@ int main() {
             std::vector<uint32_t> held;
             Rng rng({static_cast<uint64_t>(id)});
             for (int round = 0; round < kRounds && failures.load() == 0; ++round) {
-                uint32_t slot = 0;
-                const unikv_status s = unikv_pool_acquire_slot(pool.get(), &slot);
-                if (s == UNIKV_OK) {
+                // Non-throwing: a full pool (CAPACITY_EXCEEDED) is expected here.
+                const unikv::result<uint32_t> acquired = pool.try_acquire_slot();
+                if (acquired.ok()) {
+                    const uint32_t slot = acquired.value();
                     int free_mark = 0;
                     if (slot == 0 || slot > kSlots || !owner[slot].compare_exchange_strong(free_mark, id)) {
                         messages[id - 1] = "slot " + std::to_string(slot) + " handed out while held by thread " +
@@ -158,8 +130,8 @@ int main() {
                         return;
                     }
                     held.push_back(slot);
-                } else if (s != UNIKV_CAPACITY_EXCEEDED) {
-                    messages[id - 1] = std::string("acquire: ") + unikv_last_error_message();
+                } else if (acquired.code() != UNIKV_CAPACITY_EXCEEDED) {
+                    messages[id - 1] = "acquire: " + acquired.message();
                     failures.fetch_add(1);
                     return;
                 }
@@ -169,8 +141,8 @@ int main() {
                     const uint32_t victim = held[k];
                     held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
                     owner[victim].store(0);
-                    if (unikv_pool_release_slot(pool.get(), victim) != UNIKV_OK) {
-                        messages[id - 1] = std::string("release: ") + unikv_last_error_message();
+                    if (const unikv::status s = unikv::call(unikv_pool_release_slot, pool.get(), victim); !s) {
+                        messages[id - 1] = "release: " + s.message();
                         failures.fetch_add(1);
                         return;
                     }
@@ -183,8 +155,8 @@ int main() {
             }
             for (uint32_t slot : held) {
                 owner[slot].store(0);
-                if (unikv_pool_release_slot(pool.get(), slot) != UNIKV_OK) {
-                    messages[id - 1] = std::string("final release: ") + unikv_last_error_message();
+                if (const unikv::status s = unikv::call(unikv_pool_release_slot, pool.get(), slot); !s) {
+                    messages[id - 1] = "final release: " + s.message();
                     failures.fetch_add(1);
                 }
             }
@@ -196,17 +168,16 @@ int main() {
     }
 
     // Nothing lost: all slots are free again and come out lowest first.
-    unikv_pool_info info{};
-    info.struct_size = sizeof info;
-    check(unikv_pool_get_info(pool.get(), &info), "unikv_pool_get_info");
+    const unikv_pool_info info = pool.get_info();
     if (info.slots_in_use != 0) fail(std::to_string(info.slots_in_use) + " slots still in use");
     for (uint32_t want = 1; want <= kSlots; ++want) {
-        uint32_t slot = 0;
-        check(unikv_pool_acquire_slot(pool.get(), &slot), "unikv_pool_acquire_slot");
+        const uint32_t slot = pool.acquire_slot();
         if (slot != want) fail("slot " + std::to_string(slot) + " where " + std::to_string(want) + " was due");
     }
-    uint32_t extra = 0;
-    if (unikv_pool_acquire_slot(pool.get(), &extra) != UNIKV_CAPACITY_EXCEEDED) fail("a slot past max_requests");
+    if (pool.try_acquire_slot().code() != UNIKV_CAPACITY_EXCEEDED) fail("a slot past max_requests");
     std::printf("concurrency: %d threads x %d rounds, slots and decode results consistent\n", kThreads, kRounds);
-    return 0;
 }
+
+}  // namespace
+
+int main() { return run_test(run); }

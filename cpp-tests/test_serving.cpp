@@ -111,7 +111,7 @@ struct Request {
     int decoded = 0;
 };
 
-// Compressed page index of a request's group (spec unified_kv §1.3):
+// Compressed page index of a request's group (docs/pool.md §5):
 // c4 entry i -> pt[i / 64] * 64 + i % 64, c128 entry i -> pt[i / 2] * 2 + i % 2.
 int page_index(const Request& r, uint32_t ratio, int group) {
     const int per_page = kPageTokens / static_cast<int>(ratio);
@@ -230,7 +230,7 @@ std::vector<std::vector<double>> visible_keys(int req, int layer, int pos) {
 // ---------------------------------------------------------------------------
 // The serving loop
 
-uint32_t backend_from_env() {
+unikv_backend backend_from_env() {
     const char* name = std::getenv("UNIKV_TEST_BACKEND");
     if (name == nullptr || std::strcmp(name, "cpu") == 0) return UNIKV_BACKEND_CPU;
     if (std::strcmp(name, "cuda") == 0) return UNIKV_BACKEND_CUDA;
@@ -238,47 +238,20 @@ uint32_t backend_from_env() {
     fail("UNIKV_TEST_BACKEND must be cpu, cuda or auto");
 }
 
-unikv_context* create_context() {
-    unikv_context_options options{};
-    options.struct_size = sizeof options;
-    options.backend = backend_from_env();
-    unikv_context* ctx = nullptr;
-    check(unikv_context_create(&options, &ctx), "unikv_context_create");
-    return ctx;
-}
-
-unikv_attention_plan_params plan_params(int max_tokens) {
-    unikv_attention_plan_params p{};
-    p.struct_size = sizeof p;
-    p.max_tokens = static_cast<uint32_t>(max_tokens);
-    p.num_heads = kHeads;
-    p.head_dim = kHeadDim;
-    p.q_dtype = p.kv_dtype = p.out_dtype = UNIKV_DTYPE_BF16;
-    return p;
+unikv::attention_plan_params plan_params(int max_tokens) {
+    return unikv::plan_params(static_cast<uint32_t>(max_tokens), kHeads);
 }
 
 size_t bf16_rows(int rows) { return static_cast<size_t>(rows) * kHeadDim * sizeof(uint16_t); }
 size_t i32s(int n) { return static_cast<size_t>(n) * sizeof(int32_t); }
 
-size_t workspace_bytes(const unikv_decode_plan* plan) {
-    size_t bytes = 0;
-    check(unikv_decode_plan_workspace_size(plan, &bytes), "unikv_decode_plan_workspace_size");
-    return bytes;
-}
-
-size_t workspace_bytes(const unikv_prefill_plan* plan) {
-    size_t bytes = 0;
-    check(unikv_prefill_plan_workspace_size(plan, &bytes), "unikv_prefill_plan_workspace_size");
-    return bytes;
-}
-
 class Scenario {
 public:
     Scenario()
-        : ctx_(create_context()),
+        : ctx_(unikv::context::create(backend_from_env())),
           pool_(create_pool()),
-          decode_plan_(create_decode_plan()),
-          prefill_plan_(create_prefill_plan()) {
+          decode_plan_(unikv::decode_plan::create(ctx_, plan_params(kDecodeMaxTokens))),
+          prefill_plan_(unikv::prefill_plan::create(ctx_, plan_params(kPrefillMaxTokens))) {
         check_pool_geometry();
         acquire_slots();
         assign_pages();
@@ -299,42 +272,42 @@ public:
 
 private:
     // Declared first, destroyed last: the buffers below are freed through the context.
-    Handle<unikv_context, unikv_context_destroy> ctx_;
-    Handle<unikv_pool, unikv_pool_destroy> pool_;
-    Handle<unikv_decode_plan, unikv_decode_plan_destroy> decode_plan_;
-    Handle<unikv_prefill_plan, unikv_prefill_plan_destroy> prefill_plan_;
+    unikv::context ctx_;
+    unikv::pool pool_;
+    unikv::decode_plan decode_plan_;
+    unikv::prefill_plan prefill_plan_;
     std::vector<Request> reqs_;
 
     // Plan workspaces (0 bytes on the CPU backend), then forward inputs and
     // outputs, all in the context's memory.
-    DeviceBuffer decode_ws_{ctx_.get(), workspace_bytes(decode_plan_.get())};
-    DeviceBuffer prefill_ws_{ctx_.get(), workspace_bytes(prefill_plan_.get())};
-    DeviceBuffer kv_{ctx_.get(), bf16_rows(kMaxTokens)};
-    DeviceBuffer q_{ctx_.get(), bf16_rows(kMaxTokens * kHeads)};
-    DeviceBuffer out_{ctx_.get(), bf16_rows(kMaxTokens * kHeads)};
-    DeviceBuffer compressed_{ctx_.get(), bf16_rows(kMaxTokens)};
-    DeviceBuffer loc_{ctx_.get(), i32s(kMaxTokens)};
-    DeviceBuffer sink_{ctx_.get(), kHeads * sizeof(float)};
-    DeviceBuffer batch_id_{ctx_.get(), i32s(kMaxTokens)};
-    DeviceBuffer positions_{ctx_.get(), i32s(kMaxTokens)};
-    DeviceBuffer req_slots_{ctx_.get(), i32s(kRequests)};
-    DeviceBuffer chunk_start_{ctx_.get(), i32s(kRequests)};
-    DeviceBuffer extend_start_{ctx_.get(), i32s(kRequests)};
-    DeviceBuffer final_pos_{ctx_.get(), i32s(kRequests)};
-    DeviceBuffer c128_table_{ctx_.get(), i32s(kMaxTokens * kC128Width)};
-    DeviceBuffer layer_table_{ctx_.get(), i32s(kMaxTokens * kMaxTableWidth)};
+    DeviceBuffer decode_ws_{ctx_, decode_plan_.workspace_size()};
+    DeviceBuffer prefill_ws_{ctx_, prefill_plan_.workspace_size()};
+    DeviceBuffer kv_{ctx_, bf16_rows(kMaxTokens)};
+    DeviceBuffer q_{ctx_, bf16_rows(kMaxTokens * kHeads)};
+    DeviceBuffer out_{ctx_, bf16_rows(kMaxTokens * kHeads)};
+    DeviceBuffer compressed_{ctx_, bf16_rows(kMaxTokens)};
+    DeviceBuffer loc_{ctx_, i32s(kMaxTokens)};
+    DeviceBuffer sink_{ctx_, kHeads * sizeof(float)};
+    DeviceBuffer batch_id_{ctx_, i32s(kMaxTokens)};
+    DeviceBuffer positions_{ctx_, i32s(kMaxTokens)};
+    DeviceBuffer req_slots_{ctx_, i32s(kRequests)};
+    DeviceBuffer chunk_start_{ctx_, i32s(kRequests)};
+    DeviceBuffer extend_start_{ctx_, i32s(kRequests)};
+    DeviceBuffer final_pos_{ctx_, i32s(kRequests)};
+    DeviceBuffer c128_table_{ctx_, i32s(kMaxTokens * kC128Width)};
+    DeviceBuffer layer_table_{ctx_, i32s(kMaxTokens * kMaxTableWidth)};
     // Decode streams (built once per forward).
-    DeviceBuffer swa_indptr_{ctx_.get(), i32s(kDecodeMaxTokens + 1)};
-    DeviceBuffer swa_indices_{ctx_.get(), i32s(kDecodeMaxTokens * kWindow)};
-    DeviceBuffer hca_indptr_{ctx_.get(), i32s(kDecodeMaxTokens + 1)};
-    DeviceBuffer hca_indices_{ctx_.get(), i32s(kDecodeMaxTokens * (kWindow + kC128Width))};
-    DeviceBuffer csa_indptr_{ctx_.get(), i32s(kDecodeMaxTokens + 1)};
-    DeviceBuffer csa_indices_{ctx_.get(), i32s(kDecodeMaxTokens * (kWindow + kCsaTopk))};
+    DeviceBuffer swa_indptr_{ctx_, i32s(kDecodeMaxTokens + 1)};
+    DeviceBuffer swa_indices_{ctx_, i32s(kDecodeMaxTokens * kWindow)};
+    DeviceBuffer hca_indptr_{ctx_, i32s(kDecodeMaxTokens + 1)};
+    DeviceBuffer hca_indices_{ctx_, i32s(kDecodeMaxTokens * (kWindow + kC128Width))};
+    DeviceBuffer csa_indptr_{ctx_, i32s(kDecodeMaxTokens + 1)};
+    DeviceBuffer csa_indices_{ctx_, i32s(kDecodeMaxTokens * (kWindow + kCsaTopk))};
     // Prefill streams (built per layer).
-    DeviceBuffer prefix_indptr_{ctx_.get(), i32s(kMaxTokens + 1)};
-    DeviceBuffer prefix_indices_{ctx_.get(), i32s(kMaxTokens * (kWindow + kMaxTableWidth))};
-    DeviceBuffer extend_indptr_{ctx_.get(), i32s(kMaxTokens + 1)};
-    DeviceBuffer extend_indices_{ctx_.get(), i32s(kMaxTokens * kWindow)};
+    DeviceBuffer prefix_indptr_{ctx_, i32s(kMaxTokens + 1)};
+    DeviceBuffer prefix_indices_{ctx_, i32s(kMaxTokens * (kWindow + kMaxTableWidth))};
+    DeviceBuffer extend_indptr_{ctx_, i32s(kMaxTokens + 1)};
+    DeviceBuffer extend_indices_{ctx_, i32s(kMaxTokens * kWindow)};
 
     int prefill_forwards_ = 0;
     int decode_forwards_ = 0;
@@ -344,9 +317,8 @@ private:
 
     // --- setup --------------------------------------------------------------
 
-    unikv_pool* create_pool() const {
-        unikv_pool_params p{};
-        p.struct_size = sizeof p;
+    unikv::pool create_pool() const {
+        unikv::pool_params p = unikv::make_struct<unikv::pool_params>();
         p.compress_ratios = kRatios;
         p.num_layers = kLayers;
         p.max_requests = kMaxRequests;
@@ -354,31 +326,10 @@ private:
         p.spec_extra = kSpecExtra;
         p.c128_blocks = kC128Blocks;
         p.kv_dtype = UNIKV_DTYPE_BF16;
-        unikv_pool* pool = nullptr;
-        check(unikv_pool_create(ctx_.get(), &p, &pool), "unikv_pool_create");
-        return pool;
+        return unikv::pool::create(ctx_, p);
     }
 
-    unikv_decode_plan* create_decode_plan() const {
-        const unikv_attention_plan_params p = plan_params(kDecodeMaxTokens);
-        unikv_decode_plan* plan = nullptr;
-        check(unikv_decode_plan_create(ctx_.get(), &p, &plan), "unikv_decode_plan_create");
-        return plan;
-    }
-
-    unikv_prefill_plan* create_prefill_plan() const {
-        const unikv_attention_plan_params p = plan_params(kPrefillMaxTokens);
-        unikv_prefill_plan* plan = nullptr;
-        check(unikv_prefill_plan_create(ctx_.get(), &p, &plan), "unikv_prefill_plan_create");
-        return plan;
-    }
-
-    unikv_pool_info pool_info() const {
-        unikv_pool_info info{};
-        info.struct_size = sizeof info;
-        check(unikv_pool_get_info(pool_.get(), &info), "unikv_pool_get_info");
-        return info;
-    }
+    unikv_pool_info pool_info() const { return pool_.get_info(); }
 
     void expect_slots_in_use(uint32_t want) const {
         const uint32_t got = pool_info().slots_in_use;
@@ -393,9 +344,7 @@ private:
         const uint64_t ring = kWindow + kSpecExtra;
         if (info.ring != ring || info.swa_rows != (kMaxRequests + 1) * ring) fail("unexpected SWA geometry");
         for (int layer = 0; layer < kLayers; ++layer) {
-            unikv_pool_layer_info li{};
-            li.struct_size = sizeof li;
-            check(unikv_pool_get_layer(pool_.get(), layer, &li), "unikv_pool_get_layer");
+            const unikv_pool_layer_info li = pool_.get_layer(layer);
             const uint32_t ratio = kRatios[layer];
             const uint64_t compressed = ratio == 0 ? 0 : kC128Blocks * (ratio == 4 ? 32 : 1) + 256 / ratio;
             if (li.compress_ratio != ratio || li.compressed_rows != compressed ||
@@ -408,23 +357,22 @@ private:
     // back, so the served requests run in slots 2..4, the last one included.
     void acquire_slots() {
         expect_slots_in_use(0);
-        uint32_t cancelled = 0;
-        check(unikv_pool_acquire_slot(pool_.get(), &cancelled), "unikv_pool_acquire_slot");
+        const uint32_t cancelled = pool_.acquire_slot();
         for (int len : kPromptLens) {
             Request r;
             r.prompt_len = len;
-            check(unikv_pool_acquire_slot(pool_.get(), &r.slot), "unikv_pool_acquire_slot");
+            r.slot = pool_.acquire_slot();
             if (r.slot < 1 || r.slot > kMaxRequests) fail("slot " + std::to_string(r.slot) + " out of 1..R");
             reqs_.push_back(r);
         }
         expect_slots_in_use(kRequests + 1);
-        check(unikv_pool_release_slot(pool_.get(), cancelled), "unikv_pool_release_slot");
+        pool_.release_slot(cancelled);
         expect_slots_in_use(kRequests);
     }
 
     void release_slots() {
         for (const Request& r : reqs_)
-            check(unikv_pool_release_slot(pool_.get(), r.slot), "unikv_pool_release_slot");
+            pool_.release_slot(r.slot);
         expect_slots_in_use(0);
     }
 
@@ -499,8 +447,7 @@ private:
         // Ratio 0 reads no table; the prefix stream then holds at most the window.
         const int64_t width = ratio == 128 ? kC128Width : ratio == 4 ? kCsaTopk : 0;
 
-        unikv_prefill_streams_args s{};
-        s.struct_size = sizeof s;
+        auto s = unikv::make_struct<unikv::prefill_streams_args>();
         s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
         s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {int64_t(b.requests.size())});
         s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
@@ -516,10 +463,9 @@ private:
         s.extend_indices = extend_indices_.tensor(UNIKV_DTYPE_I32, {T * kWindow});
         s.num_tokens = static_cast<uint32_t>(T);
         s.compress_ratio = ratio;
-        check(unikv_build_prefill_streams(pool_.get(), &s, nullptr), "unikv_build_prefill_streams");
+        pool_.build_prefill_streams(s);
 
-        unikv_prefill_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::prefill_args>();
         a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
         a.indices = s.prefix_indices;
         a.indptr = s.prefix_indptr;
@@ -532,9 +478,7 @@ private:
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kScale;
         out_.fill(0xFF);  // bf16 NaN: rows the library does not write fail the check
-        check(unikv_sparse_prefill(prefill_plan_.get(), pool_.get(), &a, prefill_ws_.data(), prefill_ws_.size(),
-                                   nullptr),
-              "unikv_sparse_prefill");
+        prefill_plan_.sparse_prefill(pool_, a, prefill_ws_);
 
         store_swa(b, layer, /*final_window_only=*/true);
         verify(b, layer, in);
@@ -547,8 +491,7 @@ private:
         upload_batch(b);
         c128_table_.upload(c128_table(b, reqs_));
         const int64_t T = b.size();
-        unikv_decode_streams_args s{};
-        s.struct_size = sizeof s;
+        auto s = unikv::make_struct<unikv::decode_streams_args>();
         s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
         s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {int64_t(b.requests.size())});
         s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
@@ -561,7 +504,7 @@ private:
         s.csa_indices = csa_indices_.tensor(UNIKV_DTYPE_I32, {T * (kWindow + kCsaTopk)});
         s.num_tokens = static_cast<uint32_t>(T);
         s.csa_topk = kCsaTopk;
-        check(unikv_build_decode_streams(pool_.get(), &s, nullptr), "unikv_build_decode_streams");
+        pool_.build_decode_streams(s);
 
         for (int layer = 0; layer < kLayers; ++layer) run_decode_layer(b, layer, s);
         for (int req : b.requests) {
@@ -578,18 +521,16 @@ private:
         store_swa(b, layer, /*final_window_only=*/false);
         if (ratio == 4) {
             layer_table_.upload(csa_table(b, reqs_, layer));
-            unikv_csa_tail_args c{};
-            c.struct_size = sizeof c;
+            auto c = unikv::make_struct<unikv::csa_tail_args>();
             c.batch_id = s.batch_id;
             c.positions = s.positions;
             c.csa_page_indices = layer_table_.tensor(UNIKV_DTYPE_I32, {T, kCsaTopk});
             c.csa_indptr = s.csa_indptr;
             c.csa_indices = s.csa_indices;
             c.num_tokens = static_cast<uint32_t>(T);
-            check(unikv_fill_csa_tail(pool_.get(), &c, nullptr), "unikv_fill_csa_tail");
+            pool_.fill_csa_tail(c);
         }
-        unikv_decode_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::decode_args>();
         a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
         a.indices = ratio == 0 ? s.swa_indices : ratio == 4 ? s.csa_indices : s.hca_indices;
         a.indptr = ratio == 0 ? s.swa_indptr : ratio == 4 ? s.csa_indptr : s.hca_indptr;
@@ -599,9 +540,7 @@ private:
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kScale;
         out_.fill(0xFF);
-        check(unikv_sparse_decode(decode_plan_.get(), pool_.get(), &a, decode_ws_.data(), decode_ws_.size(),
-                                  nullptr),
-              "unikv_sparse_decode");
+        decode_plan_.sparse_decode(pool_, a, decode_ws_);
         verify(b, layer, in);
     }
 
@@ -618,13 +557,12 @@ private:
         if (kRatios[layer] != 0) {
             compressed_.upload(in.compressed);
             loc_.upload(in.loc);
-            unikv_store_compressed_args c{};
-            c.struct_size = sizeof c;
+            auto c = unikv::make_struct<unikv::store_compressed_args>();
             c.kv = compressed_.tensor(UNIKV_DTYPE_BF16, {b.size(), kHeadDim});
             c.loc = loc_.tensor(UNIKV_DTYPE_I32, {b.size()});
             c.layer = static_cast<uint32_t>(layer);
             c.num_rows = static_cast<uint32_t>(b.size());
-            check(unikv_store_compressed(pool_.get(), &c, nullptr), "unikv_store_compressed");
+            pool_.store_compressed(c);
         }
         return in;
     }
@@ -633,8 +571,7 @@ private:
     // request's last chunk position as final_pos, so a chunk longer than the ring
     // writes only its final window.
     void store_swa(const Batch& b, int layer, bool final_window_only) {
-        unikv_store_swa_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::store_swa_args>();
         a.kv = kv_.tensor(UNIKV_DTYPE_BF16, {b.size(), kHeadDim});
         a.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {b.size()});
         a.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {int64_t(b.requests.size())});
@@ -642,7 +579,7 @@ private:
         if (final_window_only) a.final_pos = final_pos_.tensor(UNIKV_DTYPE_I32, {int64_t(b.requests.size())});
         a.layer = static_cast<uint32_t>(layer);
         a.num_tokens = static_cast<uint32_t>(b.size());
-        check(unikv_store_swa(pool_.get(), &a, nullptr), "unikv_store_swa");
+        pool_.store_swa(a);
     }
 
     // Compares every (token, head) output row with the float64 reference over the
@@ -690,6 +627,5 @@ private:
 int main() {
     std::printf("unikv %s (header %s)\n", unikv_version_string(), UNIKV_VERSION_STRING);
     if (unikv_version() != UNIKV_VERSION) fail("header and library versions differ");
-    Scenario().run();
-    return 0;
+    return run_test([] { Scenario().run(); });
 }

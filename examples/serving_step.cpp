@@ -1,6 +1,6 @@
 // serving_step.cpp: a small serving session on a unified KV pool, end to end.
 //
-// What a serving engine does with unikv, in call order (spec unified_kv §5.4):
+// What a serving engine does with unikv, in call order (docs/serving-step.md §2):
 //
 //   startup  unikv_context_create              AUTO: the GPU backend when present
 //            unikv_pool_create                 per layer one [rows, 512] bf16 buffer
@@ -29,6 +29,12 @@
 // Every tensor lives in the context's memory (unikv_memory_alloc) and results
 // come back with unikv_memory_copy + unikv_stream_synchronize, so the program
 // runs unchanged on a GPU backend.
+//
+// It uses the C++ bindings, unikv.hpp: each unikv::pool / plan / context
+// method above is the C function of the same name (unikv_pool_acquire_slot
+// is pool.acquire_slot, unikv_sparse_decode is decode_plan.sparse_decode),
+// handles and buffers free themselves, and a failing call throws
+// unikv::error with the library's message naming the argument at fault.
 
 #include <algorithm>
 #include <cmath>
@@ -37,11 +43,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <memory>
 #include <utility>
 #include <vector>
 
-#include <unikv.h>
+#include <unikv.hpp>
 
 namespace {
 
@@ -69,30 +74,8 @@ constexpr double kTolerance = 1e-2;  // relative L2 error per (token, head) outp
 // ---------------------------------------------------------------------------
 // Small helpers
 
-// Ends the program with the library's explanation when a call fails.
-#define CHECK(call) check_status((call), #call)
-
-void check_status(unikv_status status, const char* call) {
-    if (status == UNIKV_OK) return;
-    std::fprintf(stderr, "%s failed: %s: %s\n", call, unikv_status_string(status),
-                 unikv_last_error_message());
-    std::exit(1);
-}
-
-uint16_t float_to_bf16(float value) {  // round to nearest even
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    if (std::isnan(value)) return 0x7FC0;
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
-
-float bf16_to_float(uint16_t half) {
-    const uint32_t bits = static_cast<uint32_t>(half) << 16;
-    float value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
+uint16_t float_to_bf16(float value) { return unikv::bf16::from_float(value).bits; }  // nearest even
+float bf16_to_float(uint16_t half) { return unikv::bf16{half}.to_float(); }
 
 using Row = std::vector<uint16_t>;  // 512 bf16 values
 
@@ -117,74 +100,31 @@ private:
     uint64_t state_;
 };
 
-// Memory in the context's address space: device memory on GPU backends.
-class Buffer {
+// Memory in the context's address space (device memory on GPU backends):
+// unikv::buffer, plus whole-vector copies.
+class Buffer : public unikv::buffer {
 public:
     Buffer() = default;
-    Buffer(const unikv_context* ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
-        if (bytes_ > 0) CHECK(unikv_memory_alloc(ctx_, bytes_, &data_));
-    }
-    Buffer(Buffer&& other) noexcept { *this = std::move(other); }
-    Buffer& operator=(Buffer&& other) noexcept {
-        std::swap(ctx_, other.ctx_);
-        std::swap(bytes_, other.bytes_);
-        std::swap(data_, other.data_);
-        return *this;
-    }
-    ~Buffer() {
-        if (data_ != nullptr) CHECK(unikv_memory_free(ctx_, data_));
-    }
-
-    void* data() const { return data_; }
-    size_t bytes() const { return bytes_; }
+    Buffer(const unikv::context& ctx, size_t bytes) : unikv::buffer(ctx, bytes), ctx_(&ctx) {}
 
     template <class T>
     void upload(const std::vector<T>& host) {
-        CHECK(unikv_memory_copy(ctx_, data_, host.data(), host.size() * sizeof(T), UNIKV_COPY_HOST_TO_DEVICE,
-                                nullptr));
+        unikv::buffer::upload(host.data(), host.size() * sizeof(T));
     }
     template <class T>
     std::vector<T> download(size_t count) const {
         std::vector<T> host(count);
-        CHECK(unikv_memory_copy(ctx_, host.data(), data_, count * sizeof(T), UNIKV_COPY_DEVICE_TO_HOST,
-                                nullptr));
-        CHECK(unikv_stream_synchronize(ctx_, nullptr));  // the copy is ordered on the stream
+        unikv::buffer::download(host.data(), count * sizeof(T));
+        ctx_->stream_synchronize();  // the copy is ordered on the stream
         return host;
     }
 
-    // A contiguous row-major tensor descriptor over this buffer.
-    unikv_tensor tensor(uint32_t dtype, std::initializer_list<int64_t> shape) const {
-        unikv_tensor t{};
-        t.data = data_;
-        t.dtype = dtype;
-        t.ndim = static_cast<uint32_t>(shape.size());
-        int64_t stride = 1;
-        for (int axis = static_cast<int>(shape.size()) - 1; axis >= 0; --axis) {
-            t.shape[axis] = shape.begin()[axis];
-            t.strides[axis] = stride;
-            stride *= t.shape[axis];
-        }
-        return t;
-    }
-
 private:
-    const unikv_context* ctx_ = nullptr;
-    size_t bytes_ = 0;
-    void* data_ = nullptr;
+    const unikv::context* ctx_ = nullptr;
 };
 
-Buffer i32_buffer(const unikv_context* ctx, int n) { return Buffer(ctx, n * sizeof(int32_t)); }
-Buffer bf16_buffer(const unikv_context* ctx, int rows) {
-    return Buffer(ctx, rows * kHeadDim * sizeof(uint16_t));
-}
-
-// Owning handles: each *_create has a *_destroy.
-template <class T, void (*Destroy)(T*)>
-struct Destroyer {
-    void operator()(T* handle) const { Destroy(handle); }
-};
-template <class T, void (*Destroy)(T*)>
-using Handle = std::unique_ptr<T, Destroyer<T, Destroy>>;
+Buffer i32_buffer(const unikv::context& ctx, int n) { return Buffer(ctx, n * sizeof(int32_t)); }
+Buffer bf16_buffer(const unikv::context& ctx, int rows) { return Buffer(ctx, rows * kHeadDim * sizeof(uint16_t)); }
 
 const char* backend_name(uint32_t backend) {
     switch (backend) {
@@ -205,7 +145,7 @@ struct Request {
     int len = 0;             // tokens whose rows are in the pool
 };
 
-// Compressed page index of a request's group-th group of `ratio` (spec §1.3):
+// Compressed page index of a request's group-th group of `ratio` (docs/pool.md §5):
 // c4 group i -> pages[i / 64] * 64 + i % 64, c128 group i -> pages[i / 2] * 2 + i % 2.
 int page_index(const Request& r, uint32_t ratio, int group) {
     const int per_page = kPageTokens / static_cast<int>(ratio);
@@ -234,7 +174,7 @@ std::vector<double> to_double(const uint16_t* row) {
 }
 
 // Dense attention in float64 for one (token, head) over `keys` (K = V), with
-// the sink as a virtual key of value zero (spec §3.2).
+// the sink as a virtual key of value zero (docs/attention.md §1).
 std::vector<double> dense_attention(const std::vector<double>& q,
                                     const std::vector<std::vector<double>>& keys, double sink) {
     std::vector<double> logits;
@@ -310,7 +250,7 @@ public:
     void admit(int prompt_len) {
         Request r;
         r.prompt_len = prompt_len;
-        CHECK(unikv_pool_acquire_slot(pool_.get(), &r.slot));
+        r.slot = pool_.acquire_slot();
         const int max_tokens = prompt_len + kDecodeSteps;
         for (int t = 0; t < max_tokens; t += kPageTokens) r.pages.push_back(next_page_++);
         std::printf("request %zu: prompt %d tokens, slot %u, pages", requests_.size(), prompt_len, r.slot);
@@ -357,9 +297,7 @@ public:
         std::printf("pool occupancy: %u / %u slots in use; rows per layer:", info.slots_in_use,
                     info.max_requests);
         for (uint32_t l = 0; l < kNumLayers; ++l) {
-            unikv_pool_layer_info layer{};
-            layer.struct_size = sizeof layer;
-            CHECK(unikv_pool_get_layer(pool_.get(), l, &layer));
+            const unikv::pool_layer_info layer = pool_.get_layer(l);
             std::printf(" %llu (ratio %u)", static_cast<unsigned long long>(layer.rows),
                         layer.compress_ratio);
         }
@@ -371,7 +309,7 @@ public:
     }
 
     void finish() {
-        for (const Request& r : requests_) CHECK(unikv_pool_release_slot(pool_.get(), r.slot));
+        for (const Request& r : requests_) pool_.release_slot(r.slot);
         const unikv_pool_info info = pool_info();
         std::printf("requests finished: %u / %u slots in use\n", info.slots_in_use, info.max_requests);
     }
@@ -382,15 +320,8 @@ private:
     // --- startup ---------------------------------------------------------
 
     void create_context() {
-        unikv_context_options options{};
-        options.struct_size = sizeof options;
-        options.backend = UNIKV_BACKEND_AUTO;
-        unikv_context* ctx = nullptr;
-        CHECK(unikv_context_create(&options, &ctx));
-        ctx_.reset(ctx);
-        unikv_context_info info{};
-        info.struct_size = sizeof info;
-        CHECK(unikv_context_get_info(ctx, &info));
+        ctx_ = unikv::context::create(UNIKV_BACKEND_AUTO);
+        const unikv::context_info info = ctx_.get_info();
         if (info.backend == UNIKV_BACKEND_CPU)
             std::printf("unikv %s: backend CPU (%u threads)\n", unikv_version_string(), info.cpu_threads);
         else
@@ -399,8 +330,7 @@ private:
     }
 
     void create_pool() {
-        unikv_pool_params params{};
-        params.struct_size = sizeof params;
+        auto params = unikv::make_struct<unikv::pool_params>();
         params.compress_ratios = kRatios;
         params.layer_buffers = nullptr;  // the pool allocates (zeroed) buffers itself
         params.num_layers = kNumLayers;
@@ -409,49 +339,27 @@ private:
         params.spec_extra = 0;  // no speculative decoding
         params.c128_blocks = kC128Blocks;
         params.kv_dtype = UNIKV_DTYPE_BF16;
-        unikv_pool* pool = nullptr;
-        CHECK(unikv_pool_create(ctx_.get(), &params, &pool));
-        pool_.reset(pool);
+        pool_ = unikv::pool::create(ctx_, params);
         const unikv_pool_info info = pool_info();
         std::printf("pool: %u layers (ratios 0/4/128), window %u, ring %u, %u request slots\n",
                     info.num_layers, info.window, info.ring, info.max_requests);
     }
 
-    unikv_pool_info pool_info() const {
-        unikv_pool_info info{};
-        info.struct_size = sizeof info;
-        CHECK(unikv_pool_get_info(pool_.get(), &info));
-        return info;
-    }
+    unikv::pool_info pool_info() const { return pool_.get_info(); }
 
     void create_plans() {
-        unikv_attention_plan_params p{};
-        p.struct_size = sizeof p;
-        p.num_heads = kHeads;
-        p.head_dim = kHeadDim;
-        p.q_dtype = p.kv_dtype = p.out_dtype = UNIKV_DTYPE_BF16;
-        size_t bytes = 0;
-
-        p.max_tokens = kPrefillTokens;
-        unikv_prefill_plan* prefill_plan = nullptr;
-        CHECK(unikv_prefill_plan_create(ctx_.get(), &p, &prefill_plan));
-        prefill_plan_.reset(prefill_plan);
-        CHECK(unikv_prefill_plan_workspace_size(prefill_plan, &bytes));
-        prefill_workspace_ = Buffer(ctx_.get(), bytes);  // 0 bytes on the CPU backend
-
-        p.max_tokens = kDecodeGraphTokens;
-        unikv_decode_plan* decode_plan = nullptr;
-        CHECK(unikv_decode_plan_create(ctx_.get(), &p, &decode_plan));
-        decode_plan_.reset(decode_plan);
-        CHECK(unikv_decode_plan_workspace_size(decode_plan, &bytes));
-        decode_workspace_ = Buffer(ctx_.get(), bytes);
+        // bf16 queries and outputs, head_dim 512, the pool's kv dtype.
+        prefill_plan_ = unikv::prefill_plan::create(ctx_, unikv::plan_params(kPrefillTokens, kHeads));
+        prefill_workspace_ = Buffer(ctx_, prefill_plan_.workspace_size());  // 0 bytes on the CPU backend
+        decode_plan_ = unikv::decode_plan::create(ctx_, unikv::plan_params(kDecodeGraphTokens, kHeads));
+        decode_workspace_ = Buffer(ctx_, decode_plan_.workspace_size());
     }
 
     // Sized once for the largest forward, as a CUDA-graph engine must.
     void allocate_buffers() {
         const int T = std::max(kPrefillTokens, kDecodeGraphTokens);
         const int table_width = std::max(kC128Width, kCsaTopk);
-        const unikv_context* ctx = ctx_.get();
+        const unikv::context& ctx = ctx_;
         q_ = bf16_buffer(ctx, T * kHeads);
         out_ = bf16_buffer(ctx, T * kHeads);
         kv_ = bf16_buffer(ctx, T);
@@ -560,13 +468,12 @@ private:
                           uint32_t layer) {
         compressed_kv_.upload(compressed);
         compressed_loc_.upload(loc);
-        unikv_store_compressed_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::store_compressed_args>();
         a.kv = compressed_kv_.tensor(UNIKV_DTYPE_BF16, {int64_t(loc.size()), kHeadDim});
         a.loc = compressed_loc_.tensor(UNIKV_DTYPE_I32, {int64_t(loc.size())});
         a.layer = layer;
         a.num_rows = static_cast<uint32_t>(loc.size());
-        CHECK(unikv_store_compressed(pool_.get(), &a, nullptr));
+        pool_.store_compressed(a);
     }
 
     // Writes the forward's latent rows into the requests' SWA rings. With
@@ -574,8 +481,7 @@ private:
     // written, so a chunk longer than the ring does not overwrite itself.
     void store_swa(const Forward& f, uint32_t layer, bool final_window_only) {
         const int64_t T = f.tokens(), R = int64_t(f.req_slots.size());
-        unikv_store_swa_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::store_swa_args>();
         a.kv = kv_.tensor(UNIKV_DTYPE_BF16, {T, kHeadDim});
         a.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
         a.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {R});
@@ -583,7 +489,7 @@ private:
         if (final_window_only) a.final_pos = final_pos_.tensor(UNIKV_DTYPE_I32, {R});
         a.layer = layer;
         a.num_tokens = static_cast<uint32_t>(T);
-        CHECK(unikv_store_swa(pool_.get(), &a, nullptr));
+        pool_.store_swa(a);
     }
 
     void prefill_layer(const Forward& f, uint32_t layer) {
@@ -594,8 +500,7 @@ private:
         // Index streams for this layer's kind: prefix = earlier ring rows +
         // compressed rows, extend = rows of this chunk's own K tensor.
         const int64_t width = ratio == 128 ? kC128Width : ratio == 4 ? kCsaTopk : 0;
-        unikv_prefill_streams_args s{};
-        s.struct_size = sizeof s;
+        auto s = unikv::make_struct<unikv::prefill_streams_args>();
         s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
         s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {R});
         s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
@@ -612,10 +517,9 @@ private:
         s.extend_indices = extend_indices_.tensor(UNIKV_DTYPE_I32, {T * kWindow});
         s.num_tokens = static_cast<uint32_t>(T);
         s.compress_ratio = ratio;
-        CHECK(unikv_build_prefill_streams(pool_.get(), &s, nullptr));
+        pool_.build_prefill_streams(s);
 
-        unikv_prefill_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::prefill_args>();
         a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
         a.indices = s.prefix_indices;
         a.indptr = s.prefix_indptr;
@@ -627,8 +531,7 @@ private:
         a.layer = layer;
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kSoftmaxScale;
-        CHECK(unikv_sparse_prefill(prefill_plan_.get(), pool_.get(), &a, prefill_workspace_.data(),
-                                   prefill_workspace_.bytes(), nullptr));
+        prefill_plan_.sparse_prefill(pool_, a, prefill_workspace_);
 
         store_swa(f, layer, /*final_window_only=*/true);
         check_outputs(f, layer, model);
@@ -637,8 +540,7 @@ private:
     // Decode streams are layer-invariant except the CSA tail: build them once.
     void build_decode_streams(const Forward& f) {
         const int64_t T = f.tokens();
-        unikv_decode_streams_args s{};
-        s.struct_size = sizeof s;
+        auto s = unikv::make_struct<unikv::decode_streams_args>();
         s.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
         s.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {int64_t(f.req_slots.size())});
         s.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
@@ -651,7 +553,7 @@ private:
         s.csa_indices = csa_indices_.tensor(UNIKV_DTYPE_I32, {T * (kWindow + kCsaTopk)});
         s.num_tokens = static_cast<uint32_t>(T);
         s.csa_topk = kCsaTopk;
-        CHECK(unikv_build_decode_streams(pool_.get(), &s, nullptr));
+        pool_.build_decode_streams(s);
         decode_streams_ = s;
     }
 
@@ -665,19 +567,17 @@ private:
 
         if (ratio == 4) {  // this layer's indexer ran: write its top-k into the CSA slices
             csa_table_.upload(csa_table(f));
-            unikv_csa_tail_args c{};
-            c.struct_size = sizeof c;
+            auto c = unikv::make_struct<unikv::csa_tail_args>();
             c.batch_id = s.batch_id;
             c.positions = s.positions;
             c.csa_page_indices = csa_table_.tensor(UNIKV_DTYPE_I32, {T, kCsaTopk});
             c.csa_indptr = s.csa_indptr;
             c.csa_indices = s.csa_indices;
             c.num_tokens = static_cast<uint32_t>(T);
-            CHECK(unikv_fill_csa_tail(pool_.get(), &c, nullptr));
+            pool_.fill_csa_tail(c);
         }
 
-        unikv_decode_args a{};
-        a.struct_size = sizeof a;
+        auto a = unikv::make_struct<unikv::decode_args>();
         a.q = q_.tensor(UNIKV_DTYPE_BF16, {T, kHeads, kHeadDim});
         a.indices = ratio == 0 ? s.swa_indices : ratio == 4 ? s.csa_indices : s.hca_indices;
         a.indptr = ratio == 0 ? s.swa_indptr : ratio == 4 ? s.csa_indptr : s.hca_indptr;
@@ -686,8 +586,7 @@ private:
         a.layer = layer;
         a.num_tokens = static_cast<uint32_t>(T);
         a.softmax_scale = kSoftmaxScale;
-        CHECK(unikv_sparse_decode(decode_plan_.get(), pool_.get(), &a, decode_workspace_.data(),
-                                  decode_workspace_.bytes(), nullptr));
+        decode_plan_.sparse_decode(pool_, a, decode_workspace_);
         return check_outputs(f, layer, model);
     }
 
@@ -735,10 +634,10 @@ private:
     }
 
     // Declared first, destroyed last: the buffers below are freed through the context.
-    Handle<unikv_context, unikv_context_destroy> ctx_;
-    Handle<unikv_pool, unikv_pool_destroy> pool_;
-    Handle<unikv_prefill_plan, unikv_prefill_plan_destroy> prefill_plan_;
-    Handle<unikv_decode_plan, unikv_decode_plan_destroy> decode_plan_;
+    unikv::context ctx_;
+    unikv::pool pool_;
+    unikv::prefill_plan prefill_plan_;
+    unikv::decode_plan decode_plan_;
     Buffer prefill_workspace_, decode_workspace_;
     Buffer q_, out_, kv_, compressed_kv_, compressed_loc_, sink_;
     Buffer batch_id_, positions_, req_slots_, chunk_start_, extend_start_, final_pos_;
@@ -762,14 +661,19 @@ private:
 }  // namespace
 
 int main() {
-    Engine engine;
-    for (int len : kPromptLens) engine.admit(len);
-    engine.prefill();
-    for (int step = 0; step < kDecodeSteps; ++step) engine.decode_step();
-    engine.report();
-    engine.finish();
-    if (!engine.outputs_match_reference()) {
-        std::fprintf(stderr, "FAILED: outputs differ from the dense reference\n");
+    try {
+        Engine engine;
+        for (int len : kPromptLens) engine.admit(len);
+        engine.prefill();
+        for (int step = 0; step < kDecodeSteps; ++step) engine.decode_step();
+        engine.report();
+        engine.finish();
+        if (!engine.outputs_match_reference()) {
+            std::fprintf(stderr, "FAILED: outputs differ from the dense reference\n");
+            return 1;
+        }
+    } catch (const unikv::error& e) {  // "<call>: <status>: <the argument at fault>"
+        std::fprintf(stderr, "FAILED: %s\n", e.what());
         return 1;
     }
     return 0;

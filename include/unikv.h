@@ -5,8 +5,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
-/*
- * unikv: DeepSeek-V4 sparse attention over a unified KV pool.
+/**
+ * @file unikv.h
+ * @brief unikv: DeepSeek-V4 sparse attention over a unified KV pool.
+ *
+ * The domain (pool layout, index streams, attention math, FP8 formats, the
+ * serving step) is described in the repository's docs/ folder.
  *
  * Conventions (apply to every function below):
  * - Fallible functions return a unikv_status (UNIKV_OK = 0). On failure nothing
@@ -22,9 +26,9 @@
  *   destroying a handle while another thread's call uses it.
  * - Parameter and argument structs start with `size_t struct_size`: set it to
  *   sizeof(the struct). Info structs filled by the library also read it first.
- *   A struct_size more than 4096 bytes past the library's own size is
- *   UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the library's
- *   size must be zero.
+ *   A struct_size more than UNIKV_MAX_UNKNOWN_BYTES past the library's own
+ *   size is UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the
+ *   library's size must be zero.
  * - Enum inputs are uint32_t and range-checked (UNIKV_BAD_ENUM).
  * - Tensors (unikv_tensor) are row-major with innermost stride 1; strides are
  *   in elements. Tensor data lives in the context's memory: host memory on the
@@ -44,76 +48,148 @@
  *   pool rows it reads or writes (UNIKV_OVERLAPPING_BUFFERS), except exact
  *   in-place use where a function allows it: the same data pointer, dtype,
  *   shape and strides as the input the output replaces.
+ * - The header compiles as C99, C11, C17 and C2x and as C++11 to C++2b, with
+ *   -Wall -Wextra -pedantic -Wc++-compat (cpp-tests/CMakeLists.txt).
  */
 
+/** Major version of this header (incompatible ABI changes). */
 #define UNIKV_VERSION_MAJOR 0
+/** Minor version of this header (compatible additions). */
 #define UNIKV_VERSION_MINOR 1
+/** Patch version of this header (fixes only). */
 #define UNIKV_VERSION_PATCH 0
+/** The version of this header as "MAJOR.MINOR.PATCH"; compare with unikv_version_string(). */
 #define UNIKV_VERSION_STRING "0.1.0"
-/* major * 1000000 + minor * 1000 + patch; compare with unikv_version(). */
+/** major * 1000000 + minor * 1000 + patch; compare with unikv_version(). */
 #define UNIKV_VERSION 1000
 
-#if defined(__cplusplus) && __cplusplus >= 201703L
+/**
+ * @def UNIKV_NODISCARD
+ * Marks the functions whose unikv_status must not be ignored. It expands to
+ * an attribute only where a `(void)` cast silences it, so callers that
+ * deliberately drop a status compile cleanly under -Werror:
+ * - C++17 and later, and C2x/C23 compilers that have it: `[[nodiscard]]`;
+ * - clang in older modes: `__attribute__((warn_unused_result))`;
+ * - nothing otherwise. GCC's `warn_unused_result` is not silenced by a cast,
+ *   so C before C2x and C++11/14 compiled with GCC get no attribute.
+ * Define UNIKV_NODISCARD before including the header to choose another
+ * expansion (for example empty).
+ */
+#ifndef UNIKV_NODISCARD
+#if defined(__cplusplus)
+#if __cplusplus >= 201703L
 #define UNIKV_NODISCARD [[nodiscard]]
-#elif defined(__GNUC__) || defined(__clang__)
+#elif defined(__clang__)
 #define UNIKV_NODISCARD __attribute__((warn_unused_result))
-#else
+#endif
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ > 201710L && defined(__has_c_attribute)
+#if __has_c_attribute(nodiscard)
+#define UNIKV_NODISCARD [[nodiscard]]
+#endif
+#endif
+#if !defined(UNIKV_NODISCARD) && defined(__clang__)
+#define UNIKV_NODISCARD __attribute__((warn_unused_result))
+#endif
+#ifndef UNIKV_NODISCARD
 #define UNIKV_NODISCARD
 #endif
+#endif
 
-// How far past its own size the library reads a newer caller's struct (to
-// check the unknown fields are zero): a garbage `struct_size` must not make
-// it read caller memory until a fault.
-#define MAX_UNKNOWN_BYTES 4096
+/**
+ * How far past its own size the library reads a newer caller's struct (to
+ * check the unknown fields are zero): a garbage `struct_size` must not make
+ * it read caller memory until a fault.
+ */
+#define UNIKV_MAX_UNKNOWN_BYTES 4096
 
-// Result of every fallible call. Values are stable and never reused.
-enum unikv_status
+/**
+ * Result of every fallible call. Values are stable and never reused.
+ */
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  // Success.
+enum unikv_status : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * Success.
+   */
   UNIKV_OK = 0,
-  // A required pointer argument is NULL.
+  /**
+   * A required pointer argument is NULL.
+   */
   UNIKV_NULL_ARGUMENT = 1,
-  // A parameter struct's `struct_size` is too small, or unknown trailing fields are set.
+  /**
+   * A parameter struct's `struct_size` is too small, or unknown trailing fields are set.
+   */
   UNIKV_BAD_STRUCT_SIZE = 2,
-  // An enum argument (dtype, backend, ratio, copy kind) has an unknown value.
+  /**
+   * An enum argument (dtype, backend, ratio, copy kind) has an unknown value.
+   */
   UNIKV_BAD_ENUM = 3,
-  // A tensor has the wrong element type.
+  /**
+   * A tensor has the wrong element type.
+   */
   UNIKV_BAD_DTYPE = 4,
-  // A tensor has the wrong rank or extents.
+  /**
+   * A tensor has the wrong rank or extents.
+   */
   UNIKV_BAD_SHAPE = 5,
-  // A tensor's strides are not row-major with unit innermost stride.
+  /**
+   * A tensor's strides are not row-major with unit innermost stride.
+   */
   UNIKV_BAD_STRIDE = 6,
-  // A pointer or stride is not aligned as required.
+  /**
+   * A pointer or stride is not aligned as required.
+   */
   UNIKV_BAD_ALIGNMENT = 7,
-  // A buffer, plan, workspace or slot allocator is too small for the request.
+  /**
+   * A buffer, plan, workspace or slot allocator is too small for the request.
+   */
   UNIKV_CAPACITY_EXCEEDED = 8,
-  // A value (index, position, slot, layer, indptr entry) is outside its valid range.
+  /**
+   * A value (index, position, slot, layer, indptr entry) is outside its valid range.
+   */
   UNIKV_OUT_OF_RANGE = 9,
-  // The object is not in a state that allows the call (slot not acquired,
-  // context unusable after a fatal error).
+  /**
+   * The object is not in a state that allows the call (slot not acquired,
+   * context unusable after a fatal error).
+   */
   UNIKV_INVALID_STATE = 10,
-  // The requested backend is not compiled in or no device is present.
+  /**
+   * The requested backend is not compiled in or no device is present.
+   */
   UNIKV_BACKEND_UNAVAILABLE = 11,
-  // An allocation failed.
+  /**
+   * An allocation failed.
+   */
   UNIKV_OUT_OF_MEMORY = 12,
-  // The GPU runtime reported an error.
+  /**
+   * The GPU runtime reported an error.
+   */
   UNIKV_GPU_ERROR = 13,
-  // An internal error (a caught panic); the context involved becomes unusable.
+  /**
+   * An internal error (a caught panic); the context involved becomes unusable.
+   */
   UNIKV_INTERNAL = 14,
-  // A scalar argument has an invalid value (zero sizes, non-finite scale, ...).
+  /**
+   * A scalar argument has an invalid value (zero sizes, non-finite scale, ...).
+   */
   UNIKV_INVALID_ARGUMENT = 15,
-  // A handle argument is not a live handle of the expected kind: already
-  // destroyed, a handle of another kind, or a pointer this library never
-  // returned (see "Handles" at the top of the header for what is detected).
+  /**
+   * A handle argument is not a live handle of the expected kind: already
+   * destroyed, a handle of another kind, or a pointer this library never
+   * returned (see "Handles" at the top of the header for what is detected).
+   */
   UNIKV_INVALID_HANDLE = 16,
-  // An output buffer overlaps another argument's memory or the pool rows
-  // the call reads or writes (exact in-place use is allowed only where a
-  // function says so).
+  /**
+   * An output buffer overlaps another argument's memory or the pool rows
+   * the call reads or writes (exact in-place use is allowed only where a
+   * function says so).
+   */
   UNIKV_OVERLAPPING_BUFFERS = 17,
 };
+/** The C type of `unikv_status` values: uint32_t before C23, the enum in C23 and C++. */
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum unikv_status unikv_status;
@@ -122,27 +198,54 @@ typedef uint32_t unikv_status;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Element types (`unikv_tensor.dtype`, plan and pool dtypes). 0 is not a dtype,
-// so a zero-initialised descriptor is rejected.
-enum unikv_dtype
+/**
+ * Element types (`unikv_tensor.dtype`, plan and pool dtypes). 0 is not a dtype,
+ * so a zero-initialised descriptor is rejected.
+ */
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
+enum unikv_dtype : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * bfloat16 (8 exponent bits, 7 mantissa bits): activations, pool rows,
+   * attention outputs.
+   */
   UNIKV_DTYPE_BF16 = 1,
+  /**
+   * IEEE half precision.
+   */
   UNIKV_DTYPE_F16 = 2,
+  /**
+   * IEEE single precision: sinks, LSEs, RoPE tables, scores.
+   */
   UNIKV_DTYPE_F32 = 3,
+  /**
+   * 32-bit signed integer: indices, indptrs, slots, positions.
+   */
   UNIKV_DTYPE_I32 = 4,
+  /**
+   * 64-bit signed integer: positions and locations where accepted.
+   */
   UNIKV_DTYPE_I64 = 5,
+  /**
+   * Raw bytes: FP8 caches and FP8 code tensors.
+   */
   UNIKV_DTYPE_U8 = 6,
-  // OCP FP8 E4M3FN (max 448, NaN 0x7F/0xFF): FP8 pools and caches.
+  /**
+   * OCP FP8 E4M3FN (max 448, NaN 0x7F/0xFF): FP8 pools and caches.
+   */
   UNIKV_DTYPE_FP8_E4M3FN = 7,
-  // FP8 E4M3FNUZ (max 240, bias 8, NaN 0x80, no -0; AMD gfx942). Encoded
-  // with 240 as clip bound and scale divisor, so FNUZ pools are not
-  // byte-compatible with those written by sglang's HIP C++ kernels, which
-  // divide by 224.
+  /**
+   * FP8 E4M3FNUZ (max 240, bias 8, NaN 0x80, no -0; AMD gfx942). Encoded
+   * with 240 as clip bound and scale divisor, so FNUZ pools are not
+   * byte-compatible with those written by sglang's HIP C++ kernels, which
+   * divide by 224.
+   */
   UNIKV_DTYPE_FP8_E4M3FNUZ = 8,
 };
+/** The C type of `unikv_dtype` values: uint32_t before C23, the enum in C23 and C++. */
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum unikv_dtype unikv_dtype;
@@ -151,18 +254,41 @@ typedef uint32_t unikv_dtype;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Backends (`unikv_context_options.backend`, `unikv_context_info.backend`).
-enum unikv_backend
+/**
+ * Backends (`unikv_context_options.backend`, `unikv_context_info.backend`).
+ */
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  // GPU when compiled in and a device is present, else CPU (options only).
+enum unikv_backend : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * GPU when compiled in and a device is present, else CPU (options only).
+   */
   UNIKV_BACKEND_AUTO = 0,
+  /**
+   * The CPU reference backend (always compiled in).
+   */
   UNIKV_BACKEND_CPU = 1,
+  /**
+   * NVIDIA GPUs through CUDA (the `cuda` build feature).
+   */
   UNIKV_BACKEND_CUDA = 2,
+  /**
+   * AMD GPUs through HIP (the `rocm` build feature).
+   */
   UNIKV_BACKEND_ROCM = 3,
+  /**
+   * Options only: the GPU backend compiled into this build (CUDA or ROCm)
+   * on `device`, required. Unlike AUTO it never falls back to the CPU
+   * backend: `unikv_context_create` returns UNIKV_BACKEND_UNAVAILABLE, with
+   * a message naming `options.backend`, when no GPU backend is compiled in
+   * or no driver or device is present.
+   */
+  UNIKV_BACKEND_GPU = 4,
 };
+/** The C type of `unikv_backend` values: uint32_t before C23, the enum in C23 and C++. */
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum unikv_backend unikv_backend;
@@ -171,16 +297,29 @@ typedef uint32_t unikv_backend;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Direction of `unikv_memory_copy`.
-enum unikv_copy_kind
+/**
+ * Direction of `unikv_memory_copy`.
+ */
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
+enum unikv_copy_kind : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * From host memory to the context's memory.
+   */
   UNIKV_COPY_HOST_TO_DEVICE = 0,
+  /**
+   * From the context's memory to host memory.
+   */
   UNIKV_COPY_DEVICE_TO_HOST = 1,
+  /**
+   * Within the context's memory.
+   */
   UNIKV_COPY_DEVICE_TO_DEVICE = 2,
 };
+/** The C type of `unikv_copy_kind` values: uint32_t before C23, the enum in C23 and C++. */
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
 typedef enum unikv_copy_kind unikv_copy_kind;
@@ -189,748 +328,1666 @@ typedef uint32_t unikv_copy_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// Opaque context handle: one backend bound to one device. Thread-safe: any
-// number of threads may use one context (and the pools and plans made from it)
-// concurrently.
+/**
+ * Severity of a diagnostics message (`unikv_log_fn`'s `level`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_log_level : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * A call failed: the message is the one `unikv_last_error_message`
+   * returns afterwards, prefixed by the status description.
+   */
+  UNIKV_LOG_ERROR = 1,
+  /**
+   * Reserved for conditions that do not fail a call.
+   */
+  UNIKV_LOG_WARNING = 2,
+  /**
+   * A decision worth recording, e.g. the launch configuration a plan
+   * chose (its `unikv_*_plan_describe` line).
+   */
+  UNIKV_LOG_INFO = 3,
+};
+/** The C type of `unikv_log_level` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_log_level unikv_log_level;
+#else
+typedef uint32_t unikv_log_level;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The kernel family of a plan (`unikv_plan_info.kernel_family`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_kernel_family : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * The CPU backend's reference computation (work items of 16 heads).
+   */
+  UNIKV_KERNEL_CPU_REFERENCE = 1,
+  /**
+   * The mma.sync tensor-core kernel (NVIDIA sm_80 and newer).
+   */
+  UNIKV_KERNEL_MMA = 2,
+  /**
+   * The sm_90a warpgroup-MMA kernel with 64-head blocks (heads on M).
+   */
+  UNIKV_KERNEL_WGMMA_HEADS_ON_M = 3,
+  /**
+   * The sm_90a warpgroup-MMA kernels with 16- or 32-head blocks (heads on N).
+   */
+  UNIKV_KERNEL_WGMMA_HEADS_ON_N = 4,
+  /**
+   * The portable kernel on CUDA cores / SIMD units (HIP builds).
+   */
+  UNIKV_KERNEL_PORTABLE_SCALAR = 5,
+  /**
+   * The portable kernel on matrix cores (HIP builds with MFMA).
+   */
+  UNIKV_KERNEL_PORTABLE_MATRIX = 6,
+};
+/** The C type of `unikv_kernel_family` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_kernel_family unikv_kernel_family;
+#else
+typedef uint32_t unikv_kernel_family;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Kind of a plan (`unikv_plan_info.kind`).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_plan_kind : uint32_t
+#else
+enum
+#endif
+{
+  UNIKV_PLAN_DECODE = 1,
+  UNIKV_PLAN_PREFILL = 2,
+};
+/** The C type of `unikv_plan_kind` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_plan_kind unikv_plan_kind;
+#else
+typedef uint32_t unikv_plan_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Opaque context handle: one backend bound to one device. Thread-safe: any
+ * number of threads may use one context (and the pools and plans made from it)
+ * concurrently.
+ */
 typedef struct unikv_context unikv_context;
 
-// Opaque decode plan: launch configuration for capture-time shapes. Immutable
-// after creation; thread-safe (concurrent launches need distinct workspaces).
+/**
+ * Opaque decode plan: launch configuration for capture-time shapes. Immutable
+ * after creation; thread-safe (concurrent launches need distinct workspaces).
+ */
 typedef struct unikv_decode_plan unikv_decode_plan;
 
-// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
-// Operations that write pool rows may run concurrently only on disjoint rows
-// (the usual serving-step discipline: one stream owns a layer at a time).
+/**
+ * Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
+ * Operations that write pool rows may run concurrently only on disjoint rows
+ * (the usual serving-step discipline: one stream owns a layer at a time).
+ */
 typedef struct unikv_pool unikv_pool;
 
-// Opaque prefill plan; same rules as `unikv_decode_plan`.
+/**
+ * Opaque prefill plan; same rules as `unikv_decode_plan`.
+ */
 typedef struct unikv_prefill_plan unikv_prefill_plan;
 
-// Options of `unikv_context_create`.
-typedef struct unikv_context_options {
-  // sizeof(unikv_context_options).
+/**
+ * What this build supports (`unikv_get_capabilities`). Bit masks are indexed
+ * by enum value: bit `(1u << v)` is set for each supported value `v`.
+ */
+typedef struct unikv_capabilities {
+  /**
+   * sizeof(unikv_capabilities), set by the caller.
+   */
   size_t struct_size;
-  // A `unikv_backend` value; AUTO picks the GPU backend when one is compiled in
-  // and a device is present, the CPU backend otherwise.
+  /**
+   * `unikv_backend` values compiled into this build: UNIKV_BACKEND_CPU
+   * always; UNIKV_BACKEND_CUDA (cargo feature `cuda`) or UNIKV_BACKEND_ROCM
+   * (`rocm`), each with UNIKV_BACKEND_GPU; UNIKV_BACKEND_AUTO always.
+   */
+  uint32_t backends;
+  /**
+   * GPU devices the driver reports at the time of the call; 0 without a
+   * GPU backend, a driver or a device (then AUTO gives the CPU backend
+   * and UNIKV_BACKEND_GPU fails with UNIKV_BACKEND_UNAVAILABLE).
+   */
+  uint32_t gpu_devices;
+  /**
+   * `unikv_dtype` values a pool's and a plan's `kv_dtype` accept: BF16,
+   * FP8_E4M3FN and FP8_E4M3FNUZ.
+   */
+  uint32_t kv_dtypes;
+  /**
+   * `unikv_dtype` values of the FP8 formats the library encodes and
+   * decodes (pools, FlashMLA and indexer caches): FP8_E4M3FN and
+   * FP8_E4M3FNUZ, on every backend.
+   */
+  uint32_t fp8_formats;
+  /**
+   * 1 when the CUDA kernels also carry PTX (a CUDA build whose `gpu_archs`
+   * name a portable target such as sm_80, the default), so the driver
+   * compiles them for a GPU newer than every compiled target; such a GPU
+   * then runs the portable kernels, without the sm_90a ones' tensor-core
+   * paths. 0 otherwise: machine code only, and a GPU must be covered by one
+   * of `gpu_archs` (sm_80 code runs on compute capability 8.x and newer
+   * only through PTX; sm_90a code on 9.0 only).
+   */
+  uint32_t ptx_embedded;
+  /**
+   * Most local query heads of an attention plan (`num_heads` 1..=this).
+   */
+  uint32_t max_heads;
+  /**
+   * The latent row width, the only `head_dim` plans accept (512).
+   */
+  uint32_t head_dim;
+  /**
+   * Leading "nope" dims of a latent row (448), quantized in FP8 pools.
+   */
+  uint32_t nope_dim;
+  /**
+   * Trailing RoPE dims of a latent row (64), kept in bf16.
+   */
+  uint32_t rope_dim;
+  /**
+   * Most entries of a tensor descriptor's shape (`unikv_tensor.ndim`).
+   */
+  uint32_t max_tensor_dims;
+  /**
+   * Tokens per page of the caller's page tables (256).
+   */
+  uint32_t page_tokens;
+  /**
+   * Most keys `unikv_indexer_topk` selects per token.
+   */
+  uint32_t max_indexer_topk;
+  /**
+   * Most indexer heads `unikv_indexer_topk` scores.
+   */
+  uint32_t max_indexer_heads;
+  /**
+   * Width of an indexer key / query head (128).
+   */
+  uint32_t indexer_head_dim;
+  /**
+   * Most slots (routed + shared) per row of `unikv_hash_topk`.
+   */
+  uint32_t max_routing_slots;
+  /**
+   * Most CPU backend worker threads (`unikv_context_options.cpu_threads`).
+   */
+  uint32_t max_cpu_threads;
+  /**
+   * Most tokens of a plan (`max_tokens`): 2^31 - 1.
+   */
+  uint32_t max_tokens;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
+  /**
+   * Static NUL-terminated, `;`-separated list of the GPU targets the
+   * kernels were compiled for (e.g. "sm_90a;sm_80" or "gfx942;gfx950"),
+   * "" without a GPU backend. Never NULL; do not free.
+   */
+  const char *gpu_archs;
+} unikv_capabilities;
+
+/**
+ * A diagnostics callback: `user` is the pointer given to
+ * `unikv_set_log_callback`, `level` a `unikv_log_level`, `message` a
+ * NUL-terminated line valid only during the call. It runs on the thread of
+ * the call that produced the message, possibly on several threads at once;
+ * it must return (no exceptions or longjmp across it). A unikv call made
+ * from inside it does not log.
+ */
+typedef void (*unikv_log_fn)(void *user, uint32_t level, const char *message);
+
+/**
+ * Options of `unikv_context_create`.
+ */
+typedef struct unikv_context_options {
+  /**
+   * sizeof(unikv_context_options).
+   */
+  size_t struct_size;
+  /**
+   * A `unikv_backend` value; AUTO picks the GPU backend when one is compiled in
+   * and a device is present, the CPU backend otherwise.
+   */
   uint32_t backend;
-  // Device ordinal of GPU backends (ignored by the CPU backend, must be >= 0).
+  /**
+   * Device ordinal of GPU backends (ignored by the CPU backend, must be >= 0).
+   */
   int32_t device;
-  // CPU backend worker threads; 0 = one per available core. At most 1024
-  // (INVALID_ARGUMENT above); OUT_OF_MEMORY when the system cannot start them.
+  /**
+   * CPU backend worker threads; 0 = one per available core. At most 1024
+   * (INVALID_ARGUMENT above); OUT_OF_MEMORY when the system cannot start them.
+   */
   uint32_t cpu_threads;
-  // Non-zero: before each GPU launch, synchronize and check every value that
-  // lives in device memory (indices, positions, slots), returning a precise
-  // status instead of skipping invalid entries (a debugging mode: launches
-  // then synchronize, so they cannot be captured in a CUDA graph). The CPU
-  // backend always checks.
+  /**
+   * Non-zero: before each GPU launch, synchronize and check every value that
+   * lives in device memory (indices, positions, slots), returning a precise
+   * status instead of skipping invalid entries (a debugging mode: launches
+   * then synchronize, so they cannot be captured in a CUDA graph). The CPU
+   * backend always checks.
+   */
   uint32_t validate;
 } unikv_context_options;
 
-// What a context runs on (`unikv_context_get_info`).
+/**
+ * What a context runs on (`unikv_context_get_info`).
+ */
 typedef struct unikv_context_info {
-  // sizeof(unikv_context_info), set by the caller.
+  /**
+   * sizeof(unikv_context_info), set by the caller.
+   */
   size_t struct_size;
-  // The `unikv_backend` in use (never AUTO).
+  /**
+   * The `unikv_backend` the context chose and runs on: CPU, CUDA or ROCM,
+   * never AUTO or GPU (which are requests, resolved at creation).
+   */
   uint32_t backend;
+  /**
+   * Device ordinal of a GPU backend (as in the options; 0 on the CPU).
+   */
   int32_t device;
-  // Worker threads of the CPU backend (0 for GPU backends).
+  /**
+   * Worker threads of the CPU backend (0 for GPU backends).
+   */
   uint32_t cpu_threads;
+  /**
+   * 1 when the context validates device values before launches, else 0.
+   */
   uint32_t validate;
 } unikv_context_info;
 
-// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
-// rows = (max_requests + 1) * (window + spec_extra)
-//        + c128_blocks * K(ratio) + 256 / ratio,
-// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+/**
+ * Parameters of `unikv_pool_create` (docs/pool.md §2). Per layer:
+ * rows = (max_requests + 1) * (window + spec_extra)
+ *        + c128_blocks * K(ratio) + 256 / ratio,
+ * with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+ * A caller adopting its own buffers (`layer_buffers`, `rope_buffers`) need
+ * not restate the formula: `unikv_pool_params_get_info` and
+ * `unikv_pool_params_get_layer` report, from these parameters alone and
+ * before any pool exists, the geometry and each layer's `bytes` and
+ * `rope_bytes` to allocate.
+ */
 typedef struct unikv_pool_params {
-  // sizeof(unikv_pool_params).
+  /**
+   * sizeof(unikv_pool_params).
+   */
   size_t struct_size;
-  // Host array of `num_layers` compress ratios, each 0, 4 or 128; read during the call.
+  /**
+   * Host array of `num_layers` compress ratios, each 0, 4 or 128; read during the call.
+   */
   const uint32_t *compress_ratios;
-  // NULL: the pool allocates zeroed buffers in the context's memory and owns
-  // them. Otherwise a host array of `num_layers` caller-owned buffers (device
-  // memory for GPU backends), 16-byte aligned, that must outlive the pool:
-  // each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
-  // `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
+  /**
+   * NULL: the pool allocates zeroed buffers in the context's memory and owns
+   * them. Otherwise a host array of `num_layers` caller-owned buffers (device
+   * memory for GPU backends), 16-byte aligned, that must outlive the pool:
+   * each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
+   * `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
+   */
   void *const *layer_buffers;
+  /**
+   * Number of layers L (> 0): entries of `compress_ratios` and of the buffer
+   * arrays.
+   */
   uint32_t num_layers;
-  // Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
+  /**
+   * Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
+   */
   uint32_t max_requests;
-  // Sliding window (128 for DeepSeek-V4).
+  /**
+   * Sliding window (128 for DeepSeek-V4).
+   */
   uint32_t window;
-  // Extra ring rows for speculative decoding (draft tokens - 1), else 0.
+  /**
+   * Extra ring rows for speculative decoding (draft tokens - 1), else 0.
+   */
   uint32_t spec_extra;
-  // Number of 128-token blocks B of the caller's KV page space.
+  /**
+   * Number of 128-token blocks B of the caller's KV page space.
+   */
   uint32_t c128_blocks;
-  // A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
-  // (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
-  // unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
-  // tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
-  // row at the same row id. Stores quantize; attention dequantizes.
+  /**
+   * A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
+   * (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of
+   * docs/fp8.md §4: per row a 512-byte nope row (448 codes, the 7 UE8M0
+   * tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
+   * row at the same row id. Stores quantize; attention dequantizes.
+   */
   uint32_t kv_dtype;
-  // FP8 pools adopting buffers: a host array of `num_layers` caller-owned
-  // rope buffers, each `rows(layer) * 128` bytes, 16-byte aligned. NULL
-  // otherwise (required NULL for bf16 pools).
+  /**
+   * FP8 pools adopting buffers: a host array of `num_layers` caller-owned
+   * rope buffers, each `rows(layer) * 128` bytes, 16-byte aligned. NULL
+   * otherwise (required NULL for bf16 pools).
+   */
   void *const *rope_buffers;
 } unikv_pool_params;
 
-// Pool-wide geometry (`unikv_pool_get_info`).
+/**
+ * Pool-wide geometry (`unikv_pool_get_info`).
+ */
 typedef struct unikv_pool_info {
-  // sizeof(unikv_pool_info), set by the caller.
+  /**
+   * sizeof(unikv_pool_info), set by the caller.
+   */
   size_t struct_size;
-  // Rows of the SWA region (identical in every layer): (max_requests + 1) * ring.
+  /**
+   * Rows of the SWA region (identical in every layer): (max_requests + 1) * ring.
+   */
   uint64_t swa_rows;
-  // Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
-  // nope row + 128-byte rope row).
+  /**
+   * Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
+   * nope row + 128-byte rope row).
+   */
   uint64_t row_bytes;
+  /**
+   * Layers of the pool.
+   */
   uint32_t num_layers;
+  /**
+   * Maximum concurrent requests (slots 1..=max_requests).
+   */
   uint32_t max_requests;
+  /**
+   * Sliding window the pool was created with.
+   */
   uint32_t window;
-  // Ring rows per request slot: window + spec_extra.
+  /**
+   * Ring rows per request slot: window + spec_extra.
+   */
   uint32_t ring;
+  /**
+   * 128-token blocks of the caller's KV page space.
+   */
   uint32_t c128_blocks;
-  // Slots currently acquired (pool occupancy).
+  /**
+   * Slots currently acquired (pool occupancy).
+   */
   uint32_t slots_in_use;
-  // A `unikv_dtype`.
+  /**
+   * A `unikv_dtype`.
+   */
   uint32_t kv_dtype;
-  // 1 when the pool allocated (and will free) its buffers, 0 when adopted.
+  /**
+   * 1 when the pool allocated (and will free) its buffers, 0 when adopted.
+   */
   uint32_t owns_memory;
 } unikv_pool_info;
 
-// One layer's geometry (`unikv_pool_get_layer`).
+/**
+ * One layer's geometry (`unikv_pool_get_layer`).
+ */
 typedef struct unikv_pool_layer_info {
-  // sizeof(unikv_pool_layer_info), set by the caller.
+  /**
+   * sizeof(unikv_pool_layer_info), set by the caller.
+   */
   size_t struct_size;
-  // The layer's `[rows, 512]` buffer (device memory for GPU backends): bf16
-  // rows, or the FP8 pool's 512-byte nope rows.
+  /**
+   * The layer's `[rows, 512]` buffer (device memory for GPU backends): bf16
+   * rows, or the FP8 pool's 512-byte nope rows.
+   */
   void *data;
-  // Total rows of the layer.
+  /**
+   * Total rows of the layer.
+   */
   uint64_t rows;
-  // Rows of the SWA region; compressed row of page index p is swa_rows + p.
+  /**
+   * Rows of the SWA region; compressed row of page index p is swa_rows + p.
+   */
   uint64_t swa_rows;
-  // Compressed rows after the SWA region (0 for dense layers).
+  /**
+   * Compressed rows after the SWA region (0 for dense layers).
+   */
   uint64_t compressed_rows;
-  // Bytes of `data`: rows * 1024 (bf16) or rows * 512 (FP8).
+  /**
+   * Bytes of `data`: rows * 1024 (bf16) or rows * 512 (FP8).
+   */
   uint64_t bytes;
-  // 0, 4 or 128.
+  /**
+   * 0, 4 or 128.
+   */
   uint32_t compress_ratio;
+  /**
+   * Written as 0.
+   */
   uint32_t reserved;
-  // FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
+  /**
+   * FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
+   */
   void *rope_data;
-  // Bytes of `rope_data`: rows * 128 (FP8) or 0.
+  /**
+   * Bytes of `rope_data`: rows * 128 (FP8) or 0.
+   */
   uint64_t rope_bytes;
 } unikv_pool_layer_info;
 
-// Capture-time shapes of an attention plan.
+/**
+ * Capture-time shapes of an attention plan.
+ */
 typedef struct unikv_attention_plan_params {
-  // sizeof(unikv_attention_plan_params).
+  /**
+   * sizeof(unikv_attention_plan_params).
+   */
   size_t struct_size;
-  // Largest `num_tokens` any launch through this plan will pass.
+  /**
+   * Largest `num_tokens` any launch through this plan will pass.
+   */
   uint32_t max_tokens;
-  // Local query heads H, 1..=128.
+  /**
+   * Local query heads H, 1..=128.
+   */
   uint32_t num_heads;
-  // Latent width; must be 512.
+  /**
+   * Latent width; must be 512.
+   */
   uint32_t head_dim;
-  // `unikv_dtype` of q: UNIKV_DTYPE_BF16.
+  /**
+   * `unikv_dtype` of q: UNIKV_DTYPE_BF16.
+   */
   uint32_t q_dtype;
-  // The pool's `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of
-  // another dtype is UNIKV_BAD_DTYPE.
+  /**
+   * The pool's `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of
+   * another dtype is UNIKV_BAD_DTYPE.
+   */
   uint32_t kv_dtype;
-  // `unikv_dtype` of out: UNIKV_DTYPE_BF16.
+  /**
+   * `unikv_dtype` of out: UNIKV_DTYPE_BF16.
+   */
   uint32_t out_dtype;
 } unikv_attention_plan_params;
 
-// A tensor argument: data pointer, element type, rank, and per-axis extents and
-// strides (in elements, not bytes). Layout must be row-major with innermost
-// stride 1; outer strides may include padding. `data` is host memory for the
-// CPU backend and device memory for GPU backends. An optional argument is
-// absent when `data` is NULL.
+/**
+ * A tensor argument: data pointer, element type, rank, and per-axis extents and
+ * strides (in elements, not bytes). Layout must be row-major with innermost
+ * stride 1; outer strides may include padding. `data` is host memory for the
+ * CPU backend and device memory for GPU backends. An optional argument is
+ * absent when `data` is NULL.
+ */
 typedef struct unikv_tensor {
+  /**
+   * First element (the context's memory); NULL marks an absent optional
+   * argument.
+   */
   void *data;
-  // A `unikv_dtype` value.
+  /**
+   * A `unikv_dtype` value.
+   */
   uint32_t dtype;
-  // Number of used entries in `shape` and `strides` (1..=4).
+  /**
+   * Number of used entries in `shape` and `strides` (1..=4).
+   */
   uint32_t ndim;
+  /**
+   * Extent of each of the first `ndim` axes (>= 0); later entries ignored.
+   */
   int64_t shape[4];
+  /**
+   * Stride of each of the first `ndim` axes, in elements: row-major, the
+   * last used one 1 (outer strides may include padding).
+   */
   int64_t strides[4];
 } unikv_tensor;
 
-// Arguments of `unikv_sparse_decode` (spec unified_kv §3).
+/**
+ * Arguments of `unikv_sparse_decode` (docs/attention.md §1).
+ */
 typedef struct unikv_decode_args {
-  // sizeof(unikv_decode_args).
+  /**
+   * sizeof(unikv_decode_args).
+   */
   size_t struct_size;
-  // `[>= num_tokens, H, 512]` bf16, 16-byte aligned rows.
+  /**
+   * `[>= num_tokens, H, 512]` bf16, 16-byte aligned rows.
+   */
   struct unikv_tensor q;
-  // i32 pool rows of all slices; `indptr` `[>= num_tokens + 1]` i32.
+  /**
+   * i32 pool rows of all tokens' slices, concatenated (docs/index-streams.md).
+   */
   struct unikv_tensor indices;
+  /**
+   * `[>= num_tokens + 1]` i32: token t's slice is
+   * `indices[indptr[t]..indptr[t+1])`.
+   */
   struct unikv_tensor indptr;
-  // Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
+  /**
+   * Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
+   */
   struct unikv_tensor sink;
-  // `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact
-  // in-place: the same data, shape and strides).
+  /**
+   * `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact
+   * in-place: the same data, shape and strides).
+   */
   struct unikv_tensor out;
-  // Optional `[>= num_tokens, H]` f32 log-sum-exp (natural log, sink
-  // included; the sink logit itself for an empty slice).
+  /**
+   * Optional `[>= num_tokens, H]` f32 log-sum-exp (natural log, sink
+   * included; the sink logit itself for an empty slice).
+   */
   struct unikv_tensor lse;
-  // Pool layer whose rows the indices address.
+  /**
+   * Pool layer whose rows the indices address.
+   */
   uint32_t layer;
+  /**
+   * Tokens of this launch, at most the plan's `max_tokens`.
+   */
   uint32_t num_tokens;
-  // Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
+  /**
+   * Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
+   */
   float softmax_scale;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
-  // Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
-  // `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
-  // (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
-  // head of token t are rotated by the conjugate of table row `positions[t]`
-  // in fp32 before the single rounding to bf16; `lse` is unaffected. Both
-  // absent (NULL data): no epilogue. A position outside the table is
-  // OUT_OF_RANGE on the CPU backend (nothing written); GPU backends leave
-  // that token's rope dims unrotated.
+  /**
+   * Optional inverse-RoPE epilogue (docs/attention.md §4): with both
+   * `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
+   * (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
+   * head of token t are rotated by the conjugate of table row `positions[t]`
+   * in fp32 before the single rounding to bf16; `lse` is unaffected. Both
+   * absent (NULL data): no epilogue. A position outside the table is
+   * OUT_OF_RANGE on the CPU backend (nothing written); GPU backends leave
+   * that token's rope dims unrotated.
+   */
   struct unikv_tensor rope_table;
+  /**
+   * `[>= num_tokens]` i32 or i64 positions of the epilogue (see `rope_table`).
+   */
   struct unikv_tensor positions;
 } unikv_decode_args;
 
-// Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields
-// plus the extend source, the chunk's own K rows.
+/**
+ * Arguments of `unikv_sparse_prefill` (docs/attention.md §2): decode's fields
+ * plus the extend source, the chunk's own K rows.
+ */
 typedef struct unikv_prefill_args {
-  // sizeof(unikv_prefill_args).
+  /**
+   * sizeof(unikv_prefill_args).
+   */
   size_t struct_size;
+  /**
+   * `[>= num_tokens, H, 512]` bf16 queries, 16-byte aligned rows.
+   */
   struct unikv_tensor q;
-  // Prefix stream into the pool layer; -1 entries are skipped.
+  /**
+   * Prefix stream into the pool layer; -1 entries are skipped.
+   */
   struct unikv_tensor indices;
+  /**
+   * `[>= num_tokens + 1]` i32 offsets of each token's prefix slice.
+   */
   struct unikv_tensor indptr;
+  /**
+   * Optional `[H]` f32 attention-sink logits; absent = -inf.
+   */
   struct unikv_tensor sink;
+  /**
+   * `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact in-place).
+   */
   struct unikv_tensor out;
+  /**
+   * Optional `[>= num_tokens, H]` f32 log-sum-exp over both sources and the
+   * sink.
+   */
   struct unikv_tensor lse;
-  // `[rows, 512]` bf16: the chunk's normed, rotated K rows.
+  /**
+   * `[rows, 512]` bf16: the chunk's normed, rotated K rows.
+   */
   struct unikv_tensor extend_kv;
-  // Extend stream into `extend_kv`; -1 entries are skipped.
+  /**
+   * Extend stream into `extend_kv`; -1 entries are skipped.
+   */
   struct unikv_tensor extend_indices;
+  /**
+   * `[>= num_tokens + 1]` i32 offsets of each token's extend slice.
+   */
   struct unikv_tensor extend_indptr;
+  /**
+   * Pool layer the prefix stream addresses.
+   */
   uint32_t layer;
+  /**
+   * Tokens of this launch, at most the plan's `max_tokens`.
+   */
   uint32_t num_tokens;
+  /**
+   * Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
+   */
   float softmax_scale;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_prefill_args;
 
-// Arguments of `unikv_attention_merge`.
+/**
+ * Arguments of `unikv_attention_merge`.
+ */
 typedef struct unikv_merge_args {
-  // sizeof(unikv_merge_args).
+  /**
+   * sizeof(unikv_merge_args).
+   */
   size_t struct_size;
-  // `[P, >= num_tokens, H, 512]` bf16: each part's normalized output over its
-  // own keys, computed without a sink.
+  /**
+   * `[P, >= num_tokens, H, 512]` bf16: each part's normalized output over its
+   * own keys, computed without a sink.
+   */
   struct unikv_tensor parts_out;
-  // `[P, >= num_tokens, H]` f32: each part's natural-log LSE (-inf when the
-  // part had no keys for that token; its output is then ignored).
+  /**
+   * `[P, >= num_tokens, H]` f32: each part's natural-log LSE (-inf when the
+   * part had no keys for that token; its output is then ignored).
+   */
   struct unikv_tensor parts_lse;
-  // Optional `[H]` f32 sink logits, applied once; absent = -inf.
+  /**
+   * Optional `[H]` f32 sink logits, applied once; absent = -inf.
+   */
   struct unikv_tensor sink;
-  // `[>= num_tokens, H, 512]` bf16 merged output.
+  /**
+   * `[>= num_tokens, H, 512]` bf16 merged output.
+   */
   struct unikv_tensor out;
-  // Optional `[>= num_tokens, H]` f32 merged LSE (sink included).
+  /**
+   * Optional `[>= num_tokens, H]` f32 merged LSE (sink included).
+   */
   struct unikv_tensor lse;
+  /**
+   * Tokens to merge (rows of every part).
+   */
   uint32_t num_tokens;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_merge_args;
 
-// Arguments of `unikv_store_flashmla`.
+/**
+ * Arguments of `unikv_store_flashmla`.
+ */
 typedef struct unikv_store_flashmla_args {
-  // sizeof(unikv_store_flashmla_args).
+  /**
+   * sizeof(unikv_store_flashmla_args).
+   */
   size_t struct_size;
-  // The cache, `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8, 16-byte aligned,
-  // row stride exactly bytes_per_page = ceil(584 * page_size / 576) * 576
-  // (1 728, 37 440 or 149 760 bytes for page sizes 2, 64, 256). A page holds
-  // page_size value slots of 576 bytes (448 FP8 codes of dims 0..448, then
-  // dims 448..512 as bf16), then page_size scale slots of 8 bytes (one UE8M0
-  // byte per 64-dim tile, then a padding byte that is never written), then
-  // padding that is never written.
+  /**
+   * The cache, `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8, 16-byte aligned,
+   * row stride exactly bytes_per_page = ceil(584 * page_size / 576) * 576
+   * (1 728, 37 440 or 149 760 bytes for page sizes 2, 64, 256). A page holds
+   * page_size value slots of 576 bytes (448 FP8 codes of dims 0..448, then
+   * dims 448..512 as bf16), then page_size scale slots of 8 bytes (one UE8M0
+   * byte per 64-dim tile, then a padding byte that is never written), then
+   * padding that is never written.
+   */
   struct unikv_tensor cache;
-  // Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
-  // 16-byte aligned.
+  /**
+   * Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
+   * 16-byte aligned.
+   */
   struct unikv_tensor kv;
-  // `[>= num_tokens]` int32 or int64: the flat location of each row
-  // (page = loc / page_size, slot = loc % page_size); negative = skip.
+  /**
+   * `[>= num_tokens]` int32 or int64: the flat location of each row
+   * (page = loc / page_size, slot = loc % page_size); negative = skip.
+   */
   struct unikv_tensor loc;
-  // Tokens per page: 2, 64 or 256.
+  /**
+   * Tokens per page: 2, 64 or 256.
+   */
   uint32_t page_size;
-  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour
-  // (the reader must use the same). Each tile's scale is the smallest power
-  // of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour
+   * (the reader must use the same). Each tile's scale is the smallest power
+   * of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
+   */
   uint32_t cache_dtype;
+  /**
+   * Rows to store.
+   */
   uint32_t num_tokens;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_store_flashmla_args;
 
-// Arguments of `unikv_store_indexer`.
+/**
+ * Arguments of `unikv_store_indexer`.
+ */
 typedef struct unikv_store_indexer_args {
-  // sizeof(unikv_store_indexer_args).
+  /**
+   * sizeof(unikv_store_indexer_args).
+   */
   size_t struct_size;
-  // The cache, `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8, 16-byte
-  // aligned, row stride exactly 132 * page_size bytes: page_size keys of 128
-  // FP8 codes, then page_size fp32 scales (little-endian).
+  /**
+   * The cache, `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8, 16-byte
+   * aligned, row stride exactly 132 * page_size bytes: page_size keys of 128
+   * FP8 codes, then page_size fp32 scales (little-endian).
+   */
   struct unikv_tensor cache;
-  // Indexer keys `[>= num_tokens, 128]`, bf16 or f32 (quantized from f32
-  // either way; bf16 widens exactly), rows 16-byte aligned.
+  /**
+   * Indexer keys `[>= num_tokens, 128]`, bf16 or f32 (quantized from f32
+   * either way; bf16 widens exactly), rows 16-byte aligned.
+   */
   struct unikv_tensor key;
-  // `[>= num_tokens]` int32 or int64: the flat location of each key;
-  // negative = skip.
+  /**
+   * `[>= num_tokens]` int32 or int64: the flat location of each key;
+   * negative = skip.
+   */
   struct unikv_tensor loc;
-  // Keys per page: 64.
+  /**
+   * Keys per page: 64.
+   */
   uint32_t page_size;
-  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
-  // max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
+   * max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
+   */
   uint32_t cache_dtype;
+  /**
+   * Keys to store.
+   */
   uint32_t num_tokens;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_store_indexer_args;
 
-// Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
-// are 1-D contiguous i32 unless stated.
+/**
+ * Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
+ * are 1-D contiguous i32 unless stated.
+ */
 typedef struct unikv_decode_streams_args {
-  // sizeof(unikv_decode_streams_args).
+  /**
+   * sizeof(unikv_decode_streams_args).
+   */
   size_t struct_size;
-  // `[>= num_tokens]`: request of each token; negative = CUDA-graph padding.
+  /**
+   * `[>= num_tokens]`: request of each token; negative = CUDA-graph padding.
+   */
   struct unikv_tensor batch_id;
-  // `[requests]`: slot of each request.
+  /**
+   * `[requests]`: slot of each request.
+   */
   struct unikv_tensor req_slots;
-  // `[>= num_tokens]`: absolute position of each token (MTP verify tokens of
-  // one request have consecutive positions and each get their own slice).
+  /**
+   * `[>= num_tokens]`: absolute position of each token (MTP verify tokens of
+   * one request have consecutive positions and each get their own slice).
+   */
   struct unikv_tensor positions;
-  // Optional `[>= num_tokens, W]` (row stride >= W): compressed page index of
-  // each token's c128 entries, -1 after the valid ones.
+  /**
+   * Optional `[>= num_tokens, W]` (row stride >= W): compressed page index of
+   * each token's c128 entries, -1 after the valid ones.
+   */
   struct unikv_tensor c128_page_indices;
-  // Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
-  // num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
-  // num_tokens * (window + csa_topk) (CSA).
+  /**
+   * Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
+   * num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
+   * num_tokens * (window + csa_topk) (CSA). The SWA stream is always
+   * required; the HCA stream only when the pool has ratio-128 layers and
+   * the CSA stream only when it has ratio-4 layers: otherwise both of its
+   * tensors may be absent (NULL data), and `csa_topk` is then ignored.
+   */
   struct unikv_tensor swa_indptr;
+  /**
+   * SWA stream indices (pool rows of each token's window).
+   */
   struct unikv_tensor swa_indices;
+  /**
+   * HCA (ratio-128 layers) stream offsets.
+   */
   struct unikv_tensor hca_indptr;
+  /**
+   * HCA stream indices: the window, then the c128 rows.
+   */
   struct unikv_tensor hca_indices;
+  /**
+   * CSA (ratio-4 layers) stream offsets, sized for `csa_topk` tail entries.
+   */
   struct unikv_tensor csa_indptr;
+  /**
+   * CSA stream indices: the window here; `unikv_fill_csa_tail` adds each
+   * layer's top-k rows after it.
+   */
   struct unikv_tensor csa_indices;
+  /**
+   * Tokens of this forward.
+   */
   uint32_t num_tokens;
-  // The indexer's top-k (512 or 1024 in production).
+  /**
+   * The indexer's top-k (512 or 1024 in production).
+   */
   uint32_t csa_topk;
 } unikv_decode_streams_args;
 
-// Arguments of `unikv_fill_csa_tail` (spec unified_kv §2.3).
+/**
+ * Arguments of `unikv_fill_csa_tail` (docs/index-streams.md §4).
+ */
 typedef struct unikv_csa_tail_args {
-  // sizeof(unikv_csa_tail_args).
+  /**
+   * sizeof(unikv_csa_tail_args).
+   */
   size_t struct_size;
+  /**
+   * `[>= num_tokens]` i32 request of each token; negative = padding.
+   */
   struct unikv_tensor batch_id;
+  /**
+   * `[>= num_tokens]` i32 absolute position of each token.
+   */
   struct unikv_tensor positions;
-  // `[>= num_tokens, W]`: this layer's top-k compressed page indices,
-  // front-packed, -1 after the valid ones.
+  /**
+   * `[>= num_tokens, W]`: this layer's top-k compressed page indices,
+   * front-packed, -1 after the valid ones.
+   */
   struct unikv_tensor csa_page_indices;
-  // The CSA stream from `unikv_build_decode_streams`; indices are updated in place.
+  /**
+   * The CSA stream from `unikv_build_decode_streams`; indices are updated in place.
+   */
   struct unikv_tensor csa_indptr;
+  /**
+   * CSA indices from `unikv_build_decode_streams`, updated in place.
+   */
   struct unikv_tensor csa_indices;
+  /**
+   * Tokens of this forward.
+   */
   uint32_t num_tokens;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_csa_tail_args;
 
-// Arguments of `unikv_build_prefill_streams` (spec unified_kv §4.3).
+/**
+ * Arguments of `unikv_build_prefill_streams` (docs/index-streams.md §5).
+ */
 typedef struct unikv_prefill_streams_args {
-  // sizeof(unikv_prefill_streams_args).
+  /**
+   * sizeof(unikv_prefill_streams_args).
+   */
   size_t struct_size;
+  /**
+   * `[>= num_tokens]`: request of each token; negative = padding.
+   */
   struct unikv_tensor batch_id;
+  /**
+   * `[requests]`: slot of each request.
+   */
   struct unikv_tensor req_slots;
+  /**
+   * `[>= num_tokens]`: absolute position of each token.
+   */
   struct unikv_tensor positions;
-  // `[requests]`: position of each request's first token in this chunk.
+  /**
+   * `[requests]`: position of each request's first token in this chunk.
+   */
   struct unikv_tensor chunk_start;
-  // `[requests]`: row of each request's first chunk token in the extend K tensor.
+  /**
+   * `[requests]`: row of each request's first chunk token in the extend K tensor.
+   */
   struct unikv_tensor extend_start;
-  // `[>= num_tokens, W]` page-index table of the layer's ratio (c128 table
-  // for 128, this layer's top-k table for 4); ignored for ratio 0.
+  /**
+   * `[>= num_tokens, W]` page-index table of the layer's ratio (c128 table
+   * for 128, this layer's top-k table for 4); ignored for ratio 0.
+   */
   struct unikv_tensor page_indices;
-  // Outputs: prefix stream into the pool (capacity num_tokens * (window + W)),
-  // extend stream into the chunk's K rows (capacity num_tokens * window).
+  /**
+   * Outputs: prefix stream into the pool (capacity num_tokens * (window + W)),
+   * extend stream into the chunk's K rows (capacity num_tokens * window).
+   */
   struct unikv_tensor prefix_indptr;
+  /**
+   * Prefix stream indices (rows of the pool layer).
+   */
   struct unikv_tensor prefix_indices;
+  /**
+   * Extend stream offsets `[>= num_tokens + 1]`.
+   */
   struct unikv_tensor extend_indptr;
+  /**
+   * Extend stream indices (rows of the chunk's K tensor).
+   */
   struct unikv_tensor extend_indices;
+  /**
+   * Tokens of this chunk.
+   */
   uint32_t num_tokens;
-  // 0, 4 or 128: which layer kind the streams are for.
+  /**
+   * 0, 4 or 128: which layer kind the streams are for.
+   */
   uint32_t compress_ratio;
 } unikv_prefill_streams_args;
 
-// Arguments of `unikv_indexer_prepare_q`.
-//
-// Math per token t and head h, on the head's 128 values widened to f32 and
-// never rounded in between: GPT-J RoPE of dims 64..127 with `(c_i, s_i)` =
-// `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`, `im' = re*s +
-// im*c`); the 128-point Walsh-Hadamard transform in natural order, as seven
-// butterfly stages of strides 1..64 (lower `a + b`, upper `a - b`), times
-// f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max` (448 fn, 240 fnuz),
-// codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
-// `weights_out[t][h] = (weights[t][h] * weight_scale) * scale`. Each step is
-// one f32 operation, never fused: backends agree bit for bit.
+/**
+ * Arguments of `unikv_indexer_prepare_q`.
+ *
+ * Math per token t and head h, on the head's 128 values widened to f32 and
+ * never rounded in between: GPT-J RoPE of dims 64..127 with `(c_i, s_i)` =
+ * `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`,
+ * `im' = re*s + im*c`); the 128-point Walsh-Hadamard transform in natural
+ * order, as seven butterfly stages of strides 1..64 (lower `a + b`, upper
+ * `a - b`), times f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max`
+ * (fp8_max 448 for fn, 240 for fnuz), codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
+ * `weights_out[t][h] = (weights[t][h] * weight_scale) * scale`. Each step is
+ * one f32 operation, never fused: backends agree bit for bit.
+ */
 typedef struct unikv_indexer_prepare_q_args {
-  // sizeof(unikv_indexer_prepare_q_args).
+  /**
+   * sizeof(unikv_indexer_prepare_q_args).
+   */
   size_t struct_size;
-  // `[>= num_tokens, num_heads, 128]` bf16 indexer queries (`wq_b`
-  // output; any token and head strides, rows 16-byte aligned).
+  /**
+   * `[>= num_tokens, num_heads, 128]` bf16 indexer queries (`wq_b`
+   * output; any token and head strides, rows 16-byte aligned).
+   */
   struct unikv_tensor q;
-  // `[>= num_tokens, num_heads]` bf16 head weights (`weights_proj`
-  // output; any token stride, e.g. a slice of a fused projection).
+  /**
+   * `[>= num_tokens, num_heads]` bf16 head weights (`weights_proj`
+   * output; any token stride, e.g. a slice of a fused projection).
+   */
   struct unikv_tensor weights;
-  // `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+  /**
+   * `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+   */
   struct unikv_tensor rope_table;
-  // `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+  /**
+   * `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+   */
   struct unikv_tensor positions;
-  // `[>= num_tokens, num_heads, 128]` UNIKV_DTYPE_U8 output codes (rows
-  // 16-byte aligned).
+  /**
+   * `[>= num_tokens, num_heads, 128]` UNIKV_DTYPE_U8 output codes (rows
+   * 16-byte aligned).
+   */
   struct unikv_tensor q_fp8;
-  // `[>= num_tokens, num_heads]` f32 output: the folded weights.
+  /**
+   * `[>= num_tokens, num_heads]` f32 output: the folded weights.
+   */
   struct unikv_tensor weights_out;
-  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' format.
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' format.
+   */
   uint32_t q_dtype;
+  /**
+   * Tokens of this forward.
+   */
   uint32_t num_tokens;
-  // Indexer heads (64 in DeepSeek-V4); num_tokens * num_heads < 2^31.
+  /**
+   * Indexer heads (64 in DeepSeek-V4); num_tokens * num_heads < 2^31.
+   */
   uint32_t num_heads;
-  // `1 / sqrt(128 * num_heads)` in DeepSeek-V4; finite.
+  /**
+   * `1 / sqrt(128 * num_heads)` in DeepSeek-V4; finite.
+   */
   float weight_scale;
 } unikv_indexer_prepare_q_args;
 
-// Arguments of `unikv_indexer_prepare_k`. The cache layout is
-// `unikv_store_indexer`'s.
-//
-// Math per key t, in f32 with no rounding in between: RMSNorm
-// `x * f * norm_weight` with `f = 1 / sqrt(sum(x^2) / 128 + eps)` (the sum
-// in double, f rounded to f32 once); RoPE of dims 64..127 at
-// `positions[t]` (the first position of the key's 4-token group); the
-// Hadamard transform and FP8 quantization of `unikv_indexer_prepare_q_args`;
-// codes and scale stored at location `loc[t]`. Backends agree within 1 FP8
-// code and 1 f32 ulp of the scale (the norm's sum may round differently).
+/**
+ * Arguments of `unikv_indexer_prepare_k`. The cache layout is
+ * `unikv_store_indexer`'s.
+ *
+ * Math per key t, in f32 with no rounding in between: RMSNorm
+ * `x * f * norm_weight` with `f = 1 / sqrt(sum(x^2) / 128 + eps)` (the sum
+ * in double, f rounded to f32 once); RoPE of dims 64..127 at
+ * `positions[t]` (the first position of the key's 4-token group); the
+ * Hadamard transform and FP8 quantization of `unikv_indexer_prepare_q_args`;
+ * codes and scale stored at location `loc[t]`. Backends agree within 1 FP8
+ * code and 1 f32 ulp of the scale (the norm's sum may round differently).
+ */
 typedef struct unikv_indexer_prepare_k_args {
-  // sizeof(unikv_indexer_prepare_k_args).
+  /**
+   * sizeof(unikv_indexer_prepare_k_args).
+   */
   size_t struct_size;
-  // The indexer key cache `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8
-  // (see `unikv_store_indexer_args.cache`).
+  /**
+   * The indexer key cache `[num_pages, 132 * page_size]` UNIKV_DTYPE_U8
+   * (see `unikv_store_indexer_args.cache`).
+   */
   struct unikv_tensor cache;
-  // `[>= num_tokens, 128]` bf16 or f32 compressed keys (compressor
-  // output), rows 16-byte aligned.
+  /**
+   * `[>= num_tokens, 128]` bf16 or f32 compressed keys (compressor
+   * output), rows 16-byte aligned.
+   */
   struct unikv_tensor key;
-  // `[128]` bf16 RMSNorm weight of the indexer compressor.
+  /**
+   * `[128]` bf16 RMSNorm weight of the indexer compressor.
+   */
   struct unikv_tensor norm_weight;
-  // `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+  /**
+   * `[max_pos, 64]` f32 RoPE table (`unikv_rope_table`).
+   */
   struct unikv_tensor rope_table;
-  // `[>= num_tokens]` i32 or i64 positions: table rows.
+  /**
+   * `[>= num_tokens]` i32 or i64 positions: table rows.
+   */
   struct unikv_tensor positions;
-  // `[>= num_tokens]` i32 or i64 cache locations; negative = skip.
+  /**
+   * `[>= num_tokens]` i32 or i64 cache locations; negative = skip.
+   */
   struct unikv_tensor loc;
-  // Keys per page: 64.
+  /**
+   * Keys per page: 64.
+   */
   uint32_t page_size;
-  // UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ.
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ.
+   */
   uint32_t cache_dtype;
+  /**
+   * Keys to prepare and store.
+   */
   uint32_t num_tokens;
-  // RMSNorm epsilon (1e-6), finite and > 0.
+  /**
+   * RMSNorm epsilon (1e-6), finite and > 0.
+   */
   float eps;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_indexer_prepare_k_args;
 
-// Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
-// (spec store_fused §4.3). The indexer key cache and the page table use
-// pages of 64 compressed keys (256 raw tokens): compressed key i of a
-// request lives at location `page_table[request][i / 64] * 64 + i % 64`,
-// which is also its CSA page index.
-//
-// Per token t of request `b = batch_id[t]` at position p, the visible keys
-// are the first `n = (p + 1) / 4` of the request (complete 4-token groups).
-// Key i's score is `k_scale[i] * sum_h weights[t][h] * relu(q_fp8[t][h] .
-// k[i])`, each dot product exact, the head sum in double, rounded to f32
-// once on the CPU backend. GPU backends differ: f32 sums of the exact
-// products in the last bits, and on Hopper (sm_90a, e4m3fn) the dot
-// products run on FP8 tensor cores, whose sums keep about 13 mantissa bits,
-// so a score may differ by up to ~2^-7 of its dot products' term magnitudes
-// and keys that close to the threshold may be selected differently than on
-// the CPU backend. The selected set is the n keys when `n <= topk`, else the
-// `topk` best by score, ties broken by the lower key index (-0 equals +0,
-// NaN ranks below every number): identical on every backend for identical
-// scores. `topk_indices[t]` receives their page indices in ascending key
-// order, then -1 up to its last column; a padding token (negative
-// `batch_id`) gets a row of -1.
+/**
+ * Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
+ * (docs/indexer.md §3). The indexer key cache and the page table use
+ * pages of 64 compressed keys (256 raw tokens): compressed key i of a
+ * request lives at location `page_table[request][i / 64] * 64 + i % 64`,
+ * which is also its CSA page index.
+ *
+ * Per token t of request `b = batch_id[t]` at position p, the visible keys
+ * are the first `n = (p + 1) / 4` of the request (complete 4-token groups).
+ * Key i's score is `k_scale[i] * sum_h weights[t][h] * relu(q_fp8[t][h] .
+ * k[i])`, each dot product exact, the head sum in double, rounded to f32
+ * once on the CPU backend. GPU backends differ: f32 sums of the exact
+ * products in the last bits, and on Hopper (sm_90a, e4m3fn) the dot
+ * products run on FP8 tensor cores, whose sums keep about 13 mantissa bits,
+ * so a score may differ by up to ~2^-7 of its dot products' term magnitudes
+ * and keys that close to the threshold may be selected differently than on
+ * the CPU backend. The selected set is the n keys when `n <= topk`, else the
+ * `topk` best by score, ties broken by the lower key index (-0 equals +0,
+ * NaN ranks below every number): identical on every backend for identical
+ * scores. `topk_indices[t]` receives their page indices in ascending key
+ * order, then -1 up to its last column; a padding token (negative
+ * `batch_id`) gets a row of -1.
+ */
 typedef struct unikv_indexer_topk_args {
-  // sizeof(unikv_indexer_topk_args).
+  /**
+   * sizeof(unikv_indexer_topk_args).
+   */
   size_t struct_size;
-  // `unikv_indexer_topk` only: `[>= num_tokens, num_heads, 128]`
-  // UNIKV_DTYPE_U8 query codes from `unikv_indexer_prepare_q` (rows
-  // 16-byte aligned).
+  /**
+   * `unikv_indexer_topk` only: `[>= num_tokens, num_heads, 128]`
+   * UNIKV_DTYPE_U8 query codes from `unikv_indexer_prepare_q` (rows
+   * 16-byte aligned).
+   */
   struct unikv_tensor q_fp8;
-  // `unikv_indexer_topk` only: `[>= num_tokens, num_heads]` f32 folded
-  // weights from `unikv_indexer_prepare_q`.
+  /**
+   * `unikv_indexer_topk` only: `[>= num_tokens, num_heads]` f32 folded
+   * weights from `unikv_indexer_prepare_q`.
+   */
   struct unikv_tensor weights;
-  // `unikv_indexer_topk` only: the indexer key cache `[num_pages, 8448]`
-  // UNIKV_DTYPE_U8 (`unikv_store_indexer_args.cache`, page size 64).
+  /**
+   * `unikv_indexer_topk` only: the indexer key cache `[num_pages, 8448]`
+   * UNIKV_DTYPE_U8 (`unikv_store_indexer_args.cache`, page size 64).
+   */
   struct unikv_tensor cache;
-  // `[requests, max_pages]` i32: page ids of each request's compressed
-  // keys (any row stride).
+  /**
+   * `[requests, max_pages]` i32: page ids of each request's compressed
+   * keys (any row stride).
+   */
   struct unikv_tensor page_table;
-  // `[>= num_tokens]` i32: each token's row of `page_table`; negative =
-  // padding.
+  /**
+   * `[>= num_tokens]` i32: each token's row of `page_table`; negative =
+   * padding.
+   */
   struct unikv_tensor batch_id;
-  // `[>= num_tokens]` i32 or i64 absolute positions.
+  /**
+   * `[>= num_tokens]` i32 or i64 absolute positions.
+   */
   struct unikv_tensor positions;
-  // `[>= num_tokens, L]` f32 (any row stride), L at least the most keys a
-  // token sees: `unikv_indexer_topk` writes the visible keys' scores here
-  // (columns past them are untouched); `unikv_indexer_topk_from_logits`
-  // reads them.
+  /**
+   * `[>= num_tokens, L]` f32 (any row stride), L at least the most keys a
+   * token sees: `unikv_indexer_topk` writes the visible keys' scores here
+   * (columns past them are untouched); `unikv_indexer_topk_from_logits`
+   * reads them.
+   */
   struct unikv_tensor logits;
-  // `[>= num_tokens, W]` i32 output, W >= topk: the CSA page-index table
-  // for `unikv_fill_csa_tail`.
+  /**
+   * `[>= num_tokens, W]` i32 output, W >= topk: the CSA page-index table
+   * for `unikv_fill_csa_tail`.
+   */
   struct unikv_tensor topk_indices;
-  // `unikv_indexer_topk` only: UNIKV_DTYPE_FP8_E4M3FN or
-  // UNIKV_DTYPE_FP8_E4M3FNUZ, the format of the queries and the cache.
+  /**
+   * `unikv_indexer_topk` only: UNIKV_DTYPE_FP8_E4M3FN or
+   * UNIKV_DTYPE_FP8_E4M3FNUZ, the format of the queries and the cache.
+   */
   uint32_t cache_dtype;
+  /**
+   * Tokens of this forward.
+   */
   uint32_t num_tokens;
-  // `unikv_indexer_topk` only: indexer heads (64 in DeepSeek-V4).
+  /**
+   * `unikv_indexer_topk` only: indexer heads (64 in DeepSeek-V4).
+   */
   uint32_t num_heads;
-  // Keys to select, 1..=2048 (512 or 1024 in production).
+  /**
+   * Keys to select, 1..=2048 (512 or 1024 in production).
+   */
   uint32_t topk;
 } unikv_indexer_topk_args;
 
-// Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
-//
-// Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
-// and RoPE the GPT-J rotation of dims 448..511 (pair i = dims
-// `448 + 2i, 449 + 2i`: `re' = re*c - im*s`, `im' = re*s + im*c`). The norm
-// factor `f = 1 / sqrt(sum(x^2) / 512 + eps)` (per row) is computed in
-// double and rounded to f32 once; every other step is one f32 multiply or
-// add, never fused, in the order written; `bf16()` rounds to nearest even:
-//
-// * Q, each head h: `n = bf16(x * f)` for all 512 dims (the nope output and
-//   the RoPE input), then `q_out = n` on dims 0..447 and `bf16(RoPE(n))` on
-//   448..511 (the CUDA kernels' order, spec §3.7).
-// * KV: `k = (x * f) * kv_weight` in f32, RoPE of dims 448..511 from those
-//   f32 values, then `bf16()` once for all 512 dims: that row goes to
-//   `kv_out` and to the pool. An FP8 pool quantizes the bf16 row exactly as
-//   `unikv_store_swa` does (same codes and scale bytes).
-//
-// Backends agree within 1 bf16 ulp per element (the sum of squares may
-// round differently) and 1 FP8 code.
-typedef struct unikv_prepare_qkv_args {
-  // sizeof(unikv_prepare_qkv_args).
+/**
+ * The launch configuration a plan chose (`unikv_decode_plan_get_info`,
+ * `unikv_prefill_plan_get_info`). Fixed at plan creation: every launch
+ * through the plan uses it (a kernel with a raw FP8 variant picks it per call
+ * from its key sources, see `raw_fp8_variant`).
+ */
+typedef struct unikv_plan_info {
+  /**
+   * sizeof(unikv_plan_info), set by the caller.
+   */
   size_t struct_size;
-  // `[>= num_tokens, num_heads, 512]` bf16: Q per head (any token and head
-  // strides).
-  struct unikv_tensor q_in;
-  // `[>= num_tokens, num_heads, 512]` bf16 output; may be a slice of a
-  // head-padded buffer, or `q_in` itself (exact in-place: the same data,
-  // shape and strides; any other overlap is UNIKV_OVERLAPPING_BUFFERS).
-  struct unikv_tensor q_out;
-  // `[>= num_tokens, 512]` bf16 KV latent rows (any row stride, e.g. a
-  // slice of a fused projection's output).
-  struct unikv_tensor kv_in;
-  // `[512]` bf16 RMSNorm weight of the KV row (`kv_norm.weight`).
-  struct unikv_tensor kv_weight;
-  // Optional `[>= num_tokens, 512]` bf16 output: the normalized, rotated KV
-  // rows (prefill's extend source); may be `kv_in` itself (exact
-  // in-place, as `q_out`).
-  struct unikv_tensor kv_out;
-  // `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
-  struct unikv_tensor rope_table;
-  // `[>= num_tokens]` i32 or i64 absolute positions: table rows.
-  struct unikv_tensor positions;
-  // Optional `[>= num_tokens]` i32 or i64 pool rows of `layer` receiving
-  // each token's KV row; negative = no store (decode / verify pass ring rows,
-  // prefill passes -1 or leaves it absent and stores its final window later
-  // with `unikv_store_swa`).
-  struct unikv_tensor rows;
-  uint32_t layer;
-  uint32_t num_tokens;
-  // Q heads H (> 0); num_tokens * H < 2^31.
+  /**
+   * A `unikv_plan_kind`.
+   */
+  uint32_t kind;
+  /**
+   * The `unikv_backend` of the plan's context (never AUTO or GPU).
+   */
+  uint32_t backend;
+  /**
+   * A `unikv_kernel_family`.
+   */
+  uint32_t kernel_family;
+  /**
+   * The most tokens one call through the plan may carry (capture-time shape).
+   */
+  uint32_t max_tokens;
+  /**
+   * The query heads the plan was made for (capture-time shape).
+   */
   uint32_t num_heads;
-  // RMSNorm epsilons (config.rms_norm_eps, 1e-6), finite and > 0.
+  /**
+   * The `unikv_dtype` of the pool the plan reads.
+   */
+  uint32_t kv_dtype;
+  /**
+   * Heads one thread block (CPU: one work item) computes.
+   */
+  uint32_t head_block;
+  /**
+   * Blocks per token along the heads: ceil(num_heads / head_block).
+   */
+  uint32_t head_blocks;
+  /**
+   * Most key splits per (token, head block); 1 when keys are never split.
+   * A token's split count depends on its length and the plan only.
+   */
+  uint32_t max_splits;
+  /**
+   * 1 when a token's splits merge inside a thread-block cluster (sm_90+;
+   * no workspace, no combine launch), 0 when they merge through the
+   * workspace and a combine kernel (or there is one split).
+   */
+  uint32_t cluster_merge;
+  /**
+   * Key-tile pipeline stages of the kernel instantiation (0 on the CPU).
+   */
+  uint32_t stages;
+  /**
+   * 1 when the combine kernel is launched early (programmatic dependent
+   * launch, sm_90+).
+   */
+  uint32_t dependent_launch;
+  /**
+   * 1 for FP8 plans whose kernel has a raw variant (stored FP8 rows kept
+   * in shared memory), taken by calls whose every key source is an
+   * e4m3fn pool; other calls take the in-tile dequantizing instantiation.
+   */
+  uint32_t raw_fp8_variant;
+  /**
+   * Multiprocessors the split count was sized for (0 on the CPU).
+   */
+  uint32_t sm_count;
+  /**
+   * Bytes of workspace every launch needs (as `*_plan_workspace_size`).
+   */
+  uint64_t workspace_bytes;
+} unikv_plan_info;
+
+/**
+ * Arguments of `unikv_prepare_qkv`. bf16 tensors have 16-byte aligned rows.
+ *
+ * Math per token t, with `(c_i, s_i)` = `rope_table[positions[t], 2i..2i+2]`
+ * and RoPE the GPT-J rotation of dims 448..511 (pair i = dims
+ * `448 + 2i, 449 + 2i`: `re' = re*c - im*s`, `im' = re*s + im*c`). The norm
+ * factor `f = 1 / sqrt(sum(x^2) / 512 + eps)` (per row) is computed in
+ * double and rounded to f32 once; every other step is one f32 multiply or
+ * add, never fused, in the order written; `bf16()` rounds to nearest even:
+ *
+ * * Q, each head h: `n = bf16(x * f)` for all 512 dims (the nope output and
+ *   the RoPE input), then `q_out = n` on dims 0..447 and `bf16(RoPE(n))` on
+ *   448..511 (the CUDA kernels' order, docs/prepare.md §4).
+ * * KV: `k = (x * f) * kv_weight` in f32, RoPE of dims 448..511 from those
+ *   f32 values, then `bf16()` once for all 512 dims: that row goes to
+ *   `kv_out` and to the pool. An FP8 pool quantizes the bf16 row exactly as
+ *   `unikv_store_swa` does (same codes and scale bytes).
+ *
+ * Backends agree within 1 bf16 ulp per element (the sum of squares may
+ * round differently) and 1 FP8 code.
+ */
+typedef struct unikv_prepare_qkv_args {
+  /**
+   * sizeof(unikv_prepare_qkv_args).
+   */
+  size_t struct_size;
+  /**
+   * `[>= num_tokens, num_heads, 512]` bf16: Q per head (any token and head
+   * strides).
+   */
+  struct unikv_tensor q_in;
+  /**
+   * `[>= num_tokens, num_heads, 512]` bf16 output; may be a slice of a
+   * head-padded buffer, or `q_in` itself (exact in-place: the same data,
+   * shape and strides; any other overlap is UNIKV_OVERLAPPING_BUFFERS).
+   */
+  struct unikv_tensor q_out;
+  /**
+   * `[>= num_tokens, 512]` bf16 KV latent rows (any row stride, e.g. a
+   * slice of a fused projection's output).
+   */
+  struct unikv_tensor kv_in;
+  /**
+   * `[512]` bf16 RMSNorm weight of the KV row (`kv_norm.weight`).
+   */
+  struct unikv_tensor kv_weight;
+  /**
+   * Optional `[>= num_tokens, 512]` bf16 output: the normalized, rotated KV
+   * rows (prefill's extend source); may be `kv_in` itself (exact
+   * in-place, as `q_out`).
+   */
+  struct unikv_tensor kv_out;
+  /**
+   * `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
+   */
+  struct unikv_tensor rope_table;
+  /**
+   * `[>= num_tokens]` i32 or i64 absolute positions: table rows.
+   */
+  struct unikv_tensor positions;
+  /**
+   * Optional `[>= num_tokens]` i32 or i64 pool rows of `layer` receiving
+   * each token's KV row; negative = no store (decode / verify pass ring rows,
+   * prefill passes -1 or leaves it absent and stores its final window later
+   * with `unikv_store_swa`).
+   */
+  struct unikv_tensor rows;
+  /**
+   * Pool layer receiving the KV rows.
+   */
+  uint32_t layer;
+  /**
+   * Tokens of this forward.
+   */
+  uint32_t num_tokens;
+  /**
+   * Q heads H (> 0); num_tokens * H < 2^31.
+   */
+  uint32_t num_heads;
+  /**
+   * Q RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
+   */
   float q_eps;
+  /**
+   * KV RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
+   */
   float kv_eps;
-  // Must be 0.
+  /**
+   * Must be 0.
+   */
   uint32_t reserved;
 } unikv_prepare_qkv_args;
 
-// YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
-// none, and the other fields are then ignored.
+/**
+ * YaRN frequency interpolation (docs/prepare.md §3); `factor = 0` means
+ * none, and the other fields are then ignored.
+ */
 typedef struct unikv_rope_yarn {
-  // Context extension factor (`rope_scaling.factor`), > 0; 0 = no YaRN.
+  /**
+   * Context extension factor (`rope_scaling.factor`), > 0; 0 = no YaRN.
+   */
   double factor;
-  // Pre-extension context length (`original_max_position_embeddings`), > 0.
+  /**
+   * Pre-extension context length (`original_max_position_embeddings`), > 0.
+   */
   uint64_t original_max_position;
-  // Ramp ends in turns over that length: `beta_fast >= beta_slow > 0`.
+  /**
+   * Fast end of the ramp in turns over that length (`beta_fast`):
+   * `beta_fast >= beta_slow > 0`.
+   */
   double beta_fast;
+  /**
+   * Slow end of the ramp (`beta_slow`), > 0 and <= `beta_fast`.
+   */
   double beta_slow;
 } unikv_rope_yarn;
 
-// How a layer's RoPE table is built. Dense layers use base 10000 without
-// YaRN; compressed layers base 40000 with YaRN (spec store_fused §3.3).
+/**
+ * How a layer's RoPE table is built. Dense layers use base 10000 without
+ * YaRN; compressed layers base 40000 with YaRN (docs/prepare.md §3).
+ */
 typedef struct unikv_rope_params {
-  // sizeof(unikv_rope_params).
+  /**
+   * sizeof(unikv_rope_params).
+   */
   size_t struct_size;
-  // Frequency base theta, a finite number > 1.
+  /**
+   * Frequency base theta, a finite number > 1.
+   */
   double base;
+  /**
+   * YaRN interpolation; `yarn.factor = 0` for none.
+   */
   struct unikv_rope_yarn yarn;
 } unikv_rope_params;
 
-// Arguments of `unikv_inverse_rope`.
+/**
+ * Arguments of `unikv_inverse_rope`.
+ */
 typedef struct unikv_inverse_rope_args {
-  // sizeof(unikv_inverse_rope_args).
+  /**
+   * sizeof(unikv_inverse_rope_args).
+   */
   size_t struct_size;
-  // Attention output `[>= num_tokens, num_heads, 512]` bf16, rotated in
-  // place; data and outer strides 8-byte aligned (head padding allowed).
+  /**
+   * Attention output `[>= num_tokens, num_heads, 512]` bf16, rotated in
+   * place; data and outer strides 8-byte aligned (head padding allowed).
+   */
   struct unikv_tensor x;
-  // `[>= num_tokens]` UNIKV_DTYPE_I32 or UNIKV_DTYPE_I64: each token's
-  // position, the row of `rope_table` it is rotated back by.
+  /**
+   * `[>= num_tokens]` UNIKV_DTYPE_I32 or UNIKV_DTYPE_I64: each token's
+   * position, the row of `rope_table` it is rotated back by.
+   */
   struct unikv_tensor positions;
-  // `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
-  // data and row stride 16-byte aligned.
+  /**
+   * `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
+   * data and row stride 16-byte aligned.
+   */
   struct unikv_tensor rope_table;
+  /**
+   * Tokens to rotate.
+   */
   uint32_t num_tokens;
-  // Heads per token, > 0; must equal `x.shape[1]`.
+  /**
+   * Heads per token, > 0; must equal `x.shape[1]`.
+   */
   uint32_t num_heads;
 } unikv_inverse_rope_args;
 
-// Arguments of `unikv_hash_topk`. K = `tid2eid.shape[1]` routed experts per
-// row, E = `router_logits.shape[1]` experts, S = `num_shared`; K + S <= 32.
-//
-// Math per real row n, with `e_j = tid2eid[input_ids[n]][j]` (table order):
-// `w_j = sqrt(softplus(router_logits[n][e_j]))`, `softplus(x) = max(x, 0) +
-// log1p(exp(-|x|))`; slot j < K is `(e_j, w_j / sum_j w_j)` (no epsilon), slot
-// K + s is the fused shared expert `(E + s, 1 / routed_scaling_factor)`.
-// Computed in double, each weight rounded to f32 once (backends agree within
-// 1 f32 ulp). Rows n >= the number of real tokens are padding: ids -1,
-// weights 0.
+/**
+ * Arguments of `unikv_hash_topk`. K = `tid2eid.shape[1]` routed experts per
+ * row, E = `router_logits.shape[1]` experts, S = `num_shared`; K + S <= 32.
+ *
+ * Math per real row n, with `e_j = tid2eid[input_ids[n]][j]` (table order):
+ * `w_j = sqrt(softplus(router_logits[n][e_j]))`, `softplus(x) = max(x, 0) +
+ * log1p(exp(-|x|))`; slot j < K is `(e_j, w_j / sum_j w_j)` (no epsilon), slot
+ * K + s is the fused shared expert `(E + s, 1 / routed_scaling_factor)`.
+ * Computed in double, each weight rounded to f32 once (backends agree within
+ * 1 f32 ulp). Rows n >= the number of real tokens are padding: ids -1,
+ * weights 0.
+ */
 typedef struct unikv_hash_topk_args {
-  // sizeof(unikv_hash_topk_args).
+  /**
+   * sizeof(unikv_hash_topk_args).
+   */
   size_t struct_size;
-  // `[>= num_tokens, E]` f32 router logits (any row stride).
+  /**
+   * `[>= num_tokens, E]` f32 router logits (any row stride).
+   */
   struct unikv_tensor router_logits;
-  // `[>= num_tokens]` i32 or i64 token id of each row.
+  /**
+   * `[>= num_tokens]` i32 or i64 token id of each row.
+   */
   struct unikv_tensor input_ids;
-  // `[vocab, K]` i32 expert table (checkpoint `tid2eid`, any row stride).
+  /**
+   * `[vocab, K]` i32 expert table (checkpoint `tid2eid`, any row stride).
+   */
   struct unikv_tensor tid2eid;
-  // `[>= num_tokens, K + S]` f32 output weights (any row stride).
+  /**
+   * `[>= num_tokens, K + S]` f32 output weights (any row stride).
+   */
   struct unikv_tensor topk_weights;
-  // `[>= num_tokens, K + S]` i32 output expert ids (any row stride).
+  /**
+   * `[>= num_tokens, K + S]` i32 output expert ids (any row stride).
+   */
   struct unikv_tensor topk_ids;
-  // Optional `[>= 1]` i32 or i64 in the context's memory: element 0 is the
-  // number of real rows (a device value under CUDA graphs). Absent (NULL
-  // data): `num_real_tokens_host` counts them.
+  /**
+   * Optional `[>= 1]` i32 or i64 in the context's memory: element 0 is the
+   * number of real rows (a device value under CUDA graphs). Absent (NULL
+   * data): `num_real_tokens_host` counts them.
+   */
   struct unikv_tensor num_real_tokens;
-  // Real rows when `num_real_tokens` is absent; at most `num_tokens`.
+  /**
+   * Real rows when `num_real_tokens` is absent; at most `num_tokens`.
+   */
   uint32_t num_real_tokens_host;
-  // Rows to write (< 2^31).
+  /**
+   * Rows to write (< 2^31).
+   */
   uint32_t num_tokens;
-  // S: fused shared-expert slots after the K routed ones (0 or 1 in
-  // DeepSeek-V4).
+  /**
+   * S: fused shared-expert slots after the K routed ones (0 or 1 in
+   * DeepSeek-V4).
+   */
   uint32_t num_shared;
-  // `routed_scaling_factor` (1.5 in DeepSeek-V4), finite and > 0.
+  /**
+   * `routed_scaling_factor` (1.5 in DeepSeek-V4), finite and > 0.
+   */
   float routed_scaling_factor;
 } unikv_hash_topk_args;
 
-// Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
-// 1-D contiguous i32.
+/**
+ * Arguments of `unikv_store_swa` (docs/pool.md §9). Integer tensors are
+ * 1-D contiguous i32.
+ */
 typedef struct unikv_store_swa_args {
-  // sizeof(unikv_store_swa_args).
+  /**
+   * sizeof(unikv_store_swa_args).
+   */
   size_t struct_size;
-  // Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16.
+  /**
+   * Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16.
+   */
   struct unikv_tensor kv;
-  // `[>= num_tokens]`: request of each row; negative = padding, skipped.
+  /**
+   * `[>= num_tokens]`: request of each row; negative = padding, skipped.
+   */
   struct unikv_tensor batch_id;
-  // `[requests]`: slot of each request (0..=max_requests).
+  /**
+   * `[requests]`: slot of each request (0..=max_requests).
+   */
   struct unikv_tensor req_slots;
-  // `[>= num_tokens]`: absolute position of each row.
+  /**
+   * `[>= num_tokens]`: absolute position of each row.
+   */
   struct unikv_tensor positions;
-  // Optional `[requests]`: last position of each request after this forward.
-  // Rows at `pos <= final_pos - window` are skipped, so a prefill chunk longer
-  // than the ring writes only its final window, race-free. Absent (NULL data):
-  // every row is written; a request's rows must then span at most `ring`
-  // positions (decode and verify).
+  /**
+   * Optional `[requests]`: last position of each request after this forward.
+   * Rows at `pos <= final_pos - window` are skipped, so a prefill chunk longer
+   * than the ring writes only its final window, race-free. Absent (NULL data):
+   * every row is written; a request's rows must then span at most `ring`
+   * positions (decode and verify).
+   */
   struct unikv_tensor final_pos;
+  /**
+   * Pool layer written.
+   */
   uint32_t layer;
+  /**
+   * Rows of `kv` to consider.
+   */
   uint32_t num_tokens;
 } unikv_store_swa_args;
 
-// Arguments of `unikv_store_compressed` (spec unified_kv §5.1).
+/**
+ * Arguments of `unikv_store_compressed` (docs/pool.md §9).
+ */
 typedef struct unikv_store_compressed_args {
-  // sizeof(unikv_store_compressed_args).
+  /**
+   * sizeof(unikv_store_compressed_args).
+   */
   size_t struct_size;
-  // Compressed rows `[>= num_rows, 512]` bf16.
+  /**
+   * Compressed rows `[>= num_rows, 512]` bf16.
+   */
   struct unikv_tensor kv;
-  // `[>= num_rows]` i32: compressed page index of each row; negative = skip.
+  /**
+   * `[>= num_rows]` i32: compressed page index of each row; negative = skip.
+   */
   struct unikv_tensor loc;
+  /**
+   * Pool layer written.
+   */
   uint32_t layer;
+  /**
+   * Rows of `kv` to consider.
+   */
   uint32_t num_rows;
 } unikv_store_compressed_args;
 
-#define unikv_status_ALL { UNIKV_OK, UNIKV_NULL_ARGUMENT, UNIKV_BAD_STRUCT_SIZE, UNIKV_BAD_ENUM, UNIKV_BAD_DTYPE, UNIKV_BAD_SHAPE, UNIKV_BAD_STRIDE, UNIKV_BAD_ALIGNMENT, UNIKV_CAPACITY_EXCEEDED, UNIKV_OUT_OF_RANGE, UNIKV_INVALID_STATE, UNIKV_BACKEND_UNAVAILABLE, UNIKV_OUT_OF_MEMORY, UNIKV_GPU_ERROR, UNIKV_INTERNAL, UNIKV_INVALID_ARGUMENT, UNIKV_INVALID_HANDLE, UNIKV_OVERLAPPING_BUFFERS, }
+/**
+ * Every status value in ascending order, as a brace initializer:
+ * `static const uint32_t all[] = UNIKV_STATUS_ALL;` (the header renames
+ * cbindgen's `unikv_status_ALL`, tests/header.rs).
+ */
+#define UNIKV_STATUS_ALL { UNIKV_OK, UNIKV_NULL_ARGUMENT, UNIKV_BAD_STRUCT_SIZE, UNIKV_BAD_ENUM, UNIKV_BAD_DTYPE, UNIKV_BAD_SHAPE, UNIKV_BAD_STRIDE, UNIKV_BAD_ALIGNMENT, UNIKV_CAPACITY_EXCEEDED, UNIKV_OUT_OF_RANGE, UNIKV_INVALID_STATE, UNIKV_BACKEND_UNAVAILABLE, UNIKV_OUT_OF_MEMORY, UNIKV_GPU_ERROR, UNIKV_INTERNAL, UNIKV_INVALID_ARGUMENT, UNIKV_INVALID_HANDLE, UNIKV_OVERLAPPING_BUFFERS, }
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
-// A static, NUL-terminated description of a status code ("unknown status" for
-// values not in `unikv_status`). Never NULL; do not free. Thread-safe.
+/**
+ * A static, NUL-terminated description of a status code ("unknown status" for
+ * values not in `unikv_status`). Never NULL; do not free. Thread-safe.
+ */
 const char *unikv_status_string(uint32_t status);
 
-// The message of the last failing call on the calling thread, naming the
-// argument at fault ("" before any failure). Valid until the next failing call
-// on this thread; do not free. Thread-safe (thread-local).
+/**
+ * The message of the last failing call on the calling thread, naming the
+ * argument at fault ("" before any failure). Valid until the next failing call
+ * on this thread; do not free. Thread-safe (thread-local).
+ */
 const char *unikv_last_error_message(void);
 
-// The library's version packed as major * 1000000 + minor * 1000 + patch;
-// compare with `UNIKV_VERSION` to detect a header/library mismatch. Thread-safe.
+/**
+ * Fills `caps` (host memory; set `caps->struct_size` first, as with every
+ * info struct: an older, smaller struct gets only the fields it has) with
+ * what this build of the library supports: the backends compiled in, the GPU
+ * devices present now, the compiled GPU targets, the KV dtypes and FP8
+ * formats, and the shape limits the entry points check. Needs no context;
+ * may be called before any other function. Thread-safe.
+ */
+UNIKV_NODISCARD unikv_status unikv_get_capabilities(struct unikv_capabilities *caps);
+
+/**
+ * Sets (or with NULL `callback`, removes) the process-wide diagnostics
+ * callback, replacing any earlier one; `user` is passed back to it
+ * unchanged. Off by default. Messages: UNIKV_LOG_INFO with the one-line
+ * description of every decode and prefill plan created, and UNIKV_LOG_ERROR
+ * with the message of every failing call (the status description, then the
+ * text `unikv_last_error_message` returns). Messages are formatted only
+ * while a callback is set, on plan creation and on errors, never on a
+ * successful launch. A call already running on another thread may still
+ * pass a message to the previous callback. Thread-safe.
+ */
+UNIKV_NODISCARD unikv_status unikv_set_log_callback(unikv_log_fn callback, void *user);
+
+/**
+ * The library's version packed as major * 1000000 + minor * 1000 + patch;
+ * compare with `UNIKV_VERSION` to detect a header/library mismatch. Thread-safe.
+ */
 uint32_t unikv_version(void);
 
-// The library's version as "MAJOR.MINOR.PATCH". Static; do not free. Thread-safe.
+/**
+ * The library's version as "MAJOR.MINOR.PATCH". Static; do not free. Thread-safe.
+ */
 const char *unikv_version_string(void);
 
-// Creates a context. `options` is host memory read during the call; `*out`
-// receives a new handle owned by the caller (free with `unikv_context_destroy`).
-// Returns BACKEND_UNAVAILABLE when an explicitly requested backend is not
-// compiled in or has no device. Thread-safe.
+/**
+ * Creates a context. `options` is host memory read during the call; `*out`
+ * receives a new handle owned by the caller (free with `unikv_context_destroy`).
+ * Returns BACKEND_UNAVAILABLE when an explicitly requested backend is not
+ * compiled in or has no device. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_context_create(const struct unikv_context_options *options,
                                   struct unikv_context **out);
 
-// Releases the caller's reference to a context. Pools and plans made from it
-// keep it alive until they are destroyed. NULL is accepted and ignored; a
-// pointer that is not a live context (destroyed already, another kind of
-// handle) is ignored too, and the thread's last error says so. Externally
-// synchronized: no other call may use this handle concurrently.
+/**
+ * Releases the caller's reference to a context. Pools and plans made from it
+ * keep it alive until they are destroyed. NULL is accepted and ignored; a
+ * pointer that is not a live context (destroyed already, another kind of
+ * handle) is ignored too, and the thread's last error says so. Externally
+ * synchronized: no other call may use this handle concurrently.
+ */
 void unikv_context_destroy(struct unikv_context *ctx);
 
-// Reports the backend a context got, its device, worker threads and whether
-// validation is on. `info` is host memory; set `info->struct_size` first.
-// Thread-safe.
+/**
+ * Reports the backend a context got, its device, worker threads and whether
+ * validation is on. `info` is host memory; set `info->struct_size` first.
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_context_get_info(const struct unikv_context *ctx,
                                     struct unikv_context_info *info);
 
-// Allocates `bytes` of zeroed memory in the context's memory space (device
-// memory for GPU backends, host memory for the CPU backend), aligned to 256
-// bytes (`bytes == 0` still returns a unique pointer). `*out` receives the
-// pointer, owned by the caller; free it with `unikv_memory_free` on the same
-// context. Allocations still live when the context is finally released (after
-// its last pool and plan) are freed with it. Synchronous. Thread-safe.
+/**
+ * Allocates `bytes` of zeroed memory in the context's memory space (device
+ * memory for GPU backends, host memory for the CPU backend), aligned to 256
+ * bytes (`bytes == 0` still returns a unique pointer). `*out` receives the
+ * pointer, owned by the caller; free it with `unikv_memory_free` on the same
+ * context. Allocations still live when the context is finally released (after
+ * its last pool and plan) are freed with it. Synchronous. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_memory_alloc(const struct unikv_context *ctx,
                                 size_t bytes,
                                 void **out);
 
-// Frees memory from `unikv_memory_alloc` of the same context. NULL is accepted.
-// Returns INVALID_ARGUMENT for a pointer this context did not allocate.
-// Thread-safe.
+/**
+ * Frees memory from `unikv_memory_alloc` of the same context. NULL is accepted.
+ * Returns INVALID_ARGUMENT for a pointer this context did not allocate.
+ * Thread-safe.
+ */
 unikv_status unikv_memory_free(const struct unikv_context *ctx, void *ptr);
 
-// Copies `bytes` between host and context memory in the direction `kind` (a
-// `unikv_copy_kind`), ordered on `stream` (a cudaStream_t/hipStream_t, NULL =
-// the default stream; ignored by the CPU backend, which copies at once). Host
-// buffers must stay valid until the stream reaches the copy. Thread-safe.
+/**
+ * Copies `bytes` between host and context memory in the direction `kind` (a
+ * `unikv_copy_kind`), ordered on `stream` (a cudaStream_t/hipStream_t, NULL =
+ * the default stream; ignored by the CPU backend, which copies at once). Host
+ * buffers must stay valid until the stream reaches the copy. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_memory_copy(const struct unikv_context *ctx,
                                void *dst,
@@ -939,8 +1996,10 @@ unikv_status unikv_memory_copy(const struct unikv_context *ctx,
                                uint32_t kind,
                                void *stream);
 
-// Sets `bytes` of context memory at `ptr` to `value`, ordered on `stream`.
-// Thread-safe.
+/**
+ * Sets `bytes` of context memory at `ptr` to `value`, ordered on `stream`.
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_memory_set(const struct unikv_context *ctx,
                               void *ptr,
@@ -948,96 +2007,157 @@ unikv_status unikv_memory_set(const struct unikv_context *ctx,
                               size_t bytes,
                               void *stream);
 
-// Blocks until all work the library queued on `stream` is done (a no-op on the
-// CPU backend). The only call that waits; launches never synchronize.
-// Thread-safe.
+/**
+ * Blocks until all work the library queued on `stream` is done (a no-op on the
+ * CPU backend). The only call that waits; launches never synchronize.
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_stream_synchronize(const struct unikv_context *ctx,
                                       void *stream);
 
-// Creates a unified KV pool on `ctx`. `params` and the arrays it points to are
-// host memory read during the call. `*out` receives a handle owned by the
-// caller (free with `unikv_pool_destroy`). Thread-safe.
+/**
+ * Creates a unified KV pool on `ctx`. `params` and the arrays it points to are
+ * host memory read during the call. `*out` receives a handle owned by the
+ * caller (free with `unikv_pool_destroy`). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_pool_create(const struct unikv_context *ctx,
                                const struct unikv_pool_params *params,
                                struct unikv_pool **out);
 
-// Destroys a pool, freeing its buffers if it allocated them. NULL is accepted;
-// a pointer that is not a live pool is ignored (the thread's last error says
-// so). Externally synchronized: no other call may use this handle
-// concurrently, and work queued on streams must no longer need the buffers.
+/**
+ * Destroys a pool, freeing its buffers if it allocated them. NULL is accepted;
+ * a pointer that is not a live pool is ignored (the thread's last error says
+ * so). Externally synchronized: no other call may use this handle
+ * concurrently, and work queued on streams must no longer need the buffers.
+ */
 void unikv_pool_destroy(struct unikv_pool *pool);
 
-// Fills `info` (host memory; set `info->struct_size` first) with the pool's
-// geometry and occupancy. Thread-safe.
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the pool's
+ * geometry and occupancy. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_pool_get_info(const struct unikv_pool *pool,
                                  struct unikv_pool_info *info);
 
-// Fills `info` (host memory; set `info->struct_size` first) with one layer's
-// geometry and buffer pointer. OUT_OF_RANGE for a layer past the pool's.
-// Thread-safe.
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with one layer's
+ * geometry and buffer pointer. OUT_OF_RANGE for a layer past the pool's.
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_pool_get_layer(const struct unikv_pool *pool,
                                   uint32_t layer,
                                   struct unikv_pool_layer_info *info);
 
-// Acquires a free request slot (1..=max_requests, lowest first) into `*slot`.
-// CAPACITY_EXCEEDED when all are in use. Thread-safe.
+/**
+ * Acquires a free request slot (1..=max_requests, lowest first) into `*slot`.
+ * CAPACITY_EXCEEDED when all are in use. Thread-safe.
+ */
 UNIKV_NODISCARD unikv_status unikv_pool_acquire_slot(const struct unikv_pool *pool, uint32_t *slot);
 
-// Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
-// INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
-// cleared. Thread-safe.
+/**
+ * Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
+ * INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
+ * cleared. Thread-safe.
+ */
 unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
 
-// Creates a decode plan for the given capture-time shapes: chooses the launch
-// configuration and loads kernels, so the first launch may be captured in a
-// CUDA graph. `*out` receives a handle owned by the caller. Thread-safe.
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the
+ * pool-wide geometry a pool created from `params` would report through
+ * `unikv_pool_get_info` (`slots_in_use` is 0; `owns_memory` is 1 when
+ * `params->layer_buffers` is NULL), without creating a pool, allocating or
+ * needing a context. `params` and its arrays are host memory read during
+ * the call and are checked exactly as `unikv_pool_create` checks them (the
+ * same statuses and messages, e.g. UNIKV_BAD_ENUM for a compress ratio other
+ * than 0, 4 or 128; adopted buffer pointers, when given, are checked for NULL
+ * and alignment but never dereferenced). Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_info(const struct unikv_pool_params *params,
+                                        struct unikv_pool_info *info);
+
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with one layer's
+ * geometry as a pool created from `params` would report it through
+ * `unikv_pool_get_layer`: its row count, SWA and compressed rows, and the
+ * sizes of every buffer a caller adopting its own memory must supply —
+ * `bytes` for `params->layer_buffers[layer]` (rows * 1024 for bf16, rows *
+ * 512 for FP8) and `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
+ * for FP8 pools, 0 for bf16). `data` and `rope_data` are the caller's
+ * buffers when `params` adopts them, NULL otherwise. No pool is created and
+ * nothing is allocated. `params` is checked exactly as `unikv_pool_create`
+ * checks it; then OUT_OF_RANGE for a `layer` past `params->num_layers`.
+ * Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_layer(const struct unikv_pool_params *params,
+                                         uint32_t layer,
+                                         struct unikv_pool_layer_info *info);
+
+/**
+ * Creates a decode plan for the given capture-time shapes: chooses the launch
+ * configuration and loads kernels, so the first launch may be captured in a
+ * CUDA graph. `*out` receives a handle owned by the caller. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_decode_plan_create(const struct unikv_context *ctx,
                                       const struct unikv_attention_plan_params *params,
                                       struct unikv_decode_plan **out);
 
-// Destroys a decode plan. NULL is accepted; a pointer that is not a live
-// decode plan is ignored (the thread's last error says so). Externally
-// synchronized.
+/**
+ * Destroys a decode plan. NULL is accepted; a pointer that is not a live
+ * decode plan is ignored (the thread's last error says so). Externally
+ * synchronized.
+ */
 void unikv_decode_plan_destroy(struct unikv_decode_plan *plan);
 
-// Bytes of workspace every launch through the plan needs (0 on the CPU
-// backend). Allocate it once, e.g. with `unikv_memory_alloc`. Thread-safe.
+/**
+ * Bytes of workspace every launch through the plan needs (0 on the CPU
+ * backend). Allocate it once, e.g. with `unikv_memory_alloc`. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_decode_plan_workspace_size(const struct unikv_decode_plan *plan,
                                               size_t *bytes);
 
-// Creates a prefill plan; same rules as `unikv_decode_plan_create`.
+/**
+ * Creates a prefill plan; same rules as `unikv_decode_plan_create`.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_prefill_plan_create(const struct unikv_context *ctx,
                                        const struct unikv_attention_plan_params *params,
                                        struct unikv_prefill_plan **out);
 
-// Destroys a prefill plan. NULL is accepted; a pointer that is not a live
-// prefill plan is ignored (the thread's last error says so). Externally
-// synchronized.
+/**
+ * Destroys a prefill plan. NULL is accepted; a pointer that is not a live
+ * prefill plan is ignored (the thread's last error says so). Externally
+ * synchronized.
+ */
 void unikv_prefill_plan_destroy(struct unikv_prefill_plan *plan);
 
-// Workspace bytes of a prefill plan; see `unikv_decode_plan_workspace_size`.
+/**
+ * Workspace bytes of a prefill plan; see `unikv_decode_plan_workspace_size`.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_prefill_plan_workspace_size(const struct unikv_prefill_plan *plan,
                                                size_t *bytes);
 
-// Sparse decode attention over one pool layer: for each token, the rows of its
-// slice `indices[indptr[t]..indptr[t+1])` act as keys and values (K = V), the
-// sink as a virtual key with zero value; an empty slice gives zeros. `num_tokens`
-// may not exceed the plan's `max_tokens`; H is the plan's. Tensors and
-// `workspace` (at least the plan's workspace size; may be NULL when that is 0)
-// are in the context's memory; `args` is host memory. Runs on `stream`,
-// without allocating or synchronizing (CUDA-graph capturable). Device values:
-// the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
-// nothing written). Overlap: `out` may be `q` itself (exact in-place);
-// otherwise `out`, `lse` and the workspace may not overlap each other, an
-// input or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+/**
+ * Sparse decode attention over one pool layer: for each token, the rows of its
+ * slice `indices[indptr[t]..indptr[t+1])` act as keys and values (K = V), the
+ * sink as a virtual key with zero value; an empty slice gives zeros. `num_tokens`
+ * may not exceed the plan's `max_tokens`; H is the plan's. Tensors and
+ * `workspace` (at least the plan's workspace size; may be NULL when that is 0)
+ * are in the context's memory; `args` is host memory. Runs on `stream`,
+ * without allocating or synchronizing (CUDA-graph capturable). Device values:
+ * the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
+ * nothing written). Overlap: `out` may be `q` itself (exact in-place);
+ * otherwise `out`, `lse` and the workspace may not overlap each other, an
+ * input or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
                                  const struct unikv_pool *pool,
@@ -1046,11 +2166,13 @@ unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
                                  size_t workspace_bytes,
                                  void *stream);
 
-// Sparse prefill attention with two key sources: the prefix stream into the
-// pool layer and the extend stream into `extend_kv`, sharing one softmax with
-// the sink. -1 entries in either stream are skipped. Rules as
-// `unikv_sparse_decode`, overlap included (`out` may be `q` itself).
-// Thread-safe.
+/**
+ * Sparse prefill attention with two key sources: the prefix stream into the
+ * pool layer and the extend stream into `extend_kv`, sharing one softmax with
+ * the sink. -1 entries in either stream are skipped. Rules as
+ * `unikv_sparse_decode`, overlap included (`out` may be `q` itself).
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
                                   const struct unikv_pool *pool,
@@ -1059,218 +2181,290 @@ unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
                                   size_t workspace_bytes,
                                   void *stream);
 
-// Merges partial attention results computed over disjoint key sets (for
-// example by GPUs that each hold part of the pool, or by decode calls over
-// parts of a slice run without a sink) into the exact result over the union,
-// with the sink applied once. Tensors are in the context's memory; `args` is
-// host memory. Runs on `stream` without allocating or synchronizing. No
-// in-place use: `out` and `lse` may not overlap each other or an input
-// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+/**
+ * Merges partial attention results computed over disjoint key sets (for
+ * example by GPUs that each hold part of the pool, or by decode calls over
+ * parts of a slice run without a sink) into the exact result over the union,
+ * with the sink applied once. Tensors are in the context's memory; `args` is
+ * host memory. Runs on `stream` without allocating or synchronizing. No
+ * in-place use: `out` and `lse` may not overlap each other or an input
+ * (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_attention_merge(const struct unikv_context *ctx,
                                    const struct unikv_merge_args *args,
                                    void *stream);
 
-// Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
-// `loc[t]` (spec store_fused §1.1, §2): 7 tiles of 64 dims as FP8 codes with
-// one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
-// NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
-// may exceed 4 GiB). Tensors are in the context's memory; `args` is host
-// memory read during the call. Runs on `stream` (ignored by the CPU backend).
-// Device values: the CPU backend (and GPU backends in `validate` mode) checks
-// every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
-// INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
-// Otherwise GPU backends skip a location past the cache, and two tokens at one
-// location leave that slot's bytes unspecified. No in-place use: `kv` and
-// `loc` may not overlap the cache (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
-// for stores to disjoint locations.
+/**
+ * Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
+ * `loc[t]` (docs/fp8.md §2, §5): 7 tiles of 64 dims as FP8 codes with
+ * one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
+ * NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
+ * may exceed 4 GiB). Tensors are in the context's memory; `args` is host
+ * memory read during the call. Runs on `stream` (ignored by the CPU backend).
+ * Device values: the CPU backend (and GPU backends in `validate` mode) checks
+ * every location: OUT_OF_RANGE past the cache's num_pages * page_size slots,
+ * INVALID_ARGUMENT for two tokens aimed at one location, nothing written.
+ * Otherwise GPU backends skip a location past the cache, and two tokens at one
+ * location leave that slot's bytes unspecified. No in-place use: `kv` and
+ * `loc` may not overlap the cache (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+ * for stores to disjoint locations.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_store_flashmla(const struct unikv_context *ctx,
                                   const struct unikv_store_flashmla_args *args,
                                   void *stream);
 
-// Quantizes key t into the indexer key cache at location `loc[t]` (spec
-// store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
-// stream, device-value, overlap and thread-safety rules as
-// `unikv_store_flashmla`.
+/**
+ * Quantizes key t into the indexer key cache at location `loc[t]` (see
+ * docs/fp8.md §3, §6): 128 FP8 codes and one fp32 scale per key. Memory,
+ * stream, device-value, overlap and thread-safety rules as
+ * `unikv_store_flashmla`.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_store_indexer(const struct unikv_context *ctx,
                                  const struct unikv_store_indexer_args *args,
                                  void *stream);
 
-// Builds the SWA, HCA and CSA decode streams once per forward: the three
-// indptrs, the SWA and HCA indices, and the SWA part of each CSA slice. Each
-// slice is [window rows oldest to newest | compressed rows in table order];
-// padding tokens get empty slices; no -1 or out-of-range row is ever written.
-// Tensors are in the context's memory; `args` is host memory. Runs on
-// `stream`. Device values: checked on the CPU backend (OUT_OF_RANGE, nothing
-// written); GPU backends clamp. No in-place use: the outputs may not overlap
-// each other or an input (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+/**
+ * Builds the SWA, HCA and CSA decode streams once per forward: the three
+ * indptrs, the SWA and HCA indices, and the SWA part of each CSA slice. Each
+ * slice is [window rows oldest to newest | compressed rows in table order];
+ * padding tokens get empty slices; no -1 or out-of-range row is ever written.
+ * Tensors are in the context's memory; `args` is host memory. Runs on
+ * `stream`. Device values: checked on the CPU backend (OUT_OF_RANGE, nothing
+ * written); GPU backends clamp. No in-place use: the outputs may not overlap
+ * each other or an input (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_build_decode_streams(const struct unikv_pool *pool,
                                         const struct unikv_decode_streams_args *args,
                                         void *stream);
 
-// Writes one ratio-4 layer's top-k rows into the CSA slices after their SWA
-// entries. Call once per CSA layer after its indexer ran. A -1 inside a
-// token's top-k length, or a page index past the compressed rows, is
-// OUT_OF_RANGE on the CPU backend. Memory and stream as above; `csa_indices`,
-// updated in place, may not overlap the other arguments
-// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+/**
+ * Writes one ratio-4 layer's top-k rows into the CSA slices after their SWA
+ * entries. Call once per CSA layer after its indexer ran. A -1 inside a
+ * token's top-k length, or a page index past the compressed rows, is
+ * OUT_OF_RANGE on the CPU backend. Memory and stream as above; `csa_indices`,
+ * updated in place, may not overlap the other arguments
+ * (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_fill_csa_tail(const struct unikv_pool *pool,
                                  const struct unikv_csa_tail_args *args,
                                  void *stream);
 
-// Builds one layer kind's prefill streams: prefix = ring rows of the window
-// part before this chunk then compressed rows; extend = rows of the chunk's own
-// K tensor inside the causal window. Memory, stream, validation and overlap
-// as above. Thread-safe.
+/**
+ * Builds one layer kind's prefill streams: prefix = ring rows of the window
+ * part before this chunk then compressed rows; extend = rows of the chunk's own
+ * K tensor inside the causal window. Memory, stream, validation and overlap
+ * as above. Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_build_prefill_streams(const struct unikv_pool *pool,
                                          const struct unikv_prefill_streams_args *args,
                                          void *stream);
 
-// Prepares a forward's indexer queries (math in
-// `unikv_indexer_prepare_q_args`): writes `q_fp8` and `weights_out`.
-// Tensors are in the context's memory; `args` is host memory read during
-// the call. Runs on `stream` (ignored by the CPU backend). Device values: the
-// CPU backend (and GPU backends in `validate` mode) checks every position
-// (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
-// skip a token whose position is outside the table. No in-place use: the
-// outputs may not overlap each other or an input (UNIKV_OVERLAPPING_BUFFERS).
-// Thread-safe.
+/**
+ * Prepares a forward's indexer queries (math in
+ * `unikv_indexer_prepare_q_args`): writes `q_fp8` and `weights_out`.
+ * Tensors are in the context's memory; `args` is host memory read during
+ * the call. Runs on `stream` (ignored by the CPU backend). Device values: the
+ * CPU backend (and GPU backends in `validate` mode) checks every position
+ * (OUT_OF_RANGE outside the table), nothing written; otherwise GPU backends
+ * skip a token whose position is outside the table. No in-place use: the
+ * outputs may not overlap each other or an input (UNIKV_OVERLAPPING_BUFFERS).
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_indexer_prepare_q(const struct unikv_context *ctx,
                                      const struct unikv_indexer_prepare_q_args *args,
                                      void *stream);
 
-// Prepares compressed indexer keys and stores them into the indexer key
-// cache (math in `unikv_indexer_prepare_k_args`). Memory, stream, overlap
-// (no input may overlap the cache) and thread-safety rules as
-// `unikv_store_indexer`. Device values: the CPU
-// backend (and GPU backends in `validate` mode) checks every position
-// (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
-// written; otherwise GPU backends skip a key whose position is outside the
-// table or whose location is past the cache.
+/**
+ * Prepares compressed indexer keys and stores them into the indexer key
+ * cache (math in `unikv_indexer_prepare_k_args`). Memory, stream, overlap
+ * (no input may overlap the cache) and thread-safety rules as
+ * `unikv_store_indexer`. Device values: the CPU
+ * backend (and GPU backends in `validate` mode) checks every position
+ * (OUT_OF_RANGE) and location as `unikv_store_indexer` does, nothing
+ * written; otherwise GPU backends skip a key whose position is outside the
+ * table or whose location is past the cache.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_indexer_prepare_k(const struct unikv_context *ctx,
                                      const struct unikv_indexer_prepare_k_args *args,
                                      void *stream);
 
-// Scores every visible indexer key of every token and writes each token's
-// top-k page indices (math in `unikv_indexer_topk_args`): one call for all
-// tokens of a forward, launch configuration from the tensor shapes only, no
-// host synchronization (graph-safe). Tensors are in the context's memory;
-// `args` is host memory read during the call. Runs on `stream` (ignored by
-// the CPU backend). Device values: the CPU backend (and GPU backends in
-// `validate` mode) checks batch ids against the page table, positions
-// (non-negative; `(p + 1) / 4` keys within `logits` and the page-table row)
-// and every page id a token reads against the cache (OUT_OF_RANGE), nothing
-// written. Otherwise GPU backends treat a token whose batch id is past the
-// page table as padding, clamp its keys to `logits` and the page-table row,
-// and score a key on a page outside the cache as -inf. No in-place use:
-// `logits` and `topk_indices` may not overlap each other or an input
-// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs.
+/**
+ * Scores every visible indexer key of every token and writes each token's
+ * top-k page indices (math in `unikv_indexer_topk_args`): one call for all
+ * tokens of a forward, launch configuration from the tensor shapes only, no
+ * host synchronization (graph-safe). Tensors are in the context's memory;
+ * `args` is host memory read during the call. Runs on `stream` (ignored by
+ * the CPU backend). Device values: the CPU backend (and GPU backends in
+ * `validate` mode) checks batch ids against the page table, positions
+ * (non-negative; `(p + 1) / 4` keys within `logits` and the page-table row)
+ * and every page id a token reads against the cache (OUT_OF_RANGE), nothing
+ * written. Otherwise GPU backends treat a token whose batch id is past the
+ * page table as padding, clamp its keys to `logits` and the page-table row,
+ * and score a key on a page outside the cache as -inf. No in-place use:
+ * `logits` and `topk_indices` may not overlap each other or an input
+ * (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_indexer_topk(const struct unikv_context *ctx,
                                 const struct unikv_indexer_topk_args *args,
                                 void *stream);
 
-// `unikv_indexer_topk` without the scoring: selects from the caller's
-// `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
-// `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
-// (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
-// `topk_indices` may not overlap an input, `logits` included
-// (UNIKV_OVERLAPPING_BUFFERS).
+/**
+ * `unikv_indexer_topk` without the scoring: selects from the caller's
+ * `logits` (e.g. from its own paged MQA logits kernel); `q_fp8`, `weights`,
+ * `cache`, `cache_dtype` and `num_heads` are ignored. Page ids are checked
+ * (CPU backend, `validate`) to be non-negative and below 2^31 / 64.
+ * `topk_indices` may not overlap an input, `logits` included
+ * (UNIKV_OVERLAPPING_BUFFERS).
+ */
 UNIKV_NODISCARD
 unikv_status unikv_indexer_topk_from_logits(const struct unikv_context *ctx,
                                             const struct unikv_indexer_topk_args *args,
                                             void *stream);
 
-// Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
-// math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,
-// and each token's KV row into pool row `rows[t]` (bf16, or quantized for FP8
-// pools). Tensors are in the context's memory; `args` is host memory read
-// during the call. Runs on `stream` (ignored by the CPU backend) as one
-// kernel launch on GPUs. Device values: the CPU backend checks every position
-// (a row of `rope_table`) and row (below the layer's rows, no two tokens on
-// one row) before writing anything (OUT_OF_RANGE / INVALID_ARGUMENT); GPU
-// backends write nothing for a token whose position is outside the table and
-// skip the store of a row past the layer's rows. Overlap: `q_out` may be
-// `q_in` and `kv_out` may be `kv_in` exactly; no other output may overlap an
-// argument, nor (when `rows` is given) may any tensor overlap the layer's
-// pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs
-// and pool rows.
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the launch
+ * configuration the decode plan chose: kernel family, head block, split cap,
+ * cluster merge, stages, workspace. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_get_info(const struct unikv_decode_plan *plan,
+                                        struct unikv_plan_info *info);
+
+/**
+ * The prefill plan's launch configuration; see `unikv_decode_plan_get_info`.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_get_info(const struct unikv_prefill_plan *plan,
+                                         struct unikv_plan_info *info);
+
+/**
+ * Writes a one-line, human-readable description of the decode plan's
+ * launch configuration (the fields of `unikv_plan_info` in words; the
+ * wording may change between versions, parse the struct instead) into `buf`
+ * like snprintf: at most `size - 1` bytes and a terminating NUL (nothing
+ * when `size` is 0; `buf` may then be NULL). `*length`, when `length` is not
+ * NULL, receives the description's full length without the NUL, so a result
+ * with `*length >= size` was truncated. Host memory. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_decode_plan_describe(const struct unikv_decode_plan *plan,
+                                        char *buf,
+                                        size_t size,
+                                        size_t *length);
+
+/**
+ * The prefill plan's description; see `unikv_decode_plan_describe`.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_prefill_plan_describe(const struct unikv_prefill_plan *plan,
+                                         char *buf,
+                                         size_t size,
+                                         size_t *length);
+
+/**
+ * Prepares one layer's Q and KV for attention (docs/prepare.md §4, §5,
+ * math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,
+ * and each token's KV row into pool row `rows[t]` (bf16, or quantized for FP8
+ * pools). Tensors are in the context's memory; `args` is host memory read
+ * during the call. Runs on `stream` (ignored by the CPU backend) as one
+ * kernel launch on GPUs. Device values: the CPU backend checks every position
+ * (a row of `rope_table`) and row (below the layer's rows, no two tokens on
+ * one row) before writing anything (OUT_OF_RANGE / INVALID_ARGUMENT); GPU
+ * backends write nothing for a token whose position is outside the table and
+ * skip the store of a row past the layer's rows. Overlap: `q_out` may be
+ * `q_in` and `kv_out` may be `kv_in` exactly; no other output may overlap an
+ * argument, nor (when `rows` is given) may any tensor overlap the layer's
+ * pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint outputs
+ * and pool rows.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_prepare_qkv(const struct unikv_pool *pool,
                                const struct unikv_prepare_qkv_args *args,
                                void *stream);
 
-// Fills `table` (host memory, at least `max_pos * 64` floats) with the RoPE
-// table of `params` for positions 0..max_pos: row p holds the 32 pairs
-// (cos, sin) of p times each frequency, interleaved, as the GPT-J rotation of
-// the last 64 dims of a 512-dim row reads them. Computed in f64 and rounded
-// once, so every backend reads identical values. Host function, no context;
-// INVALID_ARGUMENT names a bad field of `params` or `max_pos`,
-// CAPACITY_EXCEEDED a short `table`; nothing is written on error.
-// Thread-safe.
+/**
+ * Fills `table` (host memory, at least `max_pos * 64` floats) with the RoPE
+ * table of `params` for positions 0..max_pos: row p holds the 32 pairs
+ * (cos, sin) of p times each frequency, interleaved, as the GPT-J rotation of
+ * the last 64 dims of a 512-dim row reads them. Computed in f64 and rounded
+ * once, so every backend reads identical values. Host function, no context;
+ * INVALID_ARGUMENT names a bad field of `params` or `max_pos`,
+ * CAPACITY_EXCEEDED a short `table`; nothing is written on error.
+ * Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_rope_table(const struct unikv_rope_params *params,
                               uint32_t max_pos,
                               float *table,
                               size_t table_len);
 
-// Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
-// for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
-// 448..511 of `x[t, h]` are multiplied by the conjugate of row
-// `positions[t]` of `rope_table` (c, s = its pair i):
-// `x[2i] <- x[2i] c + x[2i+1] s`, `x[2i+1] <- x[2i+1] c - x[2i] s`,
-// computed in fp32 from the bf16 values and rounded once to bf16 (nearest
-// even); the backends agree bit for bit. Dims 0..447 are not touched.
-// Tensors are in the context's memory; `args` is host memory read during the
-// call. Runs on `stream` without allocating or synchronizing. Device values:
-// the CPU backend checks every position (OUT_OF_RANGE when negative or not
-// below the table's rows; nothing written); GPU backends leave such tokens
-// unchanged. `positions` and `rope_table` may not overlap `x`
-// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint `x`.
+/**
+ * Inverse RoPE of an attention output before `wo_a` (docs/attention.md §4):
+ * for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
+ * 448..511 of `x[t, h]` are multiplied by the conjugate of row
+ * `positions[t]` of `rope_table` (c, s = its pair i):
+ * `x[2i] <- x[2i] c + x[2i+1] s`, `x[2i+1] <- x[2i+1] c - x[2i] s`,
+ * computed in fp32 from the bf16 values and rounded once to bf16 (nearest
+ * even); the backends agree bit for bit. Dims 0..447 are not touched.
+ * Tensors are in the context's memory; `args` is host memory read during the
+ * call. Runs on `stream` without allocating or synchronizing. Device values:
+ * the CPU backend checks every position (OUT_OF_RANGE when negative or not
+ * below the table's rows; nothing written); GPU backends leave such tokens
+ * unchanged. `positions` and `rope_table` may not overlap `x`
+ * (UNIKV_OVERLAPPING_BUFFERS). Thread-safe for disjoint `x`.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_inverse_rope(const struct unikv_context *ctx,
                                 const struct unikv_inverse_rope_args *args,
                                 void *stream);
 
-// Writes `topk_ids` and `topk_weights` for rows 0..num_tokens (math in
-// `unikv_hash_topk_args`). Tensors are in the context's memory; `args` is
-// host memory read during the call. Runs on `stream` (ignored by the CPU
-// backend). Device values: the CPU backend (and GPU backends in `validate`
-// mode) checks the real-token count (OUT_OF_RANGE outside 0..num_tokens),
-// every real row's token id against the table and its K experts against E
-// (OUT_OF_RANGE), nothing written. Otherwise GPU backends write such a row as
-// padding (ids -1, weights 0) and clamp nothing else. No in-place use:
-// `topk_weights` and `topk_ids` may not overlap each other or an input
-// (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+/**
+ * Writes `topk_ids` and `topk_weights` for rows 0..num_tokens (math in
+ * `unikv_hash_topk_args`). Tensors are in the context's memory; `args` is
+ * host memory read during the call. Runs on `stream` (ignored by the CPU
+ * backend). Device values: the CPU backend (and GPU backends in `validate`
+ * mode) checks the real-token count (OUT_OF_RANGE outside 0..num_tokens),
+ * every real row's token id against the table and its K experts against E
+ * (OUT_OF_RANGE), nothing written. Otherwise GPU backends write such a row as
+ * padding (ids -1, weights 0) and clamp nothing else. No in-place use:
+ * `topk_weights` and `topk_ids` may not overlap each other or an input
+ * (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_hash_topk(const struct unikv_context *ctx,
                              const struct unikv_hash_topk_args *args,
                              void *stream);
 
-// Writes each non-padding row of `kv` into its request's SWA ring at row
-// `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;
-// `args` is host memory read during the call. Runs on `stream` (ignored by the
-// CPU backend). Device values: the CPU backend checks every slot, position and
-// batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
-// same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows. No
-// argument may overlap the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS).
-// Thread-safe for writes to disjoint rows.
+/**
+ * Writes each non-padding row of `kv` into its request's SWA ring at row
+ * `slot * ring + pos % ring` of `layer`. Tensors are in the context's memory;
+ * `args` is host memory read during the call. Runs on `stream` (ignored by the
+ * CPU backend). Device values: the CPU backend checks every slot, position and
+ * batch id (OUT_OF_RANGE, nothing written) and refuses two rows aimed at the
+ * same ring row (INVALID_ARGUMENT); GPU backends skip invalid rows. No
+ * argument may overlap the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS).
+ * Thread-safe for writes to disjoint rows.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_store_swa(const struct unikv_pool *pool,
                              const struct unikv_store_swa_args *args,
                              void *stream);
 
-// Writes row i of `kv` to pool row `swa_rows + loc[i]` of `layer`, skipping
-// negative locations. Memory, stream, validation and overlap rules as
-// `unikv_store_swa`; a location at or past the layer's compressed rows is
-// OUT_OF_RANGE on the CPU.
+/**
+ * Writes row i of `kv` to pool row `swa_rows + loc[i]` of `layer`, skipping
+ * negative locations. Memory, stream, validation and overlap rules as
+ * `unikv_store_swa`; a location at or past the layer's compressed rows is
+ * OUT_OF_RANGE on the CPU.
+ */
 UNIKV_NODISCARD
 unikv_status unikv_store_compressed(const struct unikv_pool *pool,
                                     const struct unikv_store_compressed_args *args,

@@ -1,5 +1,5 @@
 // Quantize-and-store into the FlashMLA FP8 KV cache and the indexer key cache
-// (spec store_fused §1.1, §1.2, §2), bit-identical to src/cache_layouts/ (the
+// (docs/fp8.md §2, §5, §6), bit-identical to src/cache_layouts/ (the
 // CPU backend): the codec of fp8.cuh and the same fp32 operations.
 //
 // Each lane owns 16 consecutive dims of a row: it reads them with 16-byte loads,

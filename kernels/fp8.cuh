@@ -1,5 +1,5 @@
 // FP8 E4M3 codec (e4m3fn, e4m3fnuz) and UE8M0 scales: the device twin of
-// src/fp8.rs, bit-identical to it for every input (spec/store_fused.md §2).
+// src/fp8.rs, bit-identical to it for every input (docs/fp8.md §2).
 //
 // Integer and bit operations plus one IEEE fp32 division, no vendor names, so it
 // compiles unchanged for CUDA and HIP and on the host. It is the encoder for

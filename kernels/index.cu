@@ -55,10 +55,11 @@ __global__ void decode_lengths_kernel(ukv_decode_streams_params p) {
     }
     csa = (int)min(seen / 4, (int64_t)p.csa_topk);
   }
+  // The HCA and CSA streams are optional (NULL indptr: not built).
   if (threadIdx.x % UKV_WARP == 0) {
     p.swa.indptr[t + 1] = swa;
-    p.hca.indptr[t + 1] = swa + hca;
-    p.csa.indptr[t + 1] = swa + csa;
+    if (p.hca.indptr != nullptr) p.hca.indptr[t + 1] = swa + hca;
+    if (p.csa.indptr != nullptr) p.csa.indptr[t + 1] = swa + csa;
   }
 }
 
@@ -98,14 +99,16 @@ __global__ void decode_fill_kernel(ukv_decode_streams_params p) {
   if (slot < 0) return;
   const int pos = p.positions[t];
   const int swa = (int)min((int64_t)pos + 1, (int64_t)p.window);
-  const int64_t s0 = p.swa.indptr[t], h0 = p.hca.indptr[t], c0 = p.csa.indptr[t];
+  // An absent stream (NULL indptr) has capacity 0, so `put` writes nothing.
+  const bool has_hca = p.hca.indptr != nullptr, has_csa = p.csa.indptr != nullptr;
+  const int64_t s0 = p.swa.indptr[t], h0 = has_hca ? p.hca.indptr[t] : 0, c0 = has_csa ? p.csa.indptr[t] : 0;
   for (int i = threadIdx.x; i < swa; i += blockDim.x) {
     const int32_t row = slot * p.ring + (pos - swa + 1 + i) % p.ring;
     put(p.swa, s0 + i, row);
     put(p.hca, h0 + i, row);
     put(p.csa, c0 + i, row);
   }
-  const int hca = p.hca.indptr[t + 1] - (int)h0 - swa;
+  const int hca = has_hca ? p.hca.indptr[t + 1] - (int)h0 - swa : 0;
   for (int j = threadIdx.x; j < hca; j += blockDim.x) {
     put(p.hca, h0 + swa + j, p.swa_rows + p.c128[t * p.c128_stride + j]);
   }

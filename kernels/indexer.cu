@@ -1,4 +1,4 @@
-// Lightning indexer query and key preparation (spec store_fused 4.1, 4.2),
+// Lightning indexer query and key preparation (docs/indexer.md §1, §2),
 // the operations of src/indexer.rs in the same order: RoPE of dims 64..127
 // (keys first get RMSNorm with the compressor's weight), the 128-point
 // Walsh-Hadamard transform, FP8 with one fp32 scale.

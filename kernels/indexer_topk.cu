@@ -1,4 +1,4 @@
-// Indexer scores and top-k selection (spec store_fused 4.3): the CSA
+// Indexer scores and top-k selection (docs/indexer.md §3): the CSA
 // page-index table of every token of a forward, in two launches whose grids
 // depend on the tensor shapes only.
 //

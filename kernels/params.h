@@ -8,10 +8,10 @@
 
 #include <stdint.h>
 
-/* SWA ring scatter (spec unified_kv 5.2). */
+/* SWA ring scatter (docs/pool.md §9). */
 /* A pool layer's rows: bf16 `[rows, 512]` in `data`, or (fp8 != 0) the FP8
  * pool's 512-byte nope rows in `data` and `[rows, 64]` bf16 rope rows in `rope`
- * (spec unified_kv 1.5(c)). `fp8_format` is a ukv_fp8_format (kernels/fp8.cuh). */
+ * (docs/fp8.md §4). `fp8_format` is a ukv_fp8_format (kernels/fp8.cuh). */
 typedef struct ukv_pool_rows {
   void* data;
   void* rope;
@@ -36,7 +36,7 @@ typedef struct ukv_store_swa_params {
   int32_t reserved;
 } ukv_store_swa_params;
 
-/* Compressed-row scatter (spec unified_kv 5.1). */
+/* Compressed-row scatter (docs/pool.md §9). */
 typedef struct ukv_store_compressed_params {
   const void* kv;      /* [num_rows, 512] bf16 */
   const int32_t* loc;  /* [num_rows], < 0 = skip */
@@ -49,7 +49,7 @@ typedef struct ukv_store_compressed_params {
 } ukv_store_compressed_params;
 
 /* Quantize-and-store into a FlashMLA FP8 KV cache or an indexer key cache
- * (spec store_fused 1.1, 1.2): one entry per layout, same params. */
+ * (docs/fp8.md §5, §6): one entry per layout, same params. */
 typedef struct ukv_cache_store_params {
   const void* rows;       /* [num_tokens, 512] bf16 (FlashMLA) or [num_tokens, 128] bf16 / f32 (indexer) */
   const void* loc;        /* [num_tokens] int32 or int64; < 0 or >= token_slots: skipped */
@@ -64,7 +64,7 @@ typedef struct ukv_cache_store_params {
   int32_t rows_f32;       /* 1: rows are f32 (indexer only) */
 } ukv_cache_store_params;
 
-/* Fused Q/KV RMSNorm + RoPE + pool store (spec store_fused 3). Index vectors
+/* Fused Q/KV RMSNorm + RoPE + pool store (docs/prepare.md §4). Index vectors
  * are int32, or int64 where their *_i64 flag is set. */
 typedef struct ukv_prepare_qkv_params {
   const void* q_in;         /* [num_tokens, num_heads, 512] bf16 */
@@ -97,7 +97,7 @@ typedef struct ukv_stream_out {
   int64_t capacity;
 } ukv_stream_out;
 
-/* Decode streams (spec unified_kv 2). */
+/* Decode streams (docs/index-streams.md §3). */
 typedef struct ukv_decode_streams_params {
   const int32_t* batch_id;
   const int32_t* req_slots;
@@ -119,7 +119,7 @@ typedef struct ukv_decode_streams_params {
   int32_t reserved;
 } ukv_decode_streams_params;
 
-/* Per-layer CSA tail fill (spec unified_kv 2.3). */
+/* Per-layer CSA tail fill (docs/index-streams.md §4). */
 typedef struct ukv_csa_tail_params {
   const int32_t* batch_id;
   const int32_t* positions;
@@ -136,7 +136,7 @@ typedef struct ukv_csa_tail_params {
   int32_t reserved;
 } ukv_csa_tail_params;
 
-/* Prefill streams (spec unified_kv 4.3). */
+/* Prefill streams (docs/index-streams.md §5). */
 typedef struct ukv_prefill_streams_params {
   const int32_t* batch_id;
   const int32_t* req_slots;
@@ -169,7 +169,7 @@ typedef struct ukv_kv_source {
   int64_t capacity;        /* entries of `indices` */
 } ukv_kv_source;
 
-/* Sparse decode / prefill attention (spec unified_kv 3-4). */
+/* Sparse decode / prefill attention (docs/attention.md §1, §2). */
 typedef struct ukv_attention_params {
   const void* q;           /* [num_tokens, H, 512] bf16 */
   void* out;               /* [num_tokens, H, 512] bf16 */
@@ -214,7 +214,7 @@ typedef struct ukv_merge_params {
   int32_t reserved;
 } ukv_merge_params;
 
-/* Inverse RoPE of an attention output's rope dims (spec unified_kv 5.4). */
+/* Inverse RoPE of an attention output's rope dims (docs/attention.md §4). */
 typedef struct ukv_inverse_rope_params {
   void* x;               /* [num_tokens, num_heads, 512] bf16, rotated in place */
   const void* positions; /* [num_tokens] int32 or int64 (positions_i64) */
@@ -276,7 +276,7 @@ typedef struct ukv_hash_topk_params {
   float routed_scaling_factor;
 } ukv_hash_topk_params;
 
-/* Indexer query preparation (indexer.cu, spec store_fused 4.1): per (token,
+/* Indexer query preparation (indexer.cu, docs/indexer.md §1): per (token,
  * head), RoPE + Hadamard + FP8 with an fp32 scale, and the folded weight. */
 typedef struct ukv_indexer_q_params {
   const void* q;            /* [num_tokens, num_heads, 128] bf16 */
@@ -296,7 +296,7 @@ typedef struct ukv_indexer_q_params {
   int32_t reserved;
 } ukv_indexer_q_params;
 
-/* Indexer key preparation (indexer.cu, spec store_fused 4.2): RMSNorm + RoPE
+/* Indexer key preparation (indexer.cu, docs/indexer.md §2): RMSNorm + RoPE
  * + Hadamard + FP8 into the indexer key cache (layout of cache_store.cu). */
 typedef struct ukv_indexer_k_params {
   const void* key;          /* [num_tokens, 128] bf16 or f32 (key_f32), row stride key_stride */
@@ -317,7 +317,7 @@ typedef struct ukv_indexer_k_params {
   int32_t reserved;
 } ukv_indexer_k_params;
 
-/* Indexer scores and top-k (indexer_topk.cu, spec store_fused 4.3). Token t
+/* Indexer scores and top-k (indexer_topk.cu, docs/indexer.md §3). Token t
  * of request batch_id[t] (negative or >= requests: padding) sees
  * min((pos + 1) / 4, logits_width, max_pages * 64) keys. */
 typedef struct ukv_indexer_topk_params {

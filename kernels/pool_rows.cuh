@@ -1,6 +1,6 @@
 // Writing one 512-value latent row into a pool layer's row, shared by every
 // kernel that stores rows (store.cu, prepare.cu): bf16 pools take the row as
-// is; FP8 pools (spec unified_kv 1.5(c)) quantize it exactly as
+// is; FP8 pools (docs/fp8.md §4) quantize it exactly as
 // src/cache_layouts/unified.rs does, so every writer gives the same bytes.
 #pragma once
 

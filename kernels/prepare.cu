@@ -1,4 +1,4 @@
-// Fused Q/KV preparation (spec store_fused 3): RMSNorm + RoPE of every Q head
+// Fused Q/KV preparation (docs/prepare.md §4): RMSNorm + RoPE of every Q head
 // and of each token's KV row; the KV row is optionally written out and stored
 // into its pool row (quantized for FP8 pools, kernels/pool_rows.cuh).
 //

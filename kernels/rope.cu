@@ -1,4 +1,4 @@
-// Inverse RoPE of an attention output (spec unified_kv 5.4): dims 448..511 of
+// Inverse RoPE of an attention output (docs/attention.md §4): dims 448..511 of
 // every (token, head) are rotated in place by the conjugate of the token's
 // table row; dims 0..447 are never read or written. Memory-bound: a head moves
 // its 128 rope bytes in and out, one 8-byte vector (two pairs) per thread, 16

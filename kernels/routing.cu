@@ -1,4 +1,4 @@
-// hash_topk (spec store_fused 5): one logical warp per row, lane j < K + S owns
+// hash_topk (docs/routing.md §1): one logical warp per row, lane j < K + S owns
 // slot j. Lanes below K look up the row's table entry and weigh it,
 // w = sqrt(softplus(logit)), in double like src/routing.rs; a butterfly sum
 // over the warp gives the normalizer, and each weight is rounded to f32 once.

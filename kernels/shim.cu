@@ -20,31 +20,46 @@ __device__ int g_wgmma_built =
     0;
 #endif
 
+// The architecture each image was compiled for (DeviceFacts::image_arch).
+__device__ int g_image_arch =
+#if defined(__CUDA_ARCH__)
+    __CUDA_ARCH__;
+#else
+    0;
+#endif
+
 int device_facts(int device, DeviceFacts* facts) {
   // Per device: bit 31 (read), SM count << 9, major << 1, wgmma; 0 when not
   // read yet. Devices past the table are read every time.
+  // The image's architecture in its own table (stored before `known`, so a
+  // reader that sees `known` set sees it too).
   static std::atomic<uint32_t> known[64];
+  static std::atomic<int> image[64];
   const bool cached = device >= 0 && device < 64;
   if (cached) {
-    if (const uint32_t v = known[device].load(std::memory_order_relaxed)) {
+    if (const uint32_t v = known[device].load(std::memory_order_acquire)) {
       facts->sms = (int)((v >> 9) & 0xFFFFu);
       facts->major = (int)((v >> 1) & 0xFFu);
       facts->wgmma = (v & 1u) != 0;
+      facts->image_arch = image[device].load(std::memory_order_relaxed);
       return UKV_SHIM_OK;
     }
   }
-  int major = 0, sms = 0, wgmma = 0;
+  int major = 0, sms = 0, wgmma = 0, image_arch = 0;
   ukv_error_t e = ukv_device_get_attribute(&major, UKV_ATTR_CC_MAJOR, device);
   if (e == UKV_SUCCESS) e = ukv_device_get_attribute(&sms, UKV_ATTR_SM_COUNT, device);
   if (e != UKV_SUCCESS) return report(e, "device attribute");
   e = ukv_memcpy_from_symbol(&wgmma, g_wgmma_built, sizeof(wgmma));
+  if (e == UKV_SUCCESS) e = ukv_memcpy_from_symbol(&image_arch, g_image_arch, sizeof(image_arch));
   if (e != UKV_SUCCESS) return report(e, "read the kernel image's features");
   facts->major = major;
   facts->sms = sms;
   facts->wgmma = wgmma != 0 && major == 9;
+  facts->image_arch = image_arch;
   if (cached) {
+    image[device].store(image_arch, std::memory_order_relaxed);
     known[device].store(1u << 31 | (uint32_t)(sms & 0xFFFF) << 9 | (uint32_t)(major & 0xFF) << 1 | (facts->wgmma ? 1u : 0u),
-                        std::memory_order_relaxed);
+                        std::memory_order_release);
   }
   return UKV_SHIM_OK;
 }
@@ -52,7 +67,8 @@ int device_facts(int device, DeviceFacts* facts) {
 int pdl_supported(int device, bool* supported) {
   DeviceFacts facts;
   if (int r = device_facts(device, &facts)) return r;
-  *supported = facts.major >= 9;
+  // The kernels wait for their predecessor (ukv_pdl_wait) only in sm_90 code.
+  *supported = facts.sm90_code();
   return UKV_SHIM_OK;
 }
 

@@ -71,6 +71,13 @@ struct DeviceFacts {
   int major = 0;       // compute capability major (on HIP, what the runtime reports)
   int sms = 0;         // multiprocessors
   bool wgmma = false;  // sm_90 running the sm_90a image, whose kernels carry wgmma
+  // NVIDIA: the architecture the loaded kernel image was compiled for
+  // (__CUDA_ARCH__, e.g. 900 or 800). A GPU newer than every compiled target
+  // runs the portable PTX (build.rs), whose code has none of sm_90's
+  // features (the PDL wait, clusters), however new the GPU: the host uses
+  // them only where sm90_code() says so.
+  int image_arch = 0;
+  bool sm90_code() const { return major >= 9 && image_arch >= 900; }
 };
 int device_facts(int device, DeviceFacts* facts);
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs what the builds need when it is missing: cmake >= 3.20, a C/C++
-# compiler (reported, not installed), cargo with rustfmt and clippy.
+# Installs what the builds need when it is missing: cmake >= 3.20, pkg-config,
+# a C/C++ compiler (reported, not installed), cargo with rustfmt and clippy
+# (the toolchain rust-toolchain.toml pins, when Rust comes from rustup), doxygen
+# (the API reference check, scripts/docs.sh) and python3 with NumPy for the
+# Python package's tests.
 # Idempotent; prints nothing when everything is already there.
 set -euo pipefail
 
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MIN_CMAKE=3.20
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -48,6 +52,19 @@ if ! cmake_ok; then
   or download it from https://cmake.org/download/"
 fi
 
+# ctest's pkg_config case links a C program with `pkg-config --cflags --libs
+# unikv` (it is skipped, saying so, without pkg-config).
+if ! command -v pkg-config >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        quiet apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pkg-config || true
+    fi
+    command -v pkg-config >/dev/null ||
+        echo "ensure-tools: pkg-config is missing, so ctest skips its pkg_config case: install it with
+    sudo apt-get install pkg-config   (Debian/Ubuntu)
+    sudo dnf install pkgconf          (Fedora/RHEL)" >&2
+fi
+
 # The compilers CMake looks for when CC/CXX are unset.
 have_any() {
     local c
@@ -63,6 +80,34 @@ command -v cargo >/dev/null || die "cargo is required: install Rust with rustup:
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
     . \"\$HOME/.cargo/env\""
 
+# rust-toolchain.toml pins the toolchain the project is tested with; under
+# rustup, the first cargo call in the repository would download it when it is
+# not installed. An installed stable of exactly that version is reused instead
+# (linked under the pinned name, no download); otherwise rustup installs it.
+# RUSTUP_TOOLCHAIN, when set, overrides the file and is left alone.
+ensure_toolchain() {
+    command -v rustup >/dev/null || return 0
+    [ -z "${RUSTUP_TOOLCHAIN:-}" ] || return 0
+    local pinned host toolchains
+    pinned=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$ROOT/rust-toolchain.toml")
+    [ -n "$pinned" ] || die "rust-toolchain.toml names no channel"
+    # Outside the repository, so the pinned toolchain is not resolved yet.
+    host=$(cd / && rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+    [ -n "$host" ] || host=$(cd / && rustup show 2>/dev/null | sed -n 's/^Default host: //p')
+    rustup toolchain list | grep -q "^$pinned-$host" && return 0
+    toolchains="${RUSTUP_HOME:-$HOME/.rustup}/toolchains"
+    if [ -d "$toolchains/stable-$host" ] &&
+        (cd / && rustc +stable --version 2>/dev/null) | grep -q "^rustc $pinned "; then
+        ln -s "$toolchains/stable-$host" "$toolchains/$pinned-$host"
+        return 0
+    fi
+    quiet rustup toolchain install "$pinned" --profile minimal -c rustfmt -c clippy ||
+        die "could not install Rust $pinned (rust-toolchain.toml). To build with another
+installed toolchain instead (untested), set RUSTUP_TOOLCHAIN, e.g. RUSTUP_TOOLCHAIN=stable"
+}
+ensure_toolchain
+cd "$ROOT"
+
 # scripts/test.sh runs `cargo fmt` (component rustfmt) and `cargo clippy`.
 ensure_component() { # subcommand component
     cargo "$1" --version >/dev/null 2>&1 && return
@@ -72,3 +117,21 @@ ensure_component() { # subcommand component
 }
 ensure_component fmt rustfmt
 ensure_component clippy clippy
+
+# scripts/docs.sh (CI's documentation check) runs Doxygen: the distribution's
+# package when running as root; otherwise docs.sh says how to install it (the
+# builds and tests do not need it).
+if ! command -v doxygen >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    quiet apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends doxygen || true
+fi
+
+# scripts/python-test.sh needs a python3 that imports numpy: the distribution's
+# package when none does (root only; otherwise the script says what to install).
+if ! { command -v python3 >/dev/null && python3 -c 'import numpy' 2>/dev/null; } &&
+    ! /usr/bin/python3 -c 'import numpy' 2>/dev/null &&
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    quiet apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq python3-numpy ||
+        die "could not install python3-numpy (needed by scripts/python-test.sh)"
+fi

@@ -21,10 +21,12 @@ cmake_build() {
     cmake --build "$1" --parallel "$JOBS"
 }
 
-# Builds libunikv (cargo, driven by the top-level CMakeLists.txt) and installs
-# the package into build/stage.
+# Builds libunikv (cargo, driven by the top-level CMakeLists.txt, in
+# build/cargo) and installs the package into a fresh build/stage, so no file
+# of an older install (another SONAME) lingers there.
 build_and_stage() {
     cmake_configure "$ROOT" "$BUILD"
     cmake_build "$BUILD"
+    rm -rf "$STAGE"
     cmake --install "$BUILD" --prefix "$STAGE"
 }

@@ -55,7 +55,10 @@ tsan() {
     RUSTFLAGS="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer" \
         cargo rustc --release --lib --crate-type cdylib --target "$HOST" --target-dir "$dir"
     local lib="$dir/$HOST/release"
-    ln -sf libunikv.so "$lib/libunikv.so.0"
+    # The program looks for the SONAME (build.rs), which cargo's folder lacks.
+    local soname
+    soname=$(readelf -d "$lib/libunikv.so" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
+    ln -sf libunikv.so "$lib/$soname"
     local runtime
     runtime="$(rustc --print sysroot)/lib/rustlib/$HOST/lib/librustc-stable_rt.tsan.a"
     g++ -std=c++17 -O1 -g -fsanitize=thread -Wall -Wextra -Werror -I"$ROOT/include" \

@@ -14,6 +14,9 @@ pub enum BackendChoice {
     Cpu,
     Cuda,
     Rocm,
+    /// The GPU backend compiled into this build, on the requested device;
+    /// BackendUnavailable (never the CPU fallback of `Auto`) when there is none.
+    Gpu,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +57,15 @@ impl Context {
                 }
                 Err(e) => return Err(e),
             },
+            BackendChoice::Gpu => {
+                gpu_backend(options.device, options.validate).map_err(|e| match e {
+                    Error::BackendUnavailable(why) => err!(
+                        BackendUnavailable,
+                        "options.backend: UNIKV_BACKEND_GPU requires a GPU (AUTO would fall back to the CPU backend): {why}"
+                    ),
+                    e => e,
+                })?
+            }
             BackendChoice::Cuda if cfg!(feature = "cuda") => {
                 gpu_backend(options.device, options.validate)?
             }

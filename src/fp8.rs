@@ -1,5 +1,5 @@
 //! FP8 E4M3 codec (e4m3fn and e4m3fnuz) and UE8M0 power-of-two block scales
-//! (spec/store_fused.md §2).
+//! (docs/fp8.md §2).
 //!
 //! The CPU backend and the tests use this codec; the device codec in
 //! `kernels/fp8.cuh` and the hardware `cvt.rn.satfinite` conversion must agree
@@ -26,7 +26,7 @@ impl Fp8Format {
     /// Largest finite value: both the saturation bound and the UE8M0 scale
     /// divisor. For fnuz it is the format's true max, 240, not the 224 of
     /// sglang's HIP C++ kernels, so fnuz pools are not byte-compatible with pools
-    /// those kernels write (spec §2.2, §9.1).
+    /// those kernels write (docs/fp8.md §1).
     pub fn max(self) -> f32 {
         match self {
             Fp8Format::E4m3Fn => 448.0,
@@ -66,8 +66,8 @@ impl Fp8Format {
     }
 }
 
-/// The floor on a tile's amax before the scale division (CUDA kernels' eps, spec
-/// §2.3): an all-zero tile gets a finite scale (byte 105 for fn, 106 for fnuz).
+/// The floor on a tile's amax before the scale division (CUDA kernels' eps,
+/// docs/fp8.md §3): an all-zero tile gets a finite scale (byte 105 for fn, 106 for fnuz).
 pub const AMAX_FLOOR: f32 = 1e-4;
 
 /// Encodes `x` with round-to-nearest-even; finite overflow and ±Inf saturate
@@ -146,10 +146,10 @@ fn pow2(k: i32) -> f32 {
 /// The UE8M0 byte of a tile whose largest magnitude is `amax`: `e` such that
 /// 2^(e-127) is `max(amax, 1e-4) / fmt.max()` rounded up to a power of two.
 ///
-/// The division is an fp32 division, as in the spec's CUDA kernels (§9.4 reports
+/// The division is an fp32 division, as in the production CUDA kernels (docs/fp8.md §3 reports
 /// a port that multiplies by fp32(1/max) instead). The round-up reads the
 /// quotient's exponent bits (plus one when any mantissa bit is set) instead of
-/// `ceil(log2)`, whose approximation misses exact powers of two (spec §2.3). The
+/// `ceil(log2)`, whose approximation misses exact powers of two (docs/fp8.md §3). The
 /// byte is clamped to 254 (255 would be the E8M0 NaN); it can reach 254 only
 /// from amax = Inf, and the 1e-4 floor keeps it at 105 or above. A NaN amax
 /// counts as 0, like the NaN-ignoring max that produces it.
@@ -180,11 +180,11 @@ pub fn bf16_round(x: f32) -> f32 {
 /// its UE8M0 scale byte: amax is the NaN-ignoring max of |v|, and each code is
 /// `encode(v / scale)`.
 ///
-/// Divide or multiply by the inverse (the spec multiplies by 2^(127-e) built
+/// Divide or multiply by the inverse (the CUDA kernels multiply by 2^(127-e) built
 /// from exponent bits): the scale is an exact power of two, so `v / scale` and
 /// `v * 2^(127-e)` are the same correctly rounded real and bit-identical
 /// whenever 2^(127-e) is exact. It is exact and normal for every byte a finite
-/// amax gives (e <= 248). At e = 254 (an Inf in the tile) the spec's
+/// amax gives (e <= 248). At e = 254 (an Inf in the tile) the kernels'
 /// exponent-bit inverse is 0.0 rather than 2^-127, and Inf * 0 is NaN; dividing
 /// keeps Inf saturating to max. So this divides, and the device must divide too
 /// or multiply by an exact inverse (not flushed to zero).

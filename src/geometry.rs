@@ -1,4 +1,4 @@
-//! Unified KV pool geometry (spec unified_kv §1): which rows of a layer's buffer
+//! Unified KV pool geometry (docs/pool.md §2): which rows of a layer's buffer
 //! hold which request's sliding-window ring, and where compressed rows start.
 
 use crate::error::{ensure, err, Error, Result};

@@ -1,5 +1,5 @@
-//! Reference math of the lightning indexer's query and key preparation (spec
-//! store_fused §4.1, §4.2). The CPU backend computes with it; the GPU kernels
+//! Reference math of the lightning indexer's query and key preparation (see
+//! docs/indexer.md §1, §2). The CPU backend computes with it; the GPU kernels
 //! (kernels/indexer.cu) perform the same fp32 operations in the same order, so
 //! query codes, scales and weights agree bit for bit, and keys within one FP8
 //! code (their RMSNorm factor is a reduction: see `rope::rms_norm`).
@@ -39,7 +39,7 @@ pub fn hadamard(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= HADAMARD_SCALE);
 }
 
-/// One query head (§4.1): RoPE, Hadamard, FP8. `x` holds the head's 128
+/// One query head (docs/indexer.md §1): RoPE, Hadamard, FP8. `x` holds the head's 128
 /// values on entry and the transformed values on return; the codes and the
 /// scale are returned.
 pub fn prepare_query(x: &mut [f32], table_row: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
@@ -58,7 +58,7 @@ pub fn query_weight(weight: f32, weight_scale: f32, q_scale: f32) -> f32 {
     weight * weight_scale * q_scale
 }
 
-/// One compressed key (§4.2) up to its quantization: RMSNorm with `weight`,
+/// One compressed key (docs/indexer.md §2) up to its quantization: RMSNorm with `weight`,
 /// RoPE at the group's first position, Hadamard. The caller stores it with
 /// `cache_layouts::indexer::store_token`.
 pub fn prepare_key(x: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
@@ -76,7 +76,7 @@ pub fn prepare_key(x: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
 /// position p sees the `(p + 1) / 4` keys of the groups closed at or before it.
 pub const RATIO: i64 = 4;
 
-/// Compressed keys a token at `position` may score (spec §4.3 causality).
+/// Compressed keys a token at `position` may score (docs/indexer.md §3 causality).
 /// `(p + 1) / 4` written so that a hostile `i64::MAX` cannot overflow.
 pub fn visible_keys(position: i64) -> usize {
     if position < 0 {
@@ -85,7 +85,7 @@ pub fn visible_keys(position: i64) -> usize {
     (position / RATIO + i64::from(position % RATIO == RATIO - 1)) as usize
 }
 
-/// Key `s`'s score for one query token (spec §4.3):
+/// Key `s`'s score for one query token (docs/indexer.md §3):
 /// `k_scale * sum_h weights[h] * relu(q[h] . k)` over the token's H heads of
 /// 128 codes. Every FP8 value is a multiple of 2^-10 below 2^9, so each dot
 /// product is exact in f64; the head sum is f64 in head order and the result

@@ -18,7 +18,7 @@
 
 pub mod args;
 pub mod backend;
-/// FlashMLA FP8 KV cache and indexer key cache byte layouts (spec store_fused §1.1, §1.2).
+/// FlashMLA FP8 KV cache and indexer key cache byte layouts (docs/fp8.md §5, §6).
 pub mod cache_layouts;
 pub mod context;
 pub mod dtype;
@@ -26,16 +26,16 @@ pub mod error;
 pub mod ffi;
 pub mod fp8;
 pub mod geometry;
-/// Lightning indexer query and key preparation math (spec store_fused §4.1, §4.2).
+/// Lightning indexer query and key preparation math (docs/indexer.md §1, §2).
 pub mod indexer;
 pub mod ops;
 /// Byte footprints of views and the exact overlap test (issue 21).
 pub mod overlap;
 pub mod plan;
 pub mod pool;
-/// RoPE tables and the reference Q/KV norm + RoPE row math (spec store_fused §3).
+/// RoPE tables and the reference Q/KV norm + RoPE row math (docs/prepare.md §4).
 pub mod rope;
-/// Hash-routed MoE gating math (spec store_fused §5).
+/// Hash-routed MoE gating math (docs/routing.md §1).
 pub mod routing;
 pub mod slots;
 pub mod tensor;

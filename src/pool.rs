@@ -1,6 +1,6 @@
 //! The unified KV pool: per layer either one `[rows, 512]` bf16 buffer or, for
 //! FP8 pools, a `[rows, 512]` byte buffer of nope rows plus a `[rows, 64]` bf16
-//! buffer of rope rows (spec unified_kv §1.5(c)); and the request-slot
+//! buffer of rope rows (docs/fp8.md §4); and the request-slot
 //! allocator. Buffers live in the context's backend memory and are either
 //! allocated here (zeroed) or adopted from the caller.
 
@@ -36,6 +36,73 @@ pub fn layer_bytes(dtype: DType, rows: usize) -> (usize, usize) {
     }
 }
 
+/// Checks a pool's parameters exactly as `Pool::new` does (same statuses and
+/// messages) without a context or any memory, and returns the geometry such a
+/// pool has: `unikv_pool_create` and the size queries share it.
+pub fn check_pool(
+    config: PoolConfig,
+    dtype: DType,
+    adopt: Option<&[LayerBuffers]>,
+) -> Result<Geometry> {
+    ensure!(
+        dtype == DType::Bf16 || dtype.fp8_format().is_some(),
+        BadDtype,
+        "params.kv_dtype: {} pools are not supported, expected bf16, fp8_e4m3fn or fp8_e4m3fnuz",
+        dtype.name()
+    );
+    let geometry = Geometry::new(config)?;
+    for layer in 0..geometry.num_layers() {
+        let culprit = geometry.size_culprit(i32::MAX as usize);
+        ensure!(
+            geometry.rows(layer) <= i32::MAX as usize,
+            InvalidArgument,
+            "{culprit}: layer {layer} has {} rows ((max_requests + 1) * (window + spec_extra) = {} SWA rows), more than 32-bit row ids address",
+            geometry.rows(layer),
+            geometry.swa_rows
+        );
+    }
+    u32::try_from(geometry.config.max_requests).map_err(|_| {
+        err!(
+            InvalidArgument,
+            "params.max_requests: {} exceeds 2^32 - 1",
+            geometry.config.max_requests
+        )
+    })?;
+    let Some(buffers) = adopt else {
+        return Ok(geometry);
+    };
+    ensure!(
+        buffers.len() == geometry.num_layers(),
+        BadShape,
+        "params.layer_buffers: {} buffers for {} layers",
+        buffers.len(),
+        geometry.num_layers()
+    );
+    let fp8 = dtype.fp8_format().is_some();
+    for (layer, b) in buffers.iter().enumerate() {
+        for (name, ptr, wanted) in [
+            ("layer_buffers", b.data, true),
+            ("rope_buffers", b.rope, fp8),
+        ] {
+            if !wanted {
+                ensure!(
+                    ptr.is_null(),
+                    InvalidArgument,
+                    "params.rope_buffers: must be NULL for a bf16 pool"
+                );
+                continue;
+            }
+            ensure!(!ptr.is_null(), NullArgument, "params.{name}[{layer}]");
+            ensure!(
+                (ptr as usize) % ROW_ALIGN == 0,
+                BadAlignment,
+                "params.{name}[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
+            );
+        }
+    }
+    Ok(geometry)
+}
+
 #[derive(Debug)]
 pub struct Pool {
     ctx: Arc<Context>,
@@ -62,30 +129,8 @@ impl Pool {
         adopt: Option<&[LayerBuffers]>,
     ) -> Result<Self> {
         ctx.check_usable()?;
-        ensure!(
-            dtype == DType::Bf16 || dtype.fp8_format().is_some(),
-            BadDtype,
-            "params.kv_dtype: {} pools are not supported, expected bf16, fp8_e4m3fn or fp8_e4m3fnuz",
-            dtype.name()
-        );
-        let geometry = Geometry::new(config)?;
-        for layer in 0..geometry.num_layers() {
-            let culprit = geometry.size_culprit(i32::MAX as usize);
-            ensure!(
-                geometry.rows(layer) <= i32::MAX as usize,
-                InvalidArgument,
-                "{culprit}: layer {layer} has {} rows ((max_requests + 1) * (window + spec_extra) = {} SWA rows), more than 32-bit row ids address",
-                geometry.rows(layer),
-                geometry.swa_rows
-            );
-        }
-        let max_requests = u32::try_from(geometry.config.max_requests).map_err(|_| {
-            err!(
-                InvalidArgument,
-                "params.max_requests: {} exceeds 2^32 - 1",
-                geometry.config.max_requests
-            )
-        })?;
+        let geometry = check_pool(config, dtype, adopt)?;
+        let max_requests = geometry.config.max_requests as u32;
         let slots = SlotAllocator::new(max_requests);
         let mut layers = Vec::new();
         layers
@@ -119,35 +164,6 @@ impl Pool {
             }
             return Ok(pool);
         };
-        ensure!(
-            buffers.len() == geometry.num_layers(),
-            BadShape,
-            "params.layer_buffers: {} buffers for {} layers",
-            buffers.len(),
-            geometry.num_layers()
-        );
-        let fp8 = dtype.fp8_format().is_some();
-        for (layer, b) in buffers.iter().enumerate() {
-            for (name, ptr, wanted) in [
-                ("layer_buffers", b.data, true),
-                ("rope_buffers", b.rope, fp8),
-            ] {
-                if !wanted {
-                    ensure!(
-                        ptr.is_null(),
-                        InvalidArgument,
-                        "params.rope_buffers: must be NULL for a bf16 pool"
-                    );
-                    continue;
-                }
-                ensure!(!ptr.is_null(), NullArgument, "params.{name}[{layer}]");
-                ensure!(
-                    (ptr as usize) % ROW_ALIGN == 0,
-                    BadAlignment,
-                    "params.{name}[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
-                );
-            }
-        }
         layers.extend_from_slice(buffers);
         Ok(Pool {
             ctx,

@@ -1,5 +1,5 @@
-//! Reference math of the fused Q/KV preparation (spec store_fused §3.2-§3.5) and of
-//! the inverse RoPE applied to attention outputs (spec unified_kv §5.4): the CPU
+//! Reference math of the fused Q/KV preparation (docs/prepare.md §1, §3, §4, §5) and of
+//! the inverse RoPE applied to attention outputs (docs/attention.md §4): the CPU
 //! backend computes with it and the GPU kernels must agree with it within 1 bf16
 //! ulp per element.
 //!
@@ -7,17 +7,17 @@
 //! tensors are bf16). Outputs are rounded to bf16 (`fp8::bf16_round`) exactly
 //! where the production CUDA kernels round, and nowhere else:
 //!
-//! | path | rounds to bf16 | spec |
+//! | path | rounds to bf16 | docs |
 //! |---|---|---|
-//! | Q | after RMSNorm, all 512 dims (the nope output and the RoPE input) | §3.4 step 3, §3.7 |
-//! | Q | after RoPE, the 64 rope dims | §3.4 step 4 |
-//! | KV | once, after RMSNorm (nope) and RoPE of the fp32 normalized values (rope) | §3.5 steps 1-2, §3.7 |
-//! | inverse RoPE | once, the rotated output (the op's bf16 output) | unified_kv §5.4 |
+//! | Q | after RMSNorm, all 512 dims (the nope output and the RoPE input) | docs/prepare.md §4 step 1 |
+//! | Q | after RoPE, the 64 rope dims | docs/prepare.md §4 step 3 |
+//! | KV | once, after RMSNorm (nope) and RoPE of the fp32 normalized values (rope) | docs/prepare.md §5 steps 1-3 |
+//! | inverse RoPE | once, the rotated output (the op's bf16 output) | docs/attention.md §4 |
 //!
-//! Where the spec disagrees with itself, the CUDA JIT kernels (§3.7) decide: they are
-//! the bit-exact target of §2.3 and the kernels this crate's CUDA backend follows. §3.4 step 4 and
-//! the Triton column of §3.7's table rotate Q from the fp32 normalized value; the
-//! CUDA Q kernel rounds to bf16 before RoPE, and so does `prepare_q_row`.
+//! Where the production kernels disagree, the CUDA JIT kernels decide (docs/prepare.md §4): they
+//! are the bit-exact target of docs/fp8.md §3 and the kernels this crate's CUDA backend follows.
+//! The Triton kernels rotate Q from the fp32 normalized value; the CUDA Q kernel rounds to bf16
+//! before RoPE, and so does `prepare_q_row`.
 //!
 //! Per-element arithmetic is plain fp32 multiplies and adds in a fixed order, never
 //! fused (Rust does not contract `a * b + c`): a kernel that uses `__fmul_rn` /
@@ -27,10 +27,10 @@ use crate::error::{ensure, err, Result};
 use crate::fp8::bf16_round;
 use crate::geometry::HEAD_DIM;
 
-/// Rotated dims at the end of each 512-dim row (R in spec store_fused §0).
+/// Rotated dims at the end of each 512-dim row (R in docs/fp8.md §5).
 pub const ROPE_DIM: usize = 64;
 
-/// YaRN frequency interpolation of the compressed layers (spec store_fused §3.3):
+/// YaRN frequency interpolation of the compressed layers (docs/prepare.md §3):
 /// low-index (fast) frequencies keep their value, high-index (slow) ones are divided
 /// by `factor`, with a linear ramp between the dims set by the two betas.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,7 +48,7 @@ pub struct Yarn {
 }
 
 /// How a layer's RoPE table is built. Dense layers use `rope_theta` (10 000) with no
-/// YaRN; compressed layers use `compress_rope_theta` (40 000) with YaRN (§3.3).
+/// YaRN; compressed layers use `compress_rope_theta` (40 000) with YaRN (docs/prepare.md §3).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeConfig {
     /// Frequency base theta: `omega_i = base^(-2i / rotary_dim)`.
@@ -142,7 +142,7 @@ impl Yarn {
     /// `omega_i <- omega_i / factor * ramp_i + omega_i * (1 - ramp_i)` with
     /// `ramp_i = clamp((i - low) / (high - low), 0, 1)`, `low = floor(..beta_fast..)`
     /// and `high = ceil(..beta_slow..)` clamped to `[0, rotary_dim - 1]`, and
-    /// `high += 0.001` when they meet (spec §3.3).
+    /// `high += 0.001` when they meet (docs/prepare.md §3).
     fn interpolate(&self, omega: &mut [f64], base: f64, rotary_dim: usize) {
         let top = (rotary_dim - 1) as f64;
         let low = self
@@ -163,8 +163,8 @@ impl Yarn {
     }
 }
 
-/// Builds the fp32 RoPE table `[max_pos, rotary_dim]` the kernels take (spec
-/// store_fused §3.3, "CUDA kernels"): row p is `freqs_cis[p]` as interleaved
+/// Builds the fp32 RoPE table `[max_pos, rotary_dim]` the kernels take (docs/prepare.md
+/// §3): row p is `freqs_cis[p]` as interleaved
 /// `[cos(p w_0), sin(p w_0), cos(p w_1), sin(p w_1), ...]`, i.e. pair i's
 /// `(cos, sin)` sits at `2i, 2i + 1`, next to the pair it rotates.
 ///
@@ -176,7 +176,7 @@ impl Yarn {
 /// on the library's fp32 sin/cos; the f64 table has no position-dependent error.
 /// The GPU reads this same table, so the choice does not affect CPU/GPU agreement.
 ///
-/// The table has unit magnitude: §3.3 defines `freqs_cis = exp(j p w_i)` with no
+/// The table has unit magnitude: docs/prepare.md §3 defines `freqs_cis = exp(j p w_i)` with no
 /// YaRN magnitude (mscale) factor, and no attention-scale correction is folded in.
 pub fn build_table(cfg: &RopeConfig, max_pos: usize) -> Result<Vec<f32>> {
     ensure!(max_pos > 0, InvalidArgument, "max_pos: must be positive");
@@ -221,7 +221,7 @@ pub fn table_row(table: &[f32], rotary_dim: usize, position: i64) -> Option<&[f3
 }
 
 /// Rotates the last `table_row.len()` dims of `row` by the table row's angles, GPT-J
-/// style (spec store_fused §3.3): pair `(x[2i], x[2i+1])` is the complex number
+/// style (docs/prepare.md §3): pair `(x[2i], x[2i+1])` is the complex number
 /// `x[2i] + j x[2i+1]`, multiplied by `cos + j sin`. The dims before pass through.
 /// Computed in fp32, not rounded: the callers round where their path does.
 pub fn rope_row(row: &mut [f32], table_row: &[f32]) {
@@ -230,7 +230,7 @@ pub fn rope_row(row: &mut [f32], table_row: &[f32]) {
 
 /// The inverse rotation (multiplication by the conjugate `cos - j sin`), applied to
 /// the rope dims of an attention output at the query's position before `wo_a`
-/// (spec unified_kv §5.4, store_fused §3.3). The op rounds the result to its bf16
+/// (docs/attention.md §4, docs/prepare.md §3). The op rounds the result to its bf16
 /// output once; the input is the bf16 attention output, so nothing rounds earlier.
 pub fn inverse_rope_row(row: &mut [f32], table_row: &[f32]) {
     rotate(row, table_row, -1.0);
@@ -256,10 +256,10 @@ fn rotate(row: &mut [f32], table_row: &[f32], sign: f32) {
     }
 }
 
-/// RMSNorm over the whole row (spec store_fused §3.2):
+/// RMSNorm over the whole row (docs/prepare.md §1):
 /// `y = x * rsqrt(mean(x^2) + eps) * w`, without `w` for Q. Not rounded.
 ///
-/// The spec's kernels reduce the squares in fp32 in a warp-tree order (§3.7) that a
+/// The production kernels reduce the squares in fp32 in a warp-tree order (docs/prepare.md §1) that a
 /// sequential loop cannot reproduce, so here the sum is f64 (order-independent for
 /// practical purposes) and the factor `rsqrt(mean + eps)` is rounded to f32 once.
 /// A GPU's fp32 factor then differs by a few f32 ulps, which moves an element by at
@@ -280,9 +280,9 @@ pub fn rms_norm(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
     }
 }
 
-/// One token's Q, `[H * 512]` (spec store_fused §3.4, after the split-K sum): per
+/// One token's Q, `[H * 512]` (docs/prepare.md §4, after the split-K sum): per
 /// head, weightless RMSNorm, then bf16 rounding of all 512 dims, then RoPE of the
-/// last 64 from those bf16 values, then bf16 rounding of the rope dims (§3.7's CUDA
+/// last 64 from those bf16 values, then bf16 rounding of the rope dims (docs/prepare.md §4, the CUDA
 /// Q kernel; see the module docs for the Triton difference). The row then holds
 /// `q_out[t]`.
 pub fn prepare_q_row(q: &mut [f32], eps: f32, table_row: &[f32]) {
@@ -303,12 +303,12 @@ pub fn prepare_q_row(q: &mut [f32], eps: f32, table_row: &[f32]) {
     }
 }
 
-/// One token's KV row, `[512]` (spec store_fused §3.5): RMSNorm with `weight`, kept
+/// One token's KV row, `[512]` (docs/prepare.md §5): RMSNorm with `weight`, kept
 /// in fp32; RoPE of the last 64 dims from the fp32 values; then all 512 dims
-/// rounded to bf16 once (steps 1-2; §3.7's K kernel agrees). The row then holds
-/// what the optional `kv_out` receives: the normalized, rotated bf16 row. §3.5
-/// step 3 quantizes the SWA store's nope tiles from these bf16 values (the JIT K
-/// kernel quantizes the fp32 ones instead, an open point, §9.5).
+/// rounded to bf16 once (docs/prepare.md §5 steps 1-3, as the CUDA K kernel does). The row then holds
+/// what the optional `kv_out` receives: the normalized, rotated bf16 row. An FP8 store
+/// quantizes the SWA store's nope tiles from these bf16 values (the JIT K
+/// kernel quantizes the fp32 ones instead, docs/prepare.md §5).
 pub fn prepare_kv_row(kv: &mut [f32], weight: &[f32], eps: f32, table_row: &[f32]) {
     assert_eq!(kv.len(), HEAD_DIM, "a KV row has {HEAD_DIM} dims");
     assert_eq!(

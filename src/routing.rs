@@ -1,4 +1,4 @@
-//! Hash-routed MoE gating (spec store_fused §5), the reference the CPU backend
+//! Hash-routed MoE gating (docs/routing.md §1), the reference the CPU backend
 //! computes with and the GPU kernel follows.
 //!
 //! The first MoE layers of DeepSeek-V4 do not select experts from the router:

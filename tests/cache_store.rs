@@ -1,12 +1,12 @@
 //! `unikv_store_flashmla` and `unikv_store_indexer` through the C ABI on the
-//! CPU backend (spec store_fused §1.1, §1.2, §2).
+//! CPU backend (docs/fp8.md §2, §5, §6).
 //!
 //! * Random rows at random locations (negative ones skipped, first and last
 //!   slot of pages), every page size and both FP8 formats, int32 and int64
 //!   locations, bf16 and f32 keys, padded row strides: the poisoned cache
 //!   equals byte for byte what `unikv::cache_layouts` writes, and
-//!   independently each stored token, found at the spec's offsets, decodes to
-//!   its input within half an FP8 step with the scale the spec prescribes.
+//!   independently each stored token, found at the documented offsets (docs/fp8.md §5, §6), decodes to
+//!   its input within half an FP8 step with the documented scale (docs/fp8.md §3).
 //! * Bad input fails with its specific status and a message naming the
 //!   argument, and leaves every cache byte as it was.
 //!
@@ -46,7 +46,7 @@ fn fp8_max(fmt: Fp8Format) -> f64 {
     }
 }
 
-/// Spec §1.1 for each stored token: value slot at `page·bpp + slot·576`,
+/// docs/fp8.md §5 for each stored token: value slot at `page·bpp + slot·576`,
 /// scale slot at `page·bpp + 576·P + slot·8`. Each tile's scale is the
 /// smallest power of two not below the fp32 quotient max(amax, 1e-4) / max,
 /// each code decodes times it to the input within half a step, and the RoPE
@@ -89,7 +89,7 @@ fn check_flashmla_tokens(case: &Case, cache: &[u8]) {
     }
 }
 
-/// Spec §1.2 for each stored key: codes at `page·132P + slot·128`, the fp32
+/// docs/fp8.md §6 for each stored key: codes at `page·132P + slot·128`, the fp32
 /// scale at `page·132P + 128·P + slot·4`, equal to the correctly rounded
 /// max(amax, 1e-4) / max; each code times it is the input within half a step
 /// (plus the fp32 roundings of x·(1/scale) and of the product).

@@ -1,5 +1,5 @@
 //! The FP8 codec (`unikv::fp8`) against an independent float64 reference written
-//! from spec/store_fused.md §2: code values come from the format table's fields,
+//! from docs/fp8.md §2: code values come from the format table's fields,
 //! encoding picks the nearest code value (ties to the even code) and saturates,
 //! UE8M0 bytes are the smallest power of two not below the fp32 quotient. No
 //! expectation is computed with the code under test. Every test counts what it
@@ -14,7 +14,7 @@ use half::bf16;
 use rand::Rng;
 use unikv::fp8::{self, Fp8Format};
 
-/// One row of the spec's format table (§2.1) and what follows from it.
+/// One row of the format table (docs/fp8.md §1) and what follows from it.
 struct Spec {
     fmt: Fp8Format,
     bias: i32,

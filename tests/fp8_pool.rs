@@ -1,4 +1,4 @@
-//! FP8 unified pools (spec unified_kv §1.5(c)) on the CPU backend, through the
+//! FP8 unified pools (docs/fp8.md §4) on the CPU backend, through the
 //! C ABI: geometry and adoption, stores that quantize (bytes checked against a
 //! quantizer written here, independent of src/fp8.rs), and decode over the FP8
 //! rows against a float64 reference over the dequantized keys and against the

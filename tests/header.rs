@@ -16,8 +16,12 @@ fn preamble() -> String {
         patch.parse().unwrap(),
     );
     format!(
-        r#"/*
- * unikv: DeepSeek-V4 sparse attention over a unified KV pool.
+        r#"/**
+ * @file unikv.h
+ * @brief unikv: DeepSeek-V4 sparse attention over a unified KV pool.
+ *
+ * The domain (pool layout, index streams, attention math, FP8 formats, the
+ * serving step) is described in the repository's docs/ folder.
  *
  * Conventions (apply to every function below):
  * - Fallible functions return a unikv_status (UNIKV_OK = 0). On failure nothing
@@ -33,9 +37,9 @@ fn preamble() -> String {
  *   destroying a handle while another thread's call uses it.
  * - Parameter and argument structs start with `size_t struct_size`: set it to
  *   sizeof(the struct). Info structs filled by the library also read it first.
- *   A struct_size more than 4096 bytes past the library's own size is
- *   UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the library's
- *   size must be zero.
+ *   A struct_size more than UNIKV_MAX_UNKNOWN_BYTES past the library's own
+ *   size is UNIKV_BAD_STRUCT_SIZE without reading past it; bytes past the
+ *   library's size must be zero.
  * - Enum inputs are uint32_t and range-checked (UNIKV_BAD_ENUM).
  * - Tensors (unikv_tensor) are row-major with innermost stride 1; strides are
  *   in elements. Tensor data lives in the context's memory: host memory on the
@@ -55,21 +59,51 @@ fn preamble() -> String {
  *   pool rows it reads or writes (UNIKV_OVERLAPPING_BUFFERS), except exact
  *   in-place use where a function allows it: the same data pointer, dtype,
  *   shape and strides as the input the output replaces.
+ * - The header compiles as C99, C11, C17 and C2x and as C++11 to C++2b, with
+ *   -Wall -Wextra -pedantic -Wc++-compat (cpp-tests/CMakeLists.txt).
  */
 
+/** Major version of this header (incompatible ABI changes). */
 #define UNIKV_VERSION_MAJOR {major}
+/** Minor version of this header (compatible additions). */
 #define UNIKV_VERSION_MINOR {minor}
+/** Patch version of this header (fixes only). */
 #define UNIKV_VERSION_PATCH {patch}
+/** The version of this header as "MAJOR.MINOR.PATCH"; compare with unikv_version_string(). */
 #define UNIKV_VERSION_STRING "{major}.{minor}.{patch}"
-/* major * 1000000 + minor * 1000 + patch; compare with unikv_version(). */
+/** major * 1000000 + minor * 1000 + patch; compare with unikv_version(). */
 #define UNIKV_VERSION {packed}
 
-#if defined(__cplusplus) && __cplusplus >= 201703L
+/**
+ * @def UNIKV_NODISCARD
+ * Marks the functions whose unikv_status must not be ignored. It expands to
+ * an attribute only where a `(void)` cast silences it, so callers that
+ * deliberately drop a status compile cleanly under -Werror:
+ * - C++17 and later, and C2x/C23 compilers that have it: `[[nodiscard]]`;
+ * - clang in older modes: `__attribute__((warn_unused_result))`;
+ * - nothing otherwise. GCC's `warn_unused_result` is not silenced by a cast,
+ *   so C before C2x and C++11/14 compiled with GCC get no attribute.
+ * Define UNIKV_NODISCARD before including the header to choose another
+ * expansion (for example empty).
+ */
+#ifndef UNIKV_NODISCARD
+#if defined(__cplusplus)
+#if __cplusplus >= 201703L
 #define UNIKV_NODISCARD [[nodiscard]]
-#elif defined(__GNUC__) || defined(__clang__)
+#elif defined(__clang__)
 #define UNIKV_NODISCARD __attribute__((warn_unused_result))
-#else
+#endif
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ > 201710L && defined(__has_c_attribute)
+#if __has_c_attribute(nodiscard)
+#define UNIKV_NODISCARD [[nodiscard]]
+#endif
+#endif
+#if !defined(UNIKV_NODISCARD) && defined(__clang__)
+#define UNIKV_NODISCARD __attribute__((warn_unused_result))
+#endif
+#ifndef UNIKV_NODISCARD
 #define UNIKV_NODISCARD
+#endif
 #endif"#
     )
 }
@@ -84,7 +118,45 @@ fn generate(root: &Path) -> String {
         .generate()
         .expect("cbindgen failed")
         .write(&mut out);
-    String::from_utf8(out).unwrap()
+    let header = untag_c_enums(&String::from_utf8(out).unwrap());
+    // cbindgen names an enum's associated constant `<enum>_<NAME>` and offers
+    // no rename for it; every macro of the header is upper-case UNIKV_*.
+    header.replace("#define unikv_status_ALL ", "#define UNIKV_STATUS_ALL ")
+}
+
+/// cbindgen declares each `repr(u32)` enum as `enum X` (typed `: uint32_t` in
+/// C++ and C23) and, in C before C23, also `typedef uint32_t X;`. A tag and a
+/// typedef of one name but different types is invalid C++, which
+/// `gcc -Wc++-compat` reports. Before C23 the enum is therefore left without
+/// a tag: its values are plain constants and `X` names only the uint32_t
+/// typedef, as the signatures use it. C++ and C23 keep `enum X : uint32_t`.
+/// The typedef gets a documentation comment of its own.
+fn untag_c_enums(header: &str) -> String {
+    const COND: &str = "defined(__cplusplus) || __STDC_VERSION__ >= 202311L";
+    let typed = format!("\n#if {COND}\n  : uint32_t\n#endif // {COND}\n {{\n");
+    let mut out = String::new();
+    let mut rest = header;
+    while let Some(i) = rest.find(&typed) {
+        let head = &rest[..i];
+        let line = head.rfind('\n').map_or(0, |j| j + 1);
+        let name = head[line..]
+            .strip_prefix("enum ")
+            .expect("an enum declaration");
+        out.push_str(&head[..line]);
+        out.push_str(&format!(
+            "#if {COND}\nenum {name} : uint32_t\n#else\nenum\n#endif\n{{\n"
+        ));
+        rest = &rest[i + typed.len()..];
+        let typedef = "#ifndef __cplusplus\n";
+        let t = rest.find(typedef).expect("the enum's typedef");
+        out.push_str(&rest[..t]);
+        out.push_str(&format!(
+            "/** The C type of `{name}` values: uint32_t before C23, the enum in C23 and C++. */\n"
+        ));
+        rest = &rest[t..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Index-stream builders against hand-worked examples (spec unified_kv §2.8 and
-//! the ATOM cases of §7.2) and against a direct restatement of the formulas.
+//! Index-stream builders against hand-worked examples (docs/index-streams.md §8 and
+//! the ATOM cases of docs/testing.md §1) and against a direct restatement of the formulas.
 
 mod common;
 
@@ -136,7 +136,7 @@ fn decode_swa_matches_atom_case() {
         .all(|&v| v == i32::from_ne_bytes([POISON_BYTE; 4])));
 }
 
-/// Spec §2.8: win=128, ring=128, topk=1024, positions [4, 5000], slots [3, 7].
+/// docs/index-streams.md §8: win=128, ring=128, topk=1024, positions [4, 5000], slots [3, 7].
 #[test]
 fn decode_streams_match_spec_worked_example() {
     let ctx = Ctx::cpu(1);
@@ -411,7 +411,7 @@ fn prefill_compressed_prefix_follows_visibility() {
     }
 }
 
-/// Random batches against a direct restatement of §2.1-§2.3 in this test.
+/// Random batches against a direct restatement of docs/index-streams.md §3, §4 in this test.
 #[test]
 fn decode_streams_match_formulas_on_random_batches() {
     use rand::Rng;

@@ -1,6 +1,6 @@
 //! `unikv_indexer_prepare_q` and `unikv_indexer_prepare_k` on the CPU backend,
 //! through the C ABI, against float64 references written in
-//! tests/common/indexer/ from spec store_fused §4.1, §4.2: RoPE of dims
+//! tests/common/indexer/ from docs/indexer.md §1, §2: RoPE of dims
 //! 64..127, the Hadamard transform as the explicit Sylvester matrix, FP8 with
 //! an fp32 scale `max(amax, 1e-4) / fp8_max`; keys first get RMSNorm with the
 //! weight. Queries: codes within half an FP8 step of the exact values, the

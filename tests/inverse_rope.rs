@@ -1,5 +1,5 @@
 //! `unikv_inverse_rope` on the CPU backend, through the C ABI, against a float64
-//! reference written here from spec unified_kv §5.4 / store_fused §3.3: dims
+//! reference written here from docs/attention.md §4 / docs/prepare.md §3: dims
 //! 448..511 of every head of token t, as pairs `(re, im)`, times the conjugate
 //! `c - j s` of the table's (cos, sin) at `positions[t]`:
 //! `re' = re c + im s`, `im' = im c - re s`; dims 0..447 untouched.

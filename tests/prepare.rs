@@ -1,5 +1,5 @@
 //! `unikv_prepare_qkv` on the CPU backend through the C ABI, against a float64
-//! reference written here from spec store_fused §3.2-§3.5 with the bf16
+//! reference written here from docs/prepare.md §1, §3, §4, §5 with the bf16
 //! rounding points `unikv_prepare_qkv_args` documents:
 //!
 //! * Q, per head: `n = x / sqrt(mean(x^2) + eps)`, `bf16(n)` on all dims, then
@@ -8,7 +8,7 @@
 //! * KV: `k = x / sqrt(mean(x^2) + eps) * w`, rotation of the unrounded rope
 //!   dims, `bf16` once; the pool row is that bf16 row (FP8 pools: its codes,
 //!   checked bytewise against `cache_layouts::unified::quantize_row` of the
-//!   `kv_out` row, and in value space against the reference, spec §8's
+//!   `kv_out` row, and in value space against the reference, docs/testing.md §2's
 //!   two-pool bound `|dequant - ref| <= 0.07 * tile amax`).
 //!
 //! Tolerance: a bf16 output must be within 1 bf16 ulp of the bf16 nearest to
@@ -444,7 +444,7 @@ fn check_kv_row(c: &Case, t: usize, got: &[bf16], what: &str) -> usize {
 }
 
 /// Checks every pool row: targeted rows hold token t's row (FP8: the codes of
-/// its kv_out row and values within spec §8's bound), every other row is still
+/// its kv_out row and values within docs/testing.md §2's bound), every other row is still
 /// poison. Returns the rows written.
 fn check_pool(c: &Case) -> usize {
     let info = c.pool.layer(LAYER);

@@ -1,5 +1,5 @@
 //! `unikv_hash_topk` on the CPU backend, through the C ABI, against a float64
-//! reference written here from spec store_fused §5: row n's experts are
+//! reference written here from docs/routing.md §1: row n's experts are
 //! `tid2eid[input_ids[n]]` in table order, weighted `sqrt(ln(1 + e^x))` of
 //! their router logit and normalized over the K routed slots; S shared slots
 //! follow as `(E + s, 1 / routed_scaling_factor)`; padded rows are (-1, 0).

@@ -1,6 +1,6 @@
 // FP8 row-gather probe (H200): how fast can 132 SMs pull random FP8 pool rows
-// (a 512-byte nope row and a 128-byte rope row from two buffers, spec
-// unified_kv 1.5(c)) into shared memory, against 1 KB bf16 rows, and what does
+// (a 512-byte nope row and a 128-byte rope row from two buffers,
+// docs/fp8.md §4) into shared memory, against 1 KB bf16 rows, and what does
 // the in-place dequantization add? Decides how attention gathers FP8 tiles
 // (bench/notes/v13.md). Build and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90a bench/probes/fp8_gather.cu -o /tmp/fp8g && /tmp/fp8g

@@ -20,7 +20,7 @@
 //
 // Keys come from up to two sources (pool rows, then the prefill chunk's own
 // rows); an index outside its source (-1 included) is skipped, never read.
-// Rows of an FP8 pool (spec unified_kv 1.5(c)) are gathered as they are
+// Rows of an FP8 pool (docs/fp8.md §4) are gathered as they are
 // stored into their bf16 slot in the tile (the 512-byte nope row at its start,
 // the 128-byte rope row at its end) and dequantized there in place
 // (dequantize_rows; in the 16/32-head kernels by producer warps), so every
@@ -206,7 +206,7 @@ __device__ __forceinline__ void dequantize_piece(uint2 codes, uint32_t s, ukv_fp
   }
 }
 
-// Decode's inverse-RoPE epilogue (spec unified_kv 5.4): the table row of
+// Decode's inverse-RoPE epilogue (docs/attention.md §4): the table row of
 // token t, or nullptr when there is no epilogue or the position lies outside
 // the table (that token's rope dims stay unrotated; the CPU backend rejects it).
 __device__ __forceinline__ const float* inverse_rope_row(const ukv_attention_params& p, int t) {

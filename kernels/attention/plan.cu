@@ -111,14 +111,17 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     if (e != UKV_SUCCESS) return ukv::report(e, "device attribute");
     ukv::DeviceFacts facts;
     if (int r = ukv::device_facts(device, &facts)) return r;
-    const int sms = facts.sms, cc_major = facts.major;
+    // sm90: the loaded kernels have sm_90's PDL wait and clusters (not the
+    // portable PTX a newer GPU may run; DeviceFacts::image_arch).
+    const int sms = facts.sms;
+    const bool sm90 = facts.sm90_code();
     ukv_attention_plan pl{};
     pl.max_tokens = max_tokens;
     pl.num_heads = num_heads;
     pl.head_blocks = (int)ukv::cdiv(num_heads, 64);
     pl.block_m_tiles = (int)ukv::cdiv(ukv::cdiv(num_heads, pl.head_blocks), 16);
     pl.sm_count = sms;
-    pl.dependent_launch = cc_major >= 9 ? 1 : 0;
+    pl.dependent_launch = sm90 ? 1 : 0;
     pl.kv_fp8 = kv_fp8 ? 1 : 0;
     if (int r = portable_variant(device, &pl.portable)) return r;
     if (pl.portable != 0) {
@@ -167,7 +170,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // through the workspace and the combine kernel.
     pl.cluster = 0;
     pl.max_splits = split_cap(max_tokens, pl.head_blocks, resident, kMaxSplits);
-    if (cc_major >= 9 && !g_no_cluster && pl.portable == 0) {
+    if (sm90 && !g_no_cluster && pl.portable == 0) {
       // The most splits per token such that every (token, head block) cluster
       // is resident at once: a cluster needs its blocks on one GPC, so fewer
       // fit than resident / S (16-block clusters fit about one per GPC).
@@ -194,7 +197,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // 128-head FP8 blocks whose tokens run one split: the token's two head
     // blocks convert half of every tile each and share it (a cluster of two,
     // attention_wgmma_pair_kernel; bench/notes/v31.md).
-    if (pl.kv_fp8 != 0 && pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && cc_major >= 9 &&
+    if (pl.kv_fp8 != 0 && pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && sm90 &&
         !g_no_cluster) {
       pl.pair = 1;
       if (int r = configure(kWgmmaFp8Pair)) return r;

@@ -80,10 +80,52 @@ pub trait PlanState: Send + Sync + Debug {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
+/// The kernel family a plan launches (what `unikv_*_plan_get_info` reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFamily {
+    /// The CPU backend's reference computation.
+    CpuReference,
+    /// mma.sync tensor-core kernel (any NVIDIA sm_80+).
+    Mma,
+    /// sm_90a warpgroup-MMA kernel with 64-head blocks on the M side.
+    WgmmaHeadsOnM,
+    /// sm_90a warpgroup-MMA kernel with 16- or 32-head blocks on the N side.
+    WgmmaHeadsOnN,
+    /// Portable kernel on CUDA cores (HIP builds; a test hook on NVIDIA).
+    PortableScalar,
+    /// Portable kernel on matrix cores (HIP builds; a test hook on NVIDIA).
+    PortableMatrix,
+}
+
+/// How a plan launches, as the backend chose it (introspection and logs only;
+/// launches read the backend's own `state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchSummary {
+    pub family: KernelFamily,
+    /// Heads one block (CPU: one work item) computes.
+    pub head_block: usize,
+    /// Blocks per token along the heads.
+    pub head_blocks: usize,
+    /// Most key splits per (token, head block); 1 = no split.
+    pub max_splits: usize,
+    /// Splits merge inside a thread-block cluster (no workspace, no combine launch).
+    pub cluster_merge: bool,
+    /// Key-tile pipeline stages (0 on the CPU).
+    pub stages: usize,
+    /// The combine kernel is launched early (programmatic dependent launch).
+    pub dependent_launch: bool,
+    /// FP8 plans whose kernel has a raw variant, taken by calls whose every
+    /// key source is an e4m3fn pool.
+    pub raw_fp8_variant: bool,
+    /// Multiprocessors the plan was sized for (0 on the CPU).
+    pub sm_count: usize,
+}
+
 /// What a backend decided for a plan: its workspace needs and private state.
 #[derive(Debug)]
 pub struct PlannedLaunch {
     pub workspace_bytes: usize,
+    pub summary: LaunchSummary,
     pub state: Option<Box<dyn PlanState>>,
 }
 

@@ -14,7 +14,8 @@ pub struct StreamOut {
 /// `swa_len = min(pos + 1, window)`; `hca_len` = leading entries >= 0 of
 /// `c128_page_indices[t]` within `min((pos + 1) / 128, width)`;
 /// `csa_len = min((pos + 1) / 4, csa_topk)` (its tail is written per layer by
-/// `fill_csa_tail`).
+/// `fill_csa_tail`). The HCA and CSA streams are None when the caller left
+/// them out (allowed only for a pool without layers of that ratio).
 #[derive(Debug)]
 pub struct DecodeStreamsArgs<'a> {
     pub geometry: &'a Geometry,
@@ -25,8 +26,8 @@ pub struct DecodeStreamsArgs<'a> {
     pub positions: Vector<i32>,
     pub c128_page_indices: Option<Matrix<i32>>,
     pub swa: StreamOut,
-    pub hca: StreamOut,
-    pub csa: StreamOut,
+    pub hca: Option<StreamOut>,
+    pub csa: Option<StreamOut>,
 }
 
 /// Validated `fill_csa_tail`: for each non-padding token, the slice tail after
@@ -41,7 +42,7 @@ pub struct CsaTailArgs<'a> {
     pub csa: StreamOut,
 }
 
-/// Validated `build_prefill_streams` (spec §4.3). Per non-padding token:
+/// Validated `build_prefill_streams` (docs/index-streams.md §5). Per non-padding token:
 /// prefix = ring rows of the window part before the chunk, then compressed rows
 /// (leading valid entries of the table within the token's visible groups);
 /// extend = rows of the chunk's own K tensor inside the window.

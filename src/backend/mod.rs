@@ -94,9 +94,9 @@ pub trait Backend: Send + Sync + Debug {
 
     fn store_swa(&self, args: &StoreSwaArgs, stream: Stream) -> Result<()>;
     fn store_compressed(&self, args: &StoreCompressedArgs, stream: Stream) -> Result<()>;
-    /// Quantizes latent rows into a FlashMLA FP8 KV cache (spec store_fused §1.1).
+    /// Quantizes latent rows into a FlashMLA FP8 KV cache (docs/fp8.md §5).
     fn store_flashmla(&self, args: &FlashMlaStoreArgs, stream: Stream) -> Result<()>;
-    /// Quantizes keys into an indexer key cache (spec store_fused §1.2).
+    /// Quantizes keys into an indexer key cache (docs/fp8.md §6).
     fn store_indexer(&self, args: &IndexerStoreArgs, stream: Stream) -> Result<()>;
 
     /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool.
@@ -110,13 +110,13 @@ pub trait Backend: Send + Sync + Debug {
     fn merge(&self, args: &MergeArgs, stream: Stream) -> Result<()>;
     /// Rotates the rope dims of an attention output back, in place.
     fn inverse_rope(&self, args: &InverseRopeArgs, stream: Stream) -> Result<()>;
-    /// Indexer query RoPE + Hadamard + FP8 and folded weights (spec store_fused §4.1).
+    /// Indexer query RoPE + Hadamard + FP8 and folded weights (docs/indexer.md §1).
     fn indexer_prepare_q(&self, args: &IndexerQueryArgs, stream: Stream) -> Result<()>;
-    /// Indexer key RMSNorm + RoPE + Hadamard + FP8 into the indexer cache (§4.2).
+    /// Indexer key RMSNorm + RoPE + Hadamard + FP8 into the indexer cache (docs/indexer.md §2).
     fn indexer_prepare_k(&self, args: &IndexerKeyArgs, stream: Stream) -> Result<()>;
     /// Indexer scores (when `args.score` is set) and top-k selection into a
-    /// CSA page-index table (spec store_fused §4.3).
+    /// CSA page-index table (docs/indexer.md §3).
     fn indexer_topk(&self, args: &IndexerTopkArgs, stream: Stream) -> Result<()>;
-    /// Hash-routed MoE gating (spec store_fused §5).
+    /// Hash-routed MoE gating (docs/routing.md §1).
     fn hash_topk(&self, args: &HashTopkArgs, stream: Stream) -> Result<()>;
 }

@@ -1,4 +1,4 @@
-//! The FlashMLA FP8 KV cache (spec store_fused §1.1), used for the SWA pool and
+//! The FlashMLA FP8 KV cache (docs/fp8.md §5), used for the SWA pool and
 //! the C4 and C128 compressed pools: one 512-dim latent per token, whose 448
 //! "nope" dims are stored as FP8 codes with one UE8M0 scale per 64-dim tile and
 //! whose 64 RoPE dims stay bf16.
@@ -30,11 +30,11 @@ pub const NOPE_TILES: usize = NOPE_DIMS / TILE_DIMS;
 pub const VALUE_SLOT_BYTES: u64 = 576;
 /// 7 scale bytes plus one padding byte that is never read or written.
 pub const SCALE_SLOT_BYTES: u64 = 8;
-/// The page sizes of §1.1: SWA pool 256, C4 pool 256/4, C128 pool 256/128.
+/// The page sizes of docs/fp8.md §5: SWA pool 256, C4 pool 256/4, C128 pool 256/128.
 pub const PAGE_SIZES: [u64; 3] = [256, 64, 2];
 
 /// Where a FlashMLA pool puts each token's bytes, and the FP8 flavour its codes
-/// are in (writer and reader must agree on it, spec §2.1).
+/// are in (writer and reader must agree on it, docs/fp8.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlashMlaGeometry {
     paging: Paging,
@@ -43,7 +43,7 @@ pub struct FlashMlaGeometry {
 
 impl FlashMlaGeometry {
     /// The geometry of pages of `page_size` tokens: 2, 64 or 256, else
-    /// `InvalidArgument`. The page stride is `ceil(584·P / 576)·576` (§1.1): the
+    /// `InvalidArgument`. The page stride is `ceil(584·P / 576)·576` (docs/fp8.md §5): the
     /// 584 bytes a token uses, rounded up to whole value slots.
     pub fn new(page_size: u64, fmt: Fp8Format) -> Result<Self> {
         let slots = (VALUE_SLOT_BYTES, SCALE_SLOT_BYTES);
@@ -64,19 +64,19 @@ impl FlashMlaGeometry {
         self.paging.bytes_per_page
     }
 
-    /// `value(loc) = page·bytes_per_page + slot·576` (§1.1): the token's 448
+    /// `value(loc) = page·bytes_per_page + slot·576` (docs/fp8.md §5): the token's 448
     /// codes. Offsets are 64-bit: a per-layer cache passes 2 GiB in production.
     pub fn value_offset(&self, location: u64) -> u64 {
         self.paging.value_offset(location)
     }
 
-    /// `rope(loc) = value(loc) + 448` (§1.1): the token's 64 bf16 values,
+    /// `rope(loc) = value(loc) + 448` (docs/fp8.md §5): the token's 64 bf16 values,
     /// 16-byte aligned.
     pub fn rope_offset(&self, location: u64) -> u64 {
         self.value_offset(location) + NOPE_DIMS as u64
     }
 
-    /// `scale(loc, 0) = page·bytes_per_page + 576·P + slot·8` (§1.1): the
+    /// `scale(loc, 0) = page·bytes_per_page + 576·P + slot·8` (docs/fp8.md §5): the
     /// token's scale slot; tile k's byte is at `+k`, the padding byte at `+7`.
     pub fn scale_offset(&self, location: u64) -> u64 {
         self.paging.scale_offset(location)
@@ -86,18 +86,18 @@ impl FlashMlaGeometry {
 /// Quantizes one token's latent `row` (512 bf16 values) and writes it at
 /// `location` of `cache`, a `[num_pages, bytes_per_page]` byte buffer.
 ///
-/// Each 64-dim nope tile goes through `fp8::quantize_block` (§2.3): UE8M0 byte
+/// Each 64-dim nope tile goes through `fp8::quantize_block` (docs/fp8.md §3): UE8M0 byte
 /// from the tile's NaN-ignoring amax floored at 1e-4, codes `encode(x / 2^(e-127))`
 /// with round-to-nearest-even and saturation. The division by a power of two is
 /// exact, so FP8 encoding is the only rounding. A NaN element encodes to the
 /// NaN code, not to +448 as the CUDA kernels' `fminf` clip makes it (the
-/// codec's policy for spec §2.4 and §9.9). The RoPE dims are copied
+/// codec's policy for docs/fp8.md §2). The RoPE dims are copied
 /// bit for bit. The scale slot's padding byte and the page's tail padding are
-/// never written: they keep whatever the allocation put there (zeros in §1.1).
+/// never written: they keep whatever the allocation put there (zeros in docs/fp8.md §5).
 ///
 /// The input is bf16 because the stored codes are those of the bf16-rounded
-/// latent (§3.5; §9.5 records that one JIT kernel quantizes the fp32 value
-/// instead).
+/// latent (docs/prepare.md §5, which notes that one production kernel
+/// quantizes the fp32 value instead).
 ///
 /// A negative location writes nothing and succeeds. A row that is not 512
 /// values (`BadShape`), a cache that is not whole pages (`BadShape`) or a
@@ -147,7 +147,7 @@ pub(crate) fn quantize_nope(nope: &[bf16], fmt: Fp8Format) -> ([u8; NOPE_DIMS], 
     (codes, scales)
 }
 
-/// The 512 values the attention reader sees for the token at `location` (§1.1):
+/// The 512 values the attention reader sees for the token at `location` (docs/fp8.md §5):
 /// `decode(code) · 2^(s_k - 127)` for nope dim d in tile k, the bf16 value for
 /// the RoPE dims.
 ///

@@ -1,4 +1,4 @@
-//! The indexer key cache of CSA layers (spec store_fused §1.2): one 128-dim
+//! The indexer key cache of CSA layers (docs/fp8.md §6): one 128-dim
 //! "lightning indexer" key per C4 compressed token, stored as 128 FP8 codes with
 //! one plain fp32 scale per key (not a power of two).
 //!
@@ -8,7 +8,7 @@
 //! [ P × 128 FP8 codes ][ P × fp32 scale, little-endian ]     bytes_per_page = 132·P
 //! ```
 //!
-//! The HIP "preshuffle" tiling and the FP4 variant of §1.2 are not implemented.
+//! The HIP "preshuffle" tiling and the FP4 variant of docs/fp8.md §6 are not implemented.
 
 use super::Paging;
 use crate::error::{ensure, Result};
@@ -18,11 +18,11 @@ use crate::fp8::{self, Fp8Format};
 pub const KEY_DIMS: usize = 128;
 /// One fp32 scale per key.
 pub const SCALE_BYTES: u64 = 4;
-/// §1.2: one page per 256 raw tokens, i.e. 256/4 compressed entries.
+/// docs/fp8.md §6: one page per 256 raw tokens, i.e. 256/4 compressed entries.
 pub const PAGE_SIZES: [u64; 1] = [64];
 
 /// Where an indexer pool puts each key's bytes, and the FP8 flavour its codes
-/// are in (writer and reader must agree on it, spec §2.1).
+/// are in (writer and reader must agree on it, docs/fp8.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexerGeometry {
     paging: Paging,
@@ -30,7 +30,7 @@ pub struct IndexerGeometry {
 }
 
 impl IndexerGeometry {
-    /// The geometry of pages of `page_size` keys: only 64 is defined (§1.2),
+    /// The geometry of pages of `page_size` keys: only 64 is defined (docs/fp8.md §6),
     /// anything else is `InvalidArgument`. No padding: a page is `132·P` bytes.
     pub fn new(page_size: u64, fmt: Fp8Format) -> Result<Self> {
         let paging = Paging::new(
@@ -56,12 +56,12 @@ impl IndexerGeometry {
         self.paging.bytes_per_page
     }
 
-    /// `value(loc) = page·132P + slot·128` (§1.2): the key's 128 codes.
+    /// `value(loc) = page·132P + slot·128` (docs/fp8.md §6): the key's 128 codes.
     pub fn value_offset(&self, location: u64) -> u64 {
         self.paging.value_offset(location)
     }
 
-    /// `scale(loc) = page·132P + 128·P + slot·4` (§1.2): the key's fp32 scale,
+    /// `scale(loc) = page·132P + 128·P + slot·4` (docs/fp8.md §6): the key's fp32 scale,
     /// naturally aligned.
     pub fn scale_offset(&self, location: u64) -> u64 {
         self.paging.scale_offset(location)
@@ -71,7 +71,7 @@ impl IndexerGeometry {
 /// Quantizes one indexer key (128 values) and writes it at `location` of
 /// `cache`, a `[num_pages, bytes_per_page]` byte buffer.
 ///
-/// The arithmetic is §2.3's, in fp32, rounding at each step:
+/// The arithmetic is docs/fp8.md §3's, in fp32, rounding at each step:
 /// `amax` = NaN-ignoring max of |x| (exact), `scale = max(amax, 1e-4) / fmt.max()`
 /// (IEEE division), `inv = 1 / scale` (correctly rounded reciprocal, not a
 /// power of two), `code = encode(x · inv)` (fp32 product, then FP8 rounding to
@@ -80,14 +80,14 @@ impl IndexerGeometry {
 /// approximations. For finite inputs `inv` lies in [7e-37, 4.5e6], normal, so
 /// flush-to-zero cannot change it.
 ///
-/// NaN elements encode to the NaN code (the codec's policy, spec §9.9). An
+/// NaN elements encode to the NaN code (the codec's policy, docs/fp8.md §2). An
 /// infinite element makes the scale Inf and `inv` 0, so that element encodes
-/// to NaN (Inf · 0) and the others to zero: the spec's reciprocal gives that
+/// to NaN (Inf · 0) and the others to zero: the kernels' reciprocal gives that
 /// key no usable value, and dividing instead would change the rounding of
 /// every finite key.
 ///
 /// The input is fp32 because the production writer quantizes the key in fp32
-/// right after the Hadamard transform (§4.2); bf16 keys widen exactly.
+/// right after the Hadamard transform (docs/indexer.md §2); bf16 keys widen exactly.
 ///
 /// A negative location writes nothing and succeeds. A key that is not 128
 /// values (`BadShape`), a cache that is not whole pages (`BadShape`) or a
@@ -116,7 +116,7 @@ pub fn store_token(
 }
 
 /// The codes and fp32 scale of one key (see `store_token` for the rounding);
-/// the indexer's queries are quantized the same way (spec §4.1 step 4).
+/// the indexer's queries are quantized the same way (docs/indexer.md §1 step 3).
 pub fn quantize_key(key: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
     let amax = key.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let scale = amax.max(fp8::AMAX_FLOOR) / fmt.max();
@@ -140,7 +140,7 @@ pub fn stored_key<'a>(
     Ok((&cache[value..value + KEY_DIMS], scale))
 }
 
-/// The 128 values the indexer reads for the key at `location` (§1.2):
+/// The 128 values the indexer reads for the key at `location` (docs/fp8.md §6):
 /// `decode(code) · scale`, one fp32 product, rounded to nearest even. Fails
 /// like `store_token` on a bad cache or location, and with `OutOfRange` for a
 /// negative location.

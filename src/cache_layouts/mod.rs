@@ -1,15 +1,15 @@
 //! FP8 byte layouts: the two cache layouts of FlashMLA-based serving stacks
-//! (spec store_fused §1.1 and §1.2) and the unified pool's FP8 row (spec
-//! unified_kv §1.5(c)): where a token's bytes live, how one token is quantized
+//! (docs/fp8.md §5, §6) and the unified pool's FP8 row
+//! (docs/fp8.md §4): where a token's bytes live, how one token is quantized
 //! into them, and a dequantizer.
 //!
 //! Pure host code. The GPU store kernels are tested against these functions byte
-//! for byte, so each follows the spec's arithmetic step by step and says where
+//! for byte, so each follows the documented arithmetic (docs/fp8.md) step by step and says where
 //! it rounds.
 //!
 //! Both layouts address a token by a flat location into a `[num_pages,
-//! bytes_per_page]` byte buffer: `page = loc / P`, `slot = loc % P` (spec §0). A
-//! negative location is the "do not write" sentinel (§1.1: out-of-window tokens,
+//! bytes_per_page]` byte buffer: `page = loc / P`, `slot = loc % P` (docs/fp8.md §5). A
+//! negative location is the "do not write" sentinel (docs/fp8.md §5: out-of-window tokens,
 //! CUDA-graph padding). Every check runs before the first byte is written, so a
 //! call that fails writes nothing.
 
@@ -20,7 +20,7 @@ pub mod unified;
 use crate::error::{ensure, err, Result};
 
 /// How a layout cuts its cache into pages. Both layouts put a page's value
-/// slots first and its scale slots after them (§1.1, §1.2); they differ only in
+/// slots first and its scale slots after them (docs/fp8.md §5, §6); they differ only in
 /// the slot sizes and in whether the page stride is rounded up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Paging {
@@ -31,7 +31,7 @@ struct Paging {
 }
 
 impl Paging {
-    /// Accepts only the page sizes the spec gives for the layout, so a pool
+    /// Accepts only the page sizes docs/fp8.md gives for the layout, so a pool
     /// built with another size fails at creation rather than producing a layout
     /// no reader expects. The page stride is the slots of `page_size` tokens
     /// rounded up to a multiple of `stride_unit`; it is computed only for a
@@ -78,7 +78,7 @@ impl Paging {
 
     /// The location a store writes, or None for the skip sentinel. Fails when
     /// the cache is not a whole number of pages (the CUDA kernels require a row
-    /// stride of exactly `bytes_per_page`, §1.1) or the location lies past its
+    /// stride of exactly `bytes_per_page`, docs/fp8.md §5) or the location lies past its
     /// last page. The cache is checked even for a skipped token, so a bad buffer
     /// is reported whatever the locations.
     fn store_location(self, cache_len: usize, location: i64) -> Result<Option<u64>> {

@@ -1,4 +1,4 @@
-//! The unified pool's FP8 row (spec unified_kv §1.5(c), the two-pool "MXFP8"
+//! The unified pool's FP8 row (docs/fp8.md §4, the two-pool "MXFP8"
 //! format): one row id addresses a 512-byte nope row and a 64-wide bf16 rope
 //! row in two parallel buffers.
 //!

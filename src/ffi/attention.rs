@@ -20,7 +20,7 @@ use crate::plan::AttentionPlan;
 /// after creation; thread-safe (concurrent launches need distinct workspaces).
 #[allow(non_camel_case_types)]
 pub struct unikv_decode_plan {
-    inner: AttentionPlan,
+    pub(crate) inner: AttentionPlan,
 }
 
 impl Handle for unikv_decode_plan {
@@ -30,7 +30,7 @@ impl Handle for unikv_decode_plan {
 /// Opaque prefill plan; same rules as `unikv_decode_plan`.
 #[allow(non_camel_case_types)]
 pub struct unikv_prefill_plan {
-    inner: AttentionPlan,
+    pub(crate) inner: AttentionPlan,
 }
 
 impl Handle for unikv_prefill_plan {
@@ -63,7 +63,7 @@ unsafe impl Versioned for unikv_attention_plan_params {
     const NAME: &'static str = "params";
 }
 
-/// Arguments of `unikv_sparse_decode` (spec unified_kv §3).
+/// Arguments of `unikv_sparse_decode` (docs/attention.md §1).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -72,8 +72,10 @@ pub struct unikv_decode_args {
     pub struct_size: usize,
     /// `[>= num_tokens, H, 512]` bf16, 16-byte aligned rows.
     pub q: unikv_tensor,
-    /// i32 pool rows of all slices; `indptr` `[>= num_tokens + 1]` i32.
+    /// i32 pool rows of all tokens' slices, concatenated (docs/index-streams.md).
     pub indices: unikv_tensor,
+    /// `[>= num_tokens + 1]` i32: token t's slice is
+    /// `indices[indptr[t]..indptr[t+1])`.
     pub indptr: unikv_tensor,
     /// Optional `[H]` f32 attention-sink logits (natural log); absent = -inf.
     pub sink: unikv_tensor,
@@ -85,12 +87,13 @@ pub struct unikv_decode_args {
     pub lse: unikv_tensor,
     /// Pool layer whose rows the indices address.
     pub layer: u32,
+    /// Tokens of this launch, at most the plan's `max_tokens`.
     pub num_tokens: u32,
     /// Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
     pub softmax_scale: f32,
     /// Must be 0.
     pub reserved: u32,
-    /// Optional inverse-RoPE epilogue (spec unified_kv §5.4): with both
+    /// Optional inverse-RoPE epilogue (docs/attention.md §4): with both
     /// `rope_table` (f32 `[max_pos, 64]`, `unikv_rope_table`) and `positions`
     /// (`[>= num_tokens]` int32 or int64) given, dims 448..511 of every output
     /// head of token t are rotated by the conjugate of table row `positions[t]`
@@ -99,6 +102,7 @@ pub struct unikv_decode_args {
     /// OUT_OF_RANGE on the CPU backend (nothing written); GPU backends leave
     /// that token's rope dims unrotated.
     pub rope_table: unikv_tensor,
+    /// `[>= num_tokens]` i32 or i64 positions of the epilogue (see `rope_table`).
     pub positions: unikv_tensor,
 }
 
@@ -106,7 +110,7 @@ unsafe impl Versioned for unikv_decode_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_sparse_prefill` (spec unified_kv §4): decode's fields
+/// Arguments of `unikv_sparse_prefill` (docs/attention.md §2): decode's fields
 /// plus the extend source, the chunk's own K rows.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -114,20 +118,30 @@ unsafe impl Versioned for unikv_decode_args {
 pub struct unikv_prefill_args {
     /// sizeof(unikv_prefill_args).
     pub struct_size: usize,
+    /// `[>= num_tokens, H, 512]` bf16 queries, 16-byte aligned rows.
     pub q: unikv_tensor,
     /// Prefix stream into the pool layer; -1 entries are skipped.
     pub indices: unikv_tensor,
+    /// `[>= num_tokens + 1]` i32 offsets of each token's prefix slice.
     pub indptr: unikv_tensor,
+    /// Optional `[H]` f32 attention-sink logits; absent = -inf.
     pub sink: unikv_tensor,
+    /// `[>= num_tokens, H, 512]` bf16 output; may be `q` itself (exact in-place).
     pub out: unikv_tensor,
+    /// Optional `[>= num_tokens, H]` f32 log-sum-exp over both sources and the
+    /// sink.
     pub lse: unikv_tensor,
     /// `[rows, 512]` bf16: the chunk's normed, rotated K rows.
     pub extend_kv: unikv_tensor,
     /// Extend stream into `extend_kv`; -1 entries are skipped.
     pub extend_indices: unikv_tensor,
+    /// `[>= num_tokens + 1]` i32 offsets of each token's extend slice.
     pub extend_indptr: unikv_tensor,
+    /// Pool layer the prefix stream addresses.
     pub layer: u32,
+    /// Tokens of this launch, at most the plan's `max_tokens`.
     pub num_tokens: u32,
+    /// Multiplies q.k (512^-0.5 for DeepSeek-V4); must be finite.
     pub softmax_scale: f32,
     /// Must be 0.
     pub reserved: u32,
@@ -156,7 +170,9 @@ unsafe fn create_plan(
 ) -> Result<AttentionPlan> {
     let ctx = context(ctx)?;
     let p = read_params(params, std::mem::zeroed())?;
-    AttentionPlan::new(ctx.clone(), plan_shape(kind, &p)?)
+    let plan = AttentionPlan::new(ctx.clone(), plan_shape(kind, &p)?)?;
+    crate::ffi::introspect::log_plan(&plan);
+    Ok(plan)
 }
 
 /// Records the plan's context for the panic boundary.
@@ -367,6 +383,7 @@ pub struct unikv_merge_args {
     pub out: unikv_tensor,
     /// Optional `[>= num_tokens, H]` f32 merged LSE (sink included).
     pub lse: unikv_tensor,
+    /// Tokens to merge (rows of every part).
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,

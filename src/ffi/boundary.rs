@@ -67,7 +67,16 @@ pub fn boundary(body: impl FnOnce() -> Result<()>) -> unikv_status {
         }
     };
     let status = unikv_status::from(&error);
-    set_last_error(error.to_string());
+    let message = error.to_string();
+    if crate::ffi::log::enabled() {
+        let description = String::from_utf8_lossy(status.description());
+        let description = description.trim_end_matches('\0');
+        crate::ffi::log::emit(
+            crate::ffi::log::unikv_log_level::UNIKV_LOG_ERROR,
+            &format!("{description}: {message}"),
+        );
+    }
+    set_last_error(message);
     status
 }
 

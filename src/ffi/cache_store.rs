@@ -1,5 +1,5 @@
 //! Cache store entry points: quantize-and-store into the FlashMLA FP8 KV
-//! cache and the indexer key cache (spec store_fused §1.1, §1.2, §2). The
+//! cache and the indexer key cache (docs/fp8.md §2, §5, §6). The
 //! caches are caller-owned byte buffers, not pool layers.
 
 use std::os::raw::c_void;
@@ -39,6 +39,7 @@ pub struct unikv_store_flashmla_args {
     /// (the reader must use the same). Each tile's scale is the smallest power
     /// of two not below max(amax, 1e-4) / 448 (fn) or / 240 (fnuz).
     pub cache_dtype: u32,
+    /// Rows to store.
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,
@@ -70,6 +71,7 @@ pub struct unikv_store_indexer_args {
     /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ. The scale is
     /// max(amax, 1e-4) / 448 (fn) or / 240 (fnuz), codes are x * (1 / scale).
     pub cache_dtype: u32,
+    /// Keys to store.
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,
@@ -80,7 +82,7 @@ unsafe impl Versioned for unikv_store_indexer_args {
 }
 
 /// Quantizes row t of `kv` into the FlashMLA FP8 KV cache at location
-/// `loc[t]` (spec store_fused §1.1, §2): 7 tiles of 64 dims as FP8 codes with
+/// `loc[t]` (docs/fp8.md §2, §5): 7 tiles of 64 dims as FP8 codes with
 /// one UE8M0 scale each, rounded to nearest even with saturation (NaN stays
 /// NaN), the 64 RoPE dims copied as bf16. Byte offsets are 64-bit (caches
 /// may exceed 4 GiB). Tensors are in the context's memory; `args` is host
@@ -115,8 +117,8 @@ pub unsafe extern "C" fn unikv_store_flashmla(
     })
 }
 
-/// Quantizes key t into the indexer key cache at location `loc[t]` (spec
-/// store_fused §1.2, §2.3): 128 FP8 codes and one fp32 scale per key. Memory,
+/// Quantizes key t into the indexer key cache at location `loc[t]` (see
+/// docs/fp8.md §3, §6): 128 FP8 codes and one fp32 scale per key. Memory,
 /// stream, device-value, overlap and thread-safety rules as
 /// `unikv_store_flashmla`.
 #[must_use]

@@ -59,11 +59,14 @@ unsafe impl Versioned for unikv_context_options {
 pub struct unikv_context_info {
     /// sizeof(unikv_context_info), set by the caller.
     pub struct_size: usize,
-    /// The `unikv_backend` in use (never AUTO).
+    /// The `unikv_backend` the context chose and runs on: CPU, CUDA or ROCM,
+    /// never AUTO or GPU (which are requests, resolved at creation).
     pub backend: u32,
+    /// Device ordinal of a GPU backend (as in the options; 0 on the CPU).
     pub device: i32,
     /// Worker threads of the CPU backend (0 for GPU backends).
     pub cpu_threads: u32,
+    /// 1 when the context validates device values before launches, else 0.
     pub validate: u32,
 }
 
@@ -77,6 +80,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
         1 => BackendChoice::Cpu,
         2 => BackendChoice::Cuda,
         3 => BackendChoice::Rocm,
+        4 => BackendChoice::Gpu,
         _ => {
             return Err(err!(
                 BadEnum,
@@ -86,7 +90,7 @@ fn backend_choice(raw: u32) -> Result<BackendChoice> {
     })
 }
 
-fn backend_value(kind: BackendKind) -> unikv_backend {
+pub(crate) fn backend_value(kind: BackendKind) -> unikv_backend {
     match kind {
         BackendKind::Cpu => unikv_backend::UNIKV_BACKEND_CPU,
         BackendKind::Cuda => unikv_backend::UNIKV_BACKEND_CUDA,

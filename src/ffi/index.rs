@@ -10,7 +10,7 @@ use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
 use crate::ops::index::{self, CsaTailRaw, DecodeStreamsRaw, PrefillStreamsRaw};
 
-/// Arguments of `unikv_build_decode_streams` (spec unified_kv §2). All tensors
+/// Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
 /// are 1-D contiguous i32 unless stated.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -30,13 +30,23 @@ pub struct unikv_decode_streams_args {
     pub c128_page_indices: unikv_tensor,
     /// Outputs. indptrs `[>= num_tokens + 1]`; index capacities at least
     /// num_tokens * window (SWA), num_tokens * (window + W) (HCA) and
-    /// num_tokens * (window + csa_topk) (CSA).
+    /// num_tokens * (window + csa_topk) (CSA). The SWA stream is always
+    /// required; the HCA stream only when the pool has ratio-128 layers and
+    /// the CSA stream only when it has ratio-4 layers: otherwise both of its
+    /// tensors may be absent (NULL data), and `csa_topk` is then ignored.
     pub swa_indptr: unikv_tensor,
+    /// SWA stream indices (pool rows of each token's window).
     pub swa_indices: unikv_tensor,
+    /// HCA (ratio-128 layers) stream offsets.
     pub hca_indptr: unikv_tensor,
+    /// HCA stream indices: the window, then the c128 rows.
     pub hca_indices: unikv_tensor,
+    /// CSA (ratio-4 layers) stream offsets, sized for `csa_topk` tail entries.
     pub csa_indptr: unikv_tensor,
+    /// CSA stream indices: the window here; `unikv_fill_csa_tail` adds each
+    /// layer's top-k rows after it.
     pub csa_indices: unikv_tensor,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// The indexer's top-k (512 or 1024 in production).
     pub csa_topk: u32,
@@ -46,21 +56,25 @@ unsafe impl Versioned for unikv_decode_streams_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_fill_csa_tail` (spec unified_kv §2.3).
+/// Arguments of `unikv_fill_csa_tail` (docs/index-streams.md §4).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct unikv_csa_tail_args {
     /// sizeof(unikv_csa_tail_args).
     pub struct_size: usize,
+    /// `[>= num_tokens]` i32 request of each token; negative = padding.
     pub batch_id: unikv_tensor,
+    /// `[>= num_tokens]` i32 absolute position of each token.
     pub positions: unikv_tensor,
     /// `[>= num_tokens, W]`: this layer's top-k compressed page indices,
     /// front-packed, -1 after the valid ones.
     pub csa_page_indices: unikv_tensor,
     /// The CSA stream from `unikv_build_decode_streams`; indices are updated in place.
     pub csa_indptr: unikv_tensor,
+    /// CSA indices from `unikv_build_decode_streams`, updated in place.
     pub csa_indices: unikv_tensor,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// Must be 0.
     pub reserved: u32,
@@ -70,15 +84,18 @@ unsafe impl Versioned for unikv_csa_tail_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_build_prefill_streams` (spec unified_kv §4.3).
+/// Arguments of `unikv_build_prefill_streams` (docs/index-streams.md §5).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct unikv_prefill_streams_args {
     /// sizeof(unikv_prefill_streams_args).
     pub struct_size: usize,
+    /// `[>= num_tokens]`: request of each token; negative = padding.
     pub batch_id: unikv_tensor,
+    /// `[requests]`: slot of each request.
     pub req_slots: unikv_tensor,
+    /// `[>= num_tokens]`: absolute position of each token.
     pub positions: unikv_tensor,
     /// `[requests]`: position of each request's first token in this chunk.
     pub chunk_start: unikv_tensor,
@@ -90,9 +107,13 @@ pub struct unikv_prefill_streams_args {
     /// Outputs: prefix stream into the pool (capacity num_tokens * (window + W)),
     /// extend stream into the chunk's K rows (capacity num_tokens * window).
     pub prefix_indptr: unikv_tensor,
+    /// Prefix stream indices (rows of the pool layer).
     pub prefix_indices: unikv_tensor,
+    /// Extend stream offsets `[>= num_tokens + 1]`.
     pub extend_indptr: unikv_tensor,
+    /// Extend stream indices (rows of the chunk's K tensor).
     pub extend_indices: unikv_tensor,
+    /// Tokens of this chunk.
     pub num_tokens: u32,
     /// 0, 4 or 128: which layer kind the streams are for.
     pub compress_ratio: u32,

@@ -1,4 +1,4 @@
-//! Lightning indexer entry points (spec store_fused §4): query preparation
+//! Lightning indexer entry points (docs/indexer.md §1): query preparation
 //! (RoPE + Hadamard + FP8 and the folded head weights) and compressed-key
 //! preparation into the indexer key cache.
 
@@ -16,11 +16,11 @@ use crate::ops::indexer::{self, IndexerKeyRaw, IndexerQueryRaw, IndexerTopkRaw};
 ///
 /// Math per token t and head h, on the head's 128 values widened to f32 and
 /// never rounded in between: GPT-J RoPE of dims 64..127 with `(c_i, s_i)` =
-/// `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`, `im' = re*s +
-/// im*c`); the 128-point Walsh-Hadamard transform in natural order, as seven
-/// butterfly stages of strides 1..64 (lower `a + b`, upper `a - b`), times
-/// f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max` (448 fn, 240 fnuz),
-/// codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
+/// `rope_table[positions[t], 2i..2i+2]` (`re' = re*c - im*s`,
+/// `im' = re*s + im*c`); the 128-point Walsh-Hadamard transform in natural
+/// order, as seven butterfly stages of strides 1..64 (lower `a + b`, upper
+/// `a - b`), times f32(1/sqrt(128)); `scale = max(amax, 1e-4) / fp8_max`
+/// (fp8_max 448 for fn, 240 for fnuz), codes `encode(y * (1 / scale))` rounded to nearest even with saturation;
 /// `weights_out[t][h] = (weights[t][h] * weight_scale) * scale`. Each step is
 /// one f32 operation, never fused: backends agree bit for bit.
 #[allow(non_camel_case_types)]
@@ -46,6 +46,7 @@ pub struct unikv_indexer_prepare_q_args {
     pub weights_out: unikv_tensor,
     /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' format.
     pub q_dtype: u32,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// Indexer heads (64 in DeepSeek-V4); num_tokens * num_heads < 2^31.
     pub num_heads: u32,
@@ -91,6 +92,7 @@ pub struct unikv_indexer_prepare_k_args {
     pub page_size: u32,
     /// UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ.
     pub cache_dtype: u32,
+    /// Keys to prepare and store.
     pub num_tokens: u32,
     /// RMSNorm epsilon (1e-6), finite and > 0.
     pub eps: f32,
@@ -173,7 +175,7 @@ pub unsafe extern "C" fn unikv_indexer_prepare_k(
 }
 
 /// Arguments of `unikv_indexer_topk` and `unikv_indexer_topk_from_logits`
-/// (spec store_fused §4.3). The indexer key cache and the page table use
+/// (docs/indexer.md §3). The indexer key cache and the page table use
 /// pages of 64 compressed keys (256 raw tokens): compressed key i of a
 /// request lives at location `page_table[request][i / 64] * 64 + i % 64`,
 /// which is also its CSA page index.
@@ -228,6 +230,7 @@ pub struct unikv_indexer_topk_args {
     /// `unikv_indexer_topk` only: UNIKV_DTYPE_FP8_E4M3FN or
     /// UNIKV_DTYPE_FP8_E4M3FNUZ, the format of the queries and the cache.
     pub cache_dtype: u32,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// `unikv_indexer_topk` only: indexer heads (64 in DeepSeek-V4).
     pub num_heads: u32,

@@ -12,17 +12,21 @@
 #![allow(clippy::missing_safety_doc)]
 
 // Declared in the order the header presents them.
+pub mod capabilities;
+pub mod log;
 pub mod status;
 pub mod types;
 pub mod version;
 // Lifecycle and memory.
 pub mod context;
 pub mod pool;
+pub mod sizes;
 // Operations of one serving step.
 pub mod attention;
 pub mod cache_store;
 pub mod index;
 pub mod indexer;
+pub mod introspect;
 pub mod prepare;
 pub mod rope;
 pub mod routing;

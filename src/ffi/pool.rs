@@ -26,10 +26,15 @@ impl Handle for unikv_pool {
     const KIND: &'static str = "unikv_pool";
 }
 
-/// Parameters of `unikv_pool_create` (spec unified_kv §1). Per layer:
+/// Parameters of `unikv_pool_create` (docs/pool.md §2). Per layer:
 /// rows = (max_requests + 1) * (window + spec_extra)
 ///        + c128_blocks * K(ratio) + 256 / ratio,
 /// with K = 32 for ratio 4, 1 for ratio 128, and no compressed rows for ratio 0.
+/// A caller adopting its own buffers (`layer_buffers`, `rope_buffers`) need
+/// not restate the formula: `unikv_pool_params_get_info` and
+/// `unikv_pool_params_get_layer` report, from these parameters alone and
+/// before any pool exists, the geometry and each layer's `bytes` and
+/// `rope_bytes` to allocate.
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +49,8 @@ pub struct unikv_pool_params {
     /// each `rows(layer) * 1024` bytes for bf16 (the `[rows, 512]` rows), or
     /// `rows(layer) * 512` bytes for FP8 (the nope rows; see `rope_buffers`).
     pub layer_buffers: *const *mut c_void,
+    /// Number of layers L (> 0): entries of `compress_ratios` and of the buffer
+    /// arrays.
     pub num_layers: u32,
     /// Maximum concurrent requests R; slots 1..=R are handed out, slot 0 is reserved.
     pub max_requests: u32,
@@ -54,8 +61,8 @@ pub struct unikv_pool_params {
     /// Number of 128-token blocks B of the caller's KV page space.
     pub c128_blocks: u32,
     /// A `unikv_dtype`: UNIKV_DTYPE_BF16, or an FP8 flavour
-    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of spec
-    /// unified_kv §1.5(c): per row a 512-byte nope row (448 codes, the 7 UE8M0
+    /// (UNIKV_DTYPE_FP8_E4M3FN / _FNUZ) for the two-buffer FP8 pool of
+    /// docs/fp8.md §4: per row a 512-byte nope row (448 codes, the 7 UE8M0
     /// tile scales each written twice, 50 zero bytes) and a 64-wide bf16 rope
     /// row at the same row id. Stores quantize; attention dequantizes.
     pub kv_dtype: u32,
@@ -81,11 +88,15 @@ pub struct unikv_pool_info {
     /// Bytes a reader moves per row: 1024 for bf16, 640 for FP8 (512-byte
     /// nope row + 128-byte rope row).
     pub row_bytes: u64,
+    /// Layers of the pool.
     pub num_layers: u32,
+    /// Maximum concurrent requests (slots 1..=max_requests).
     pub max_requests: u32,
+    /// Sliding window the pool was created with.
     pub window: u32,
     /// Ring rows per request slot: window + spec_extra.
     pub ring: u32,
+    /// 128-token blocks of the caller's KV page space.
     pub c128_blocks: u32,
     /// Slots currently acquired (pool occupancy).
     pub slots_in_use: u32,
@@ -119,6 +130,7 @@ pub struct unikv_pool_layer_info {
     pub bytes: u64,
     /// 0, 4 or 128.
     pub compress_ratio: u32,
+    /// Written as 0.
     pub reserved: u32,
     /// FP8 pools: the layer's `[rows, 64]` bf16 rope rows; NULL for bf16.
     pub rope_data: *mut c_void,
@@ -166,73 +178,8 @@ pub unsafe extern "C" fn unikv_pool_create(
     boundary(|| {
         let ctx = context(ctx)?;
         ensure!(!out.is_null(), NullArgument, "out");
-        let defaults = unikv_pool_params {
-            struct_size: 0,
-            compress_ratios: std::ptr::null(),
-            layer_buffers: std::ptr::null(),
-            num_layers: 0,
-            max_requests: 0,
-            window: 0,
-            spec_extra: 0,
-            c128_blocks: 0,
-            kv_dtype: 0,
-            rope_buffers: std::ptr::null(),
-        };
-        let p = read_params(params, defaults)?;
-        let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
-        ensure!(
-            p.num_layers >= 1,
-            InvalidArgument,
-            "params.num_layers: must be at least 1"
-        );
-        ensure!(
-            !p.compress_ratios.is_null(),
-            NullArgument,
-            "params.compress_ratios"
-        );
-        let layers = p.num_layers as usize;
-        let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, layers);
-        let mut ratios = table_for(layers)?;
-        for (i, r) in raw_ratios.iter().enumerate() {
-            ratios.push(Ratio::from_raw(
-                &format!("params.compress_ratios[{i}]"),
-                *r,
-            )?);
-        }
-        let fp8 = dtype.fp8_format().is_some();
-        ensure!(
-            p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
-            InvalidArgument,
-            "params.rope_buffers: only for FP8 pools that adopt layer_buffers"
-        );
-        ensure!(
-            p.layer_buffers.is_null() || !fp8 || !p.rope_buffers.is_null(),
-            NullArgument,
-            "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
-        );
-        let adopt = if p.layer_buffers.is_null() {
-            None
-        } else {
-            let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
-            let mut adopt = table_for(layers)?;
-            adopt.extend((0..layers).map(|l| LayerBuffers {
-                data: data[l],
-                rope: if fp8 {
-                    *(p.rope_buffers as *const *mut u8).add(l)
-                } else {
-                    std::ptr::null_mut()
-                },
-            }));
-            Some(adopt)
-        };
-        let config = PoolConfig {
-            ratios,
-            max_requests: p.max_requests as usize,
-            window: p.window as usize,
-            spec_extra: p.spec_extra as usize,
-            c128_blocks: p.c128_blocks as usize,
-        };
-        let inner = Pool::new(ctx.clone(), config, dtype, adopt.as_deref())?;
+        let r = read_pool_params(params)?;
+        let inner = Pool::new(ctx.clone(), r.config, r.dtype, r.adopt.as_deref())?;
         out.write(new_handle(unikv_pool { inner }));
         Ok(())
     })
@@ -339,4 +286,93 @@ pub unsafe extern "C" fn unikv_pool_release_slot(
     slot: u32,
 ) -> unikv_status {
     boundary(|| pool_of(pool)?.slots().release(slot))
+}
+
+/// A pool's parameters read from the caller's struct: `unikv_pool_create` and
+/// the size queries (`ffi::sizes`) read them the same way.
+pub(crate) struct PoolRequest {
+    pub config: PoolConfig,
+    pub dtype: DType,
+    /// The caller's buffers when it adopts them.
+    pub adopt: Option<Vec<LayerBuffers>>,
+}
+
+/// Reads and checks `unikv_pool_params` up to the geometry (which
+/// `pool::check_pool` derives).
+///
+/// # Safety
+/// A non-NULL `params` is valid for its `struct_size` bytes, and its arrays
+/// for `num_layers` entries.
+pub(crate) unsafe fn read_pool_params(params: *const unikv_pool_params) -> Result<PoolRequest> {
+    let defaults = unikv_pool_params {
+        struct_size: 0,
+        compress_ratios: std::ptr::null(),
+        layer_buffers: std::ptr::null(),
+        num_layers: 0,
+        max_requests: 0,
+        window: 0,
+        spec_extra: 0,
+        c128_blocks: 0,
+        kv_dtype: 0,
+        rope_buffers: std::ptr::null(),
+    };
+    let p = read_params(params, defaults)?;
+    let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
+    ensure!(
+        p.num_layers >= 1,
+        InvalidArgument,
+        "params.num_layers: must be at least 1"
+    );
+    ensure!(
+        !p.compress_ratios.is_null(),
+        NullArgument,
+        "params.compress_ratios"
+    );
+    let layers = p.num_layers as usize;
+    let raw_ratios = std::slice::from_raw_parts(p.compress_ratios, layers);
+    let mut ratios = table_for(layers)?;
+    for (i, r) in raw_ratios.iter().enumerate() {
+        ratios.push(Ratio::from_raw(
+            &format!("params.compress_ratios[{i}]"),
+            *r,
+        )?);
+    }
+    let fp8 = dtype.fp8_format().is_some();
+    ensure!(
+        p.rope_buffers.is_null() || (fp8 && !p.layer_buffers.is_null()),
+        InvalidArgument,
+        "params.rope_buffers: only for FP8 pools that adopt layer_buffers"
+    );
+    ensure!(
+        p.layer_buffers.is_null() || !fp8 || !p.rope_buffers.is_null(),
+        NullArgument,
+        "params.rope_buffers: an FP8 pool adopting layer_buffers needs its rope buffers"
+    );
+    let adopt = if p.layer_buffers.is_null() {
+        None
+    } else {
+        let data = std::slice::from_raw_parts(p.layer_buffers as *const *mut u8, layers);
+        let mut adopt = table_for(layers)?;
+        adopt.extend((0..layers).map(|l| LayerBuffers {
+            data: data[l],
+            rope: if fp8 {
+                *(p.rope_buffers as *const *mut u8).add(l)
+            } else {
+                std::ptr::null_mut()
+            },
+        }));
+        Some(adopt)
+    };
+    let config = PoolConfig {
+        ratios,
+        max_requests: p.max_requests as usize,
+        window: p.window as usize,
+        spec_extra: p.spec_extra as usize,
+        c128_blocks: p.c128_blocks as usize,
+    };
+    Ok(PoolRequest {
+        config,
+        dtype,
+        adopt,
+    })
 }

@@ -1,4 +1,4 @@
-//! Fused Q/KV preparation entry point (spec store_fused §3): RMSNorm + RoPE of
+//! Fused Q/KV preparation entry point (docs/prepare.md §4): RMSNorm + RoPE of
 //! Q and KV, and the KV row's store into the pool, in one call.
 
 use std::os::raw::c_void;
@@ -21,7 +21,7 @@ use crate::ops::prepare::{self, PrepareQkvRaw};
 ///
 /// * Q, each head h: `n = bf16(x * f)` for all 512 dims (the nope output and
 ///   the RoPE input), then `q_out = n` on dims 0..447 and `bf16(RoPE(n))` on
-///   448..511 (the CUDA kernels' order, spec §3.7).
+///   448..511 (the CUDA kernels' order, docs/prepare.md §4).
 /// * KV: `k = (x * f) * kv_weight` in f32, RoPE of dims 448..511 from those
 ///   f32 values, then `bf16()` once for all 512 dims: that row goes to
 ///   `kv_out` and to the pool. An FP8 pool quantizes the bf16 row exactly as
@@ -60,12 +60,15 @@ pub struct unikv_prepare_qkv_args {
     /// prefill passes -1 or leaves it absent and stores its final window later
     /// with `unikv_store_swa`).
     pub rows: unikv_tensor,
+    /// Pool layer receiving the KV rows.
     pub layer: u32,
+    /// Tokens of this forward.
     pub num_tokens: u32,
     /// Q heads H (> 0); num_tokens * H < 2^31.
     pub num_heads: u32,
-    /// RMSNorm epsilons (config.rms_norm_eps, 1e-6), finite and > 0.
+    /// Q RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
     pub q_eps: f32,
+    /// KV RMSNorm epsilon (config.rms_norm_eps, 1e-6), finite and > 0.
     pub kv_eps: f32,
     /// Must be 0.
     pub reserved: u32,
@@ -75,7 +78,7 @@ unsafe impl Versioned for unikv_prepare_qkv_args {
     const NAME: &'static str = "args";
 }
 
-/// Prepares one layer's Q and KV for attention (spec store_fused §3.4-§3.5,
+/// Prepares one layer's Q and KV for attention (docs/prepare.md §4, §5,
 /// math in `unikv_prepare_qkv_args`): writes `q_out`, the optional `kv_out`,
 /// and each token's KV row into pool row `rows[t]` (bf16, or quantized for FP8
 /// pools). Tensors are in the context's memory; `args` is host memory read

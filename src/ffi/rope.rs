@@ -1,5 +1,5 @@
-//! RoPE: the fp32 table builder (spec store_fused §3.3) and the inverse RoPE of
-//! an attention output (spec unified_kv §5.4), which reads such a table.
+//! RoPE: the fp32 table builder (docs/prepare.md §3) and the inverse RoPE of
+//! an attention output (docs/attention.md §4), which reads such a table.
 
 use std::os::raw::c_void;
 
@@ -12,7 +12,7 @@ use crate::ffi::types::unikv_tensor;
 use crate::ops::rope::{self as rope_op, InverseRopeRaw};
 use crate::rope::{self, RopeConfig, Yarn, ROPE_DIM};
 
-/// YaRN frequency interpolation (spec store_fused §3.3); `factor = 0` means
+/// YaRN frequency interpolation (docs/prepare.md §3); `factor = 0` means
 /// none, and the other fields are then ignored.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -22,13 +22,15 @@ pub struct unikv_rope_yarn {
     pub factor: f64,
     /// Pre-extension context length (`original_max_position_embeddings`), > 0.
     pub original_max_position: u64,
-    /// Ramp ends in turns over that length: `beta_fast >= beta_slow > 0`.
+    /// Fast end of the ramp in turns over that length (`beta_fast`):
+    /// `beta_fast >= beta_slow > 0`.
     pub beta_fast: f64,
+    /// Slow end of the ramp (`beta_slow`), > 0 and <= `beta_fast`.
     pub beta_slow: f64,
 }
 
 /// How a layer's RoPE table is built. Dense layers use base 10000 without
-/// YaRN; compressed layers base 40000 with YaRN (spec store_fused §3.3).
+/// YaRN; compressed layers base 40000 with YaRN (docs/prepare.md §3).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +39,7 @@ pub struct unikv_rope_params {
     pub struct_size: usize,
     /// Frequency base theta, a finite number > 1.
     pub base: f64,
+    /// YaRN interpolation; `yarn.factor = 0` for none.
     pub yarn: unikv_rope_yarn,
 }
 
@@ -121,6 +124,7 @@ pub struct unikv_inverse_rope_args {
     /// `[max_pos, 64]` f32 as `unikv_rope_table` fills it (the layer's table);
     /// data and row stride 16-byte aligned.
     pub rope_table: unikv_tensor,
+    /// Tokens to rotate.
     pub num_tokens: u32,
     /// Heads per token, > 0; must equal `x.shape[1]`.
     pub num_heads: u32,
@@ -130,7 +134,7 @@ unsafe impl Versioned for unikv_inverse_rope_args {
     const NAME: &'static str = "args";
 }
 
-/// Inverse RoPE of an attention output before `wo_a` (spec unified_kv §5.4):
+/// Inverse RoPE of an attention output before `wo_a` (docs/attention.md §4):
 /// for every token t < num_tokens and head h, the pairs (2i, 2i+1) of dims
 /// 448..511 of `x[t, h]` are multiplied by the conjugate of row
 /// `positions[t]` of `rope_table` (c, s = its pair i):

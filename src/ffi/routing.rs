@@ -1,5 +1,5 @@
-//! MoE routing entry point: hash-routed gating of the first MoE layers (spec
-//! store_fused §5).
+//! MoE routing entry point: hash-routed gating of the first MoE layers (see
+//! docs/routing.md §1).
 
 use std::os::raw::c_void;
 

@@ -53,6 +53,9 @@ pub enum unikv_status {
 use unikv_status::*;
 
 impl unikv_status {
+    /// Every status value in ascending order, as a brace initializer:
+    /// `static const uint32_t all[] = UNIKV_STATUS_ALL;` (the header renames
+    /// cbindgen's `unikv_status_ALL`, tests/header.rs).
     pub const ALL: [unikv_status; 18] = [
         UNIKV_OK,
         UNIKV_NULL_ARGUMENT,

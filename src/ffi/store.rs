@@ -9,7 +9,7 @@ use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
 use crate::ops::store::{self, StoreCompressedRaw, StoreSwaRaw};
 
-/// Arguments of `unikv_store_swa` (spec unified_kv §5.2). Integer tensors are
+/// Arguments of `unikv_store_swa` (docs/pool.md §9). Integer tensors are
 /// 1-D contiguous i32.
 #[allow(non_camel_case_types)]
 #[repr(C)]
@@ -31,7 +31,9 @@ pub struct unikv_store_swa_args {
     /// every row is written; a request's rows must then span at most `ring`
     /// positions (decode and verify).
     pub final_pos: unikv_tensor,
+    /// Pool layer written.
     pub layer: u32,
+    /// Rows of `kv` to consider.
     pub num_tokens: u32,
 }
 
@@ -39,7 +41,7 @@ unsafe impl Versioned for unikv_store_swa_args {
     const NAME: &'static str = "args";
 }
 
-/// Arguments of `unikv_store_compressed` (spec unified_kv §5.1).
+/// Arguments of `unikv_store_compressed` (docs/pool.md §9).
 #[allow(non_camel_case_types)]
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -50,7 +52,9 @@ pub struct unikv_store_compressed_args {
     pub kv: unikv_tensor,
     /// `[>= num_rows]` i32: compressed page index of each row; negative = skip.
     pub loc: unikv_tensor,
+    /// Pool layer written.
     pub layer: u32,
+    /// Rows of `kv` to consider.
     pub num_rows: u32,
 }
 

@@ -11,11 +11,18 @@ use crate::tensor::{RawTensor, MAX_DIMS};
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum unikv_dtype {
+    /// bfloat16 (8 exponent bits, 7 mantissa bits): activations, pool rows,
+    /// attention outputs.
     UNIKV_DTYPE_BF16 = 1,
+    /// IEEE half precision.
     UNIKV_DTYPE_F16 = 2,
+    /// IEEE single precision: sinks, LSEs, RoPE tables, scores.
     UNIKV_DTYPE_F32 = 3,
+    /// 32-bit signed integer: indices, indptrs, slots, positions.
     UNIKV_DTYPE_I32 = 4,
+    /// 64-bit signed integer: positions and locations where accepted.
     UNIKV_DTYPE_I64 = 5,
+    /// Raw bytes: FP8 caches and FP8 code tensors.
     UNIKV_DTYPE_U8 = 6,
     /// OCP FP8 E4M3FN (max 448, NaN 0x7F/0xFF): FP8 pools and caches.
     UNIKV_DTYPE_FP8_E4M3FN = 7,
@@ -33,9 +40,18 @@ pub enum unikv_dtype {
 pub enum unikv_backend {
     /// GPU when compiled in and a device is present, else CPU (options only).
     UNIKV_BACKEND_AUTO = 0,
+    /// The CPU reference backend (always compiled in).
     UNIKV_BACKEND_CPU = 1,
+    /// NVIDIA GPUs through CUDA (the `cuda` build feature).
     UNIKV_BACKEND_CUDA = 2,
+    /// AMD GPUs through HIP (the `rocm` build feature).
     UNIKV_BACKEND_ROCM = 3,
+    /// Options only: the GPU backend compiled into this build (CUDA or ROCm)
+    /// on `device`, required. Unlike AUTO it never falls back to the CPU
+    /// backend: `unikv_context_create` returns UNIKV_BACKEND_UNAVAILABLE, with
+    /// a message naming `options.backend`, when no GPU backend is compiled in
+    /// or no driver or device is present.
+    UNIKV_BACKEND_GPU = 4,
 }
 
 /// Direction of `unikv_memory_copy`.
@@ -43,8 +59,11 @@ pub enum unikv_backend {
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum unikv_copy_kind {
+    /// From host memory to the context's memory.
     UNIKV_COPY_HOST_TO_DEVICE = 0,
+    /// From the context's memory to host memory.
     UNIKV_COPY_DEVICE_TO_HOST = 1,
+    /// Within the context's memory.
     UNIKV_COPY_DEVICE_TO_DEVICE = 2,
 }
 
@@ -57,12 +76,17 @@ pub enum unikv_copy_kind {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct unikv_tensor {
+    /// First element (the context's memory); NULL marks an absent optional
+    /// argument.
     pub data: *mut c_void,
     /// A `unikv_dtype` value.
     pub dtype: u32,
     /// Number of used entries in `shape` and `strides` (1..=4).
     pub ndim: u32,
+    /// Extent of each of the first `ndim` axes (>= 0); later entries ignored.
     pub shape: [i64; 4],
+    /// Stride of each of the first `ndim` axes, in elements: row-major, the
+    /// last used one 1 (outer strides may include padding).
     pub strides: [i64; 4],
 }
 

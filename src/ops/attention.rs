@@ -1,4 +1,4 @@
-//! Sparse decode and prefill attention (spec unified_kv §3-§4).
+//! Sparse decode and prefill attention (docs/attention.md §1, §2).
 //!
 //! For token t and head h over its key set K_t, with the sink `z = sink[h]` as a
 //! virtual key of value zero (z = -inf when no sink is given):

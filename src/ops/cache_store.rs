@@ -1,5 +1,5 @@
-//! Quantize-and-store into the two caches of FlashMLA-based stacks (spec
-//! store_fused §1.1, §1.2, §2): the FlashMLA FP8 KV cache and the indexer key
+//! Quantize-and-store into the two caches of FlashMLA-based stacks (see
+//! docs/fp8.md §2, §5, §6): the FlashMLA FP8 KV cache and the indexer key
 //! cache, addressed by flat token locations (negative = skip).
 
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};

@@ -1,4 +1,4 @@
-//! Index-stream builders (spec unified_kv §2 and §4.3).
+//! Index-stream builders (docs/index-streams.md §3, §5).
 //!
 //! Slice order inside one token's decode slice: the SWA window first (oldest to
 //! newest), then the compressed entries in table order. Padding tokens
@@ -92,11 +92,35 @@ fn stream_out(
     Ok(out)
 }
 
+/// A compressed stream of `build_decode_streams`: required when the pool has
+/// a layer of `ratio`, optional (both tensors absent) otherwise.
+fn compressed_stream_out(
+    pool: &Pool,
+    ratio: Ratio,
+    names: StreamNames,
+    indptr: &RawTensor,
+    indices: &RawTensor,
+    num_tokens: usize,
+    per_token: usize,
+) -> Result<Option<StreamOut>> {
+    let absent = indptr.data.is_null() && indices.data.is_null();
+    let needed = pool.geometry().config.ratios.contains(&ratio);
+    if absent && !needed {
+        return Ok(None);
+    }
+    ensure!(
+        !absent,
+        NullArgument,
+        "{} (the pool has ratio-{} layers, so their stream is required)",
+        names.indptr,
+        ratio.value()
+    );
+    stream_out(names, indptr, indices, num_tokens, per_token).map(Some)
+}
+
 pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream) -> Result<()> {
     pool.context().check_usable()?;
     let geometry = pool.geometry();
-    // CSA rows are the most of any ratio, so this covers the HCA stream too.
-    geometry.check_row_ids(Ratio::Csa)?;
     let t = raw.num_tokens;
     let win = geometry.config.window;
     let c128_page_indices =
@@ -104,6 +128,37 @@ pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream)
             .optional("c128_page_indices", [tokens(t), Extent::AtLeast(0)], 4)?;
     let c128_width = c128_page_indices.map_or(0, |m| m.shape[1]);
     let csa_topk = raw.csa_topk as usize;
+    let hca = compressed_stream_out(
+        pool,
+        Ratio::Hca,
+        StreamNames {
+            indptr: "hca_indptr",
+            indices: "hca_indices",
+        },
+        &raw.hca_indptr,
+        &raw.hca_indices,
+        t,
+        win.saturating_add(c128_width),
+    )?;
+    let csa = compressed_stream_out(
+        pool,
+        Ratio::Csa,
+        StreamNames {
+            indptr: "csa_indptr",
+            indices: "csa_indices",
+        },
+        &raw.csa_indptr,
+        &raw.csa_indices,
+        t,
+        win.saturating_add(csa_topk),
+    )?;
+    // Row ids of the largest stream built must fit int32 (CSA rows are the
+    // most of any ratio, then HCA's, then the SWA region alone).
+    geometry.check_row_ids(match (&csa, &hca) {
+        (Some(_), _) => Ratio::Csa,
+        (None, Some(_)) => Ratio::Hca,
+        (None, None) => Ratio::Dense,
+    })?;
     let args = DecodeStreamsArgs {
         geometry,
         num_tokens: t,
@@ -122,35 +177,17 @@ pub fn build_decode_streams(pool: &Pool, raw: &DecodeStreamsRaw, stream: Stream)
             t,
             win,
         )?,
-        hca: stream_out(
-            StreamNames {
-                indptr: "hca_indptr",
-                indices: "hca_indices",
-            },
-            &raw.hca_indptr,
-            &raw.hca_indices,
-            t,
-            win.saturating_add(c128_width),
-        )?,
-        csa: stream_out(
-            StreamNames {
-                indptr: "csa_indptr",
-                indices: "csa_indices",
-            },
-            &raw.csa_indptr,
-            &raw.csa_indices,
-            t,
-            win.saturating_add(csa_topk),
-        )?,
+        hca,
+        csa,
     };
     aliasing::check(
         &[
             output("swa_indptr", &args.swa.indptr),
             output("swa_indices", &args.swa.indices),
-            output("hca_indptr", &args.hca.indptr),
-            output("hca_indices", &args.hca.indices),
-            output("csa_indptr", &args.csa.indptr),
-            output("csa_indices", &args.csa.indices),
+            output("hca_indptr", &args.hca.map(|s| s.indptr)),
+            output("hca_indices", &args.hca.map(|s| s.indices)),
+            output("csa_indptr", &args.csa.map(|s| s.indptr)),
+            output("csa_indices", &args.csa.map(|s| s.indices)),
             input("batch_id", &args.batch_id),
             input("req_slots", &args.req_slots),
             input("positions", &args.positions),

@@ -1,4 +1,4 @@
-//! Lightning indexer query and key preparation (spec store_fused §4.1, §4.2):
+//! Lightning indexer query and key preparation (docs/indexer.md §1, §2):
 //! RoPE + Hadamard + FP8 of every query head with its folded weight, and
 //! RMSNorm + RoPE + Hadamard + FP8 of compressed keys into the indexer key
 //! cache. The math is `crate::indexer`.
@@ -156,7 +156,7 @@ pub struct IndexerTopkRaw {
     pub topk: usize,
 }
 
-/// Most keys a top-k may select (spec §4.3: 512 and 1024 in production).
+/// Most keys a top-k may select (docs/indexer.md §3: 512 and 1024 in production).
 pub const MAX_TOPK: usize = 2048;
 /// Most indexer heads the fused scoring takes (DeepSeek-V4 has 64).
 pub const MAX_SCORE_HEADS: usize = 64;
@@ -200,7 +200,7 @@ fn topk_select(raw: &IndexerTopkRaw) -> Result<TopkSelect> {
 }
 
 /// Scores every visible key of every token into `logits`, then selects
-/// (spec §4.3).
+/// (docs/indexer.md §3).
 pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
     let select = topk_select(raw)?;
@@ -252,7 +252,7 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
     )
 }
 
-/// Selects from caller-computed `logits` (spec §4.3's top-k transform).
+/// Selects from caller-computed `logits` (docs/indexer.md §3's top-k transform).
 pub fn indexer_topk_from_logits(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
     let select = topk_select(raw)?;

@@ -1,4 +1,4 @@
-//! Fused Q/KV preparation (spec store_fused §3): per token, weightless RMSNorm +
+//! Fused Q/KV preparation (docs/prepare.md §4): per token, weightless RMSNorm +
 //! RoPE of every Q head, RMSNorm with `kv_weight` + RoPE of the KV row, the KV
 //! row optionally written out and stored into a pool row (quantized for FP8
 //! pools). The math, and where it rounds to bf16, is `crate::rope`'s

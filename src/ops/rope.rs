@@ -1,4 +1,4 @@
-//! Inverse RoPE of an attention output (spec unified_kv §5.4, store_fused §3.3):
+//! Inverse RoPE of an attention output (docs/attention.md §4, docs/prepare.md §3):
 //! the attention output is the latent `[T, H, 512]` including the rope dims, and
 //! the model rotates dims 448..511 of every head of token t by the conjugate of
 //! the rotation at `positions[t]` before `wo_a`. Dims 0..447 are not touched.

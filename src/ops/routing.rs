@@ -1,4 +1,4 @@
-//! Hash-routed MoE gating (spec store_fused §5): per row, the K experts the
+//! Hash-routed MoE gating (docs/routing.md §1): per row, the K experts the
 //! table names for the row's token, weighted from the router logits, plus S
 //! fused shared-expert slots. The math is `crate::routing`.
 

@@ -1,4 +1,4 @@
-//! Store path (spec unified_kv §5.1-5.2): SWA ring scatter with the final-window
+//! Store path (docs/pool.md §9): SWA ring scatter with the final-window
 //! filter, and compressed-row scatter with negative locations skipped.
 
 use crate::args::store::{StoreCompressedArgs, StoreSwaArgs};

@@ -45,7 +45,7 @@ fn decode_matches_reference_all_head_counts() {
     );
 }
 
-/// Spec §3.5 edge cases on one ragged batch (H = 16, empty slices included):
+/// docs/attention.md §1 edge cases on one ragged batch (H = 16, empty slices included):
 /// finite sink: empty slices give exact zeros and lse == sink exactly;
 /// no sink: zeros and lse == -inf, and a sink tensor of -inf is bitwise equal
 /// to an absent sink (plain softmax); sink 1e6 drives every output to ~0

@@ -55,7 +55,7 @@ const LAYOUTS: [(usize, usize, usize); 6] = [
     (12, 5, 128),
 ];
 
-/// Spec §7.2, decode: a victim token (H = 64, 1152 keys) gives bitwise the same
+/// docs/testing.md §1, decode: a victim token (H = 64, 1152 keys) gives bitwise the same
 /// out and lse alone (plans of max_tokens 1 and 64), first, in the middle or
 /// last of batches of random mates (lengths incl. 0, 1, 2300) at different
 /// index-buffer offsets; it also matches the reference.
@@ -102,7 +102,7 @@ fn decode_batch_composition_invariance() {
     }
 }
 
-/// Spec §7.2, prefill (the ATOM composition test): a victim (prefix 131 pool
+/// docs/testing.md §1, prefill (the ATOM composition test): a victim (prefix 131 pool
 /// rows with -1 entries, extend 64 rows) is bitwise identical alone and among
 /// mates with long prefixes (up to 2300) and full extends, at any position.
 #[test]

@@ -1,6 +1,6 @@
 //! `unikv_sparse_decode` / `unikv_sparse_prefill` on the CPU backend, through the
-//! C ABI, against an independent float64 reference written here from spec
-//! unified_kv §3.2 / §4.4 (it shares no code with the implementation):
+//! C ABI, against an independent float64 reference written here from
+//! docs/attention.md §1, §2 (it shares no code with the implementation):
 //!
 //! for token t, head h and key set K_t (K = V):
 //! `s_j = scale * <q, k_j>`, `z = sink[h]` (-inf when absent),

@@ -1,4 +1,4 @@
-//! The float64 reference (spec §3.2; prefill §4.4: both sources share one
+//! The float64 reference (docs/attention.md §1; prefill docs/attention.md §2: both sources share one
 //! softmax), and the check of outputs against it.
 
 use super::*;

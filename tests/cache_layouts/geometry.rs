@@ -5,7 +5,7 @@ use super::*;
 
 #[test]
 fn flashmla_page_stride_is_rounded_up_to_576() {
-    // Spec §1.1 table: 584·P rounded up to a multiple of 576, and the padding.
+    // docs/fp8.md §5 table: 584·P rounded up to a multiple of 576, and the padding.
     for (p, bytes_per_page, padding) in [(2, 1_728, 560), (64, 37_440, 64), (256, 149_760, 256)] {
         for fmt in [E4m3Fn, E4m3Fnuz] {
             let g = FlashMlaGeometry::new(p, fmt).unwrap();
@@ -53,7 +53,7 @@ fn flashmla_offsets_at_page_boundaries() {
 
 #[test]
 fn offsets_are_64_bit() {
-    // Spec §1.1: a per-layer cache passes 2 GiB (~3.68 M tokens); 32-bit byte
+    // docs/fp8.md §5: a per-layer cache passes 2 GiB (~3.68 M tokens); 32-bit byte
     // offsets faulted. loc 4 000 000 = page 15 625 of 149 760 bytes.
     let g = FlashMlaGeometry::new(256, E4m3Fn).unwrap();
     assert_eq!(g.value_offset(4_000_000), 2_340_000_000);

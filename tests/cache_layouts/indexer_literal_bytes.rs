@@ -64,7 +64,7 @@ fn indexer_store_writes_literal_bytes_fnuz() {
 
 #[test]
 fn indexer_codes_come_from_the_reciprocal_product() {
-    // Spec §2.3 multiplies by inv = fp32(1/scale) rather than dividing by the
+    // docs/fp8.md §3 multiplies by inv = fp32(1/scale) rather than dividing by the
     // scale; the two differ by an fp32 ulp, which decides FP8 ties. Key [1, a,
     // b, -a] with a = 0x3B9B6DB8 and b = 0x3B76DB6E: scale = 1/448 = 0x3B124925,
     // inv = 447.99997.

@@ -1,5 +1,5 @@
 //! The FlashMLA FP8 KV cache and indexer key cache layouts
-//! (`unikv::cache_layouts`, spec store_fused §1.1, §1.2, §2.3).
+//! (`unikv::cache_layouts`, docs/fp8.md §3, §5, §6).
 //!
 //! Three kinds of check:
 //! * literal bytes for hand-computed inputs (each expected scale byte and code
@@ -8,11 +8,11 @@
 //!   past the end) fails with a typed error and leaves the buffer as it was, and
 //!   negative locations write nothing;
 //! * random rows at random locations across pages against an independent
-//!   float64 reference written here from the spec (code table from the format
+//!   float64 reference written here from docs/fp8.md (code table from the format
 //!   fields, nearest code with ties to even, UE8M0 as the smallest power of two
 //!   not below the scale), byte for byte over the whole buffer, then the
 //!   dequantized values against that reference exactly and against the input
-//!   within half a quantization step and the spec §8 tolerance.
+//!   within half a quantization step and the docs/testing.md §2 tolerance.
 //!
 //! Random tests draw fresh inputs each run; the seed is printed. Rerun a failure
 //! with `UNIKV_TEST_SEED=<seed>`.

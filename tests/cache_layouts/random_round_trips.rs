@@ -19,7 +19,7 @@ fn random_locations(rng: &mut StdRng, p: u64, pages: u64, count: usize) -> Vec<i
     locs
 }
 
-/// Spec §8's round-trip tolerance (Triton store test, dequantized vs input):
+/// docs/testing.md §2's round-trip tolerance (Triton store test, dequantized vs input):
 /// |x' - x| <= 0.05 + 0.15|x|. A floor: the half-step bounds checked first are
 /// tighter for every tile amax below ~10^4, which the random rows stay under.
 fn within_spec_tolerance(got: f64, x: f64) -> bool {
@@ -64,7 +64,7 @@ fn flashmla_random_round_trips() {
 
 /// Dequantizes one stored token and checks every dim: equal to the reference
 /// decode (code value times 2^(byte-127)), within half a code step times the
-/// scale of the input and within spec §8's tolerance; RoPE dims exact.
+/// scale of the input and within docs/testing.md §2's tolerance; RoPE dims exact.
 fn check_flashmla_token(
     cache: &[u8],
     g: &FlashMlaGeometry,
@@ -127,10 +127,10 @@ fn indexer_random_round_trips() {
 }
 
 /// Dequantizes one stored key and checks every dim: equal to the reference
-/// (fp32 product of code value and scale) and within the error the spec's
+/// (fp32 product of code value and scale) and within the error the documented
 /// arithmetic allows: half a code step at x·inv times the scale, plus 2^-22
 /// relative for the three fp32 roundings (reciprocal, product, dequantizing
-/// product); and within spec §8's tolerance.
+/// product); and within docs/testing.md §2's tolerance.
 fn check_indexer_key(
     cache: &[u8],
     g: &IndexerGeometry,

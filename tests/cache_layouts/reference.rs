@@ -1,8 +1,8 @@
-//! Independent reference (spec §2.1 format table, §2.3 scales, §1 offsets).
+//! Independent reference (docs/fp8.md §1 format table, docs/fp8.md §3 scales, docs/fp8.md §5 offsets).
 
 use super::*;
 
-/// One FP8 flavour from the spec's format table: code values from the fields,
+/// One FP8 flavour from the format table of docs/fp8.md §1: code values from the fields,
 /// round to the nearest code (ties to the even code), saturate at max.
 pub(crate) struct Fp8Ref {
     pub(crate) fnuz: bool,
@@ -110,7 +110,7 @@ impl Fp8Ref {
     }
 }
 
-/// Spec §1.1: `bytes_per_page = ceil(584·P / 576)·576`; value slots of 576 bytes,
+/// docs/fp8.md §5: `bytes_per_page = ceil(584·P / 576)·576`; value slots of 576 bytes,
 /// then scale slots of 8. Returns (value offset, scale offset) of `loc`.
 pub(crate) fn ref_flashmla_offsets(p: u64, loc: u64) -> (u64, u64) {
     let bytes_per_page = (584 * p).div_ceil(576) * 576;
@@ -121,7 +121,7 @@ pub(crate) fn ref_flashmla_offsets(p: u64, loc: u64) -> (u64, u64) {
     )
 }
 
-/// Spec §1.2: pages of 132·P bytes, 128 codes per key, then fp32 scales.
+/// docs/fp8.md §6: pages of 132·P bytes, 128 codes per key, then fp32 scales.
 /// Returns (value offset, scale offset) of `loc`.
 pub(crate) fn ref_indexer_offsets(p: u64, loc: u64) -> (u64, u64) {
     let (page, slot) = (loc / p, loc % p);
@@ -131,7 +131,7 @@ pub(crate) fn ref_indexer_offsets(p: u64, loc: u64) -> (u64, u64) {
     )
 }
 
-/// Spec §1.1 / §2.3 for one token: per 64-dim nope tile the UE8M0 byte of its
+/// docs/fp8.md §3, §5 for one token: per 64-dim nope tile the UE8M0 byte of its
 /// amax and codes of x / 2^(byte-127); the RoPE dims' bf16 bits little-endian.
 /// Returns (576 value-slot bytes, 7 scale bytes).
 pub(crate) fn ref_flashmla_token(row: &[bf16], f: &Fp8Ref) -> (Vec<u8>, Vec<u8>) {
@@ -150,7 +150,7 @@ pub(crate) fn ref_flashmla_token(row: &[bf16], f: &Fp8Ref) -> (Vec<u8>, Vec<u8>)
     (value, scales)
 }
 
-/// Spec §2.3 for one indexer key, each fp32 operation done in float64 and
+/// docs/fp8.md §3 for one indexer key, each fp32 operation done in float64 and
 /// rounded to f32 (exact for a quotient, reciprocal or product of two floats):
 /// scale = max(amax, 1e-4) / max, inv = 1 / scale, code = fp8(fp32(x · inv)).
 /// Returns (codes, scale, the fp32 values x · inv that were encoded).

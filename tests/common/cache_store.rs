@@ -35,7 +35,7 @@ impl Layout {
         }
     }
 
-    /// The page sizes the spec defines (§1.1 table, §1.2).
+    /// The page sizes docs/fp8.md defines (docs/fp8.md §5 table, docs/fp8.md §6).
     pub fn page_sizes(self) -> &'static [u64] {
         match self {
             Layout::FlashMla => &[2, 64, 256],
@@ -43,7 +43,7 @@ impl Layout {
         }
     }
 
-    /// Spec §1.1 `ceil(584·P / 576)·576`, §1.2 `132·P`.
+    /// docs/fp8.md §5 `ceil(584·P / 576)·576`, docs/fp8.md §6 `132·P`.
     pub fn bytes_per_page(self, p: u64) -> u64 {
         match self {
             Layout::FlashMla => (584 * p).div_ceil(576) * 576,

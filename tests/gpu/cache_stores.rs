@@ -205,7 +205,7 @@ fn check_cache_past_4gib(
     }
 }
 
-/// Byte offsets past 2^31 and 2^32 (spec store_fused §1.1: 32-bit offsets
+/// Byte offsets past 2^31 and 2^32 (docs/fp8.md §5: 32-bit offsets
 /// faulted once a per-layer cache passed 2 GiB). Skipped under
 /// UNIKV_GPU_TEST_SMALL (two caches of 4.3 GB).
 #[test]

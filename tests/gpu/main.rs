@@ -16,6 +16,7 @@ mod fp8_codec;
 mod graph;
 mod index;
 mod indexer;
+mod introspection;
 mod inverse_rope;
 mod merge;
 mod prepare_qkv;

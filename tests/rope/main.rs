@@ -1,17 +1,17 @@
-//! `unikv::rope` against an independent float64 reference written here from spec
-//! store_fused §3.2-§3.5 and unified_kv §5.4; no expectation is computed with the
+//! `unikv::rope` against an independent float64 reference written here from
+//! docs/prepare.md §1, §3, §4, §5 and docs/attention.md §4; no expectation is computed with the
 //! code under test:
 //!
-//! * table (§3.3): `w_i = base^(-2i/64)` (here `exp(-(2i/64) ln base)`), YaRN
+//! * table (docs/prepare.md §3): `w_i = base^(-2i/64)` (here `exp(-(2i/64) ln base)`), YaRN
 //!   `low = floor(64 ln(L0/(b_fast 2 pi)) / (2 ln base))`, `high = ceil(.. b_slow ..)`,
 //!   both clamped to [0, 63], `high += 0.001` when equal,
 //!   `ramp_i = clamp((i - low)/(high - low), 0, 1)`, `w_i <- w_i/factor ramp_i + w_i (1 - ramp_i)`;
 //!   row p = `[cos(p w_0), sin(p w_0), cos(p w_1), ...]`;
-//! * RoPE (§3.3): pairs of the last 64 dims times `cos + j sin` (inverse: the
-//!   conjugate, unified_kv §5.4);
-//! * RMSNorm (§3.2): `x / sqrt(mean(x^2) + eps) * w`;
-//! * Q (§3.4, rounding per §3.7's CUDA kernel): bf16(norm), then bf16(RoPE of those);
-//!   KV (§3.5): bf16 of norm * w (nope) and of RoPE of the unrounded norm * w (rope).
+//! * RoPE (docs/prepare.md §3): pairs of the last 64 dims times `cos + j sin` (inverse: the
+//!   conjugate, docs/attention.md §4);
+//! * RMSNorm (docs/prepare.md §1): `x / sqrt(mean(x^2) + eps) * w`;
+//! * Q (docs/prepare.md §4, rounding as the CUDA kernel does): bf16(norm), then bf16(RoPE of those);
+//!   KV (docs/prepare.md §5): bf16 of norm * w (nope) and of RoPE of the unrounded norm * w (rope).
 //!
 //! Tolerances. u = 2^-24 is the fp32 unit roundoff. The fp32 primitives are checked
 //! against bounds of a few u derived from the operations they perform. A bf16
@@ -68,7 +68,7 @@ const D: usize = 512;
 const R: usize = 64;
 /// Dims before them.
 const NOPE: usize = D - R;
-/// `config.rms_norm_eps` (spec §3.1).
+/// `config.rms_norm_eps` (docs/prepare.md §1).
 const EPS: f32 = 1e-6;
 /// The fp32 unit roundoff, 2^-24.
 const U: f64 = 1.0 / 16_777_216.0;

@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// YaRN's (low, high) correction range of §3.3, before the `+0.001`.
+/// YaRN's (low, high) correction range of docs/prepare.md §3, before the `+0.001`.
 pub(crate) fn ref_yarn_range(base: f64, yarn: &Yarn) -> (f64, f64) {
     let (fast, slow) = ref_correction_dims(base, yarn);
     (fast.floor().clamp(0.0, 63.0), slow.ceil().clamp(0.0, 63.0))
@@ -15,7 +15,7 @@ pub(crate) fn ref_correction_dims(base: f64, yarn: &Yarn) -> (f64, f64) {
     (dim(yarn.beta_fast), dim(yarn.beta_slow))
 }
 
-/// `w_i` for the 32 pairs (§3.3).
+/// `w_i` for the 32 pairs (docs/prepare.md §3).
 pub(crate) fn ref_omegas(cfg: &RopeConfig) -> Vec<f64> {
     let mut omega: Vec<f64> = (0..R / 2)
         .map(|i| (-(2.0 * i as f64 / R as f64) * cfg.base.ln()).exp())

@@ -8,7 +8,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::args::attention::{AttentionArgs, SOURCE_NAMES};
+use crate::args::attention::{AttentionArgs, KernelFamily, LaunchSummary, PlanShape, SOURCE_NAMES};
 use crate::backend::host::{extend_with_row, row, slice};
 use crate::backend::rules::attention::check_source;
 use crate::backend::rules::rope::checked_positions;
@@ -150,5 +150,20 @@ unsafe fn attend_token(
         if let Some(l) = &a.lse {
             l.as_ptr().add(l.offset([t, h])).write(lse);
         }
+    }
+}
+
+/// The CPU plan: (token, 16-head group) work items, no splits, no workspace.
+pub fn summary(shape: &PlanShape) -> LaunchSummary {
+    LaunchSummary {
+        family: KernelFamily::CpuReference,
+        head_block: HEAD_GROUP,
+        head_blocks: shape.num_heads.div_ceil(HEAD_GROUP),
+        max_splits: 1,
+        cluster_merge: false,
+        stages: 0,
+        dependent_launch: false,
+        raw_fp8_variant: false,
+        sm_count: 0,
     }
 }

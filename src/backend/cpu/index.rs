@@ -27,31 +27,35 @@ pub fn build_decode_streams(a: &DecodeStreamsArgs) -> Result<()> {
     let g = a.geometry;
     let plan = decode_plan(a)?;
     let swa_start = write_indptr(&a.swa, &plan.iter().map(|p| p.swa).collect::<Vec<_>>());
-    let hca_start = write_indptr(
-        &a.hca,
-        &plan.iter().map(|p| p.swa + p.hca).collect::<Vec<_>>(),
-    );
-    let csa_start = write_indptr(
-        &a.csa,
-        &plan.iter().map(|p| p.swa + p.csa).collect::<Vec<_>>(),
-    );
+    let hca_start = a
+        .hca
+        .as_ref()
+        .map(|hca| write_indptr(hca, &plan.iter().map(|p| p.swa + p.hca).collect::<Vec<_>>()));
+    let csa_start = a
+        .csa
+        .as_ref()
+        .map(|csa| write_indptr(csa, &plan.iter().map(|p| p.swa + p.csa).collect::<Vec<_>>()));
     for (t, p) in plan.iter().enumerate() {
         for i in 0..p.swa {
             let r = g.swa_row(p.slot, p.pos + 1 + i - p.swa) as i32;
             // SAFETY: offsets stay below the checked worst-case capacities.
             unsafe {
                 put(&a.swa.indices, swa_start[t] + i, r);
-                put(&a.hca.indices, hca_start[t] + i, r);
-                put(&a.csa.indices, csa_start[t] + i, r);
+                if let (Some(hca), Some(start)) = (&a.hca, &hca_start) {
+                    put(&hca.indices, start[t] + i, r);
+                }
+                if let (Some(csa), Some(start)) = (&a.csa, &csa_start) {
+                    put(&csa.indices, start[t] + i, r);
+                }
             }
         }
-        if let Some(table) = &a.c128_page_indices {
+        if let (Some(table), Some(hca), Some(start)) = (&a.c128_page_indices, &a.hca, &hca_start) {
             // SAFETY: t < rows of the table.
             let entries = unsafe { row(table, t) };
             for (j, &pi) in entries.iter().take(p.hca).enumerate() {
                 let r = g.compressed_row(pi as usize) as i32;
                 // SAFETY: within the HCA capacity (win + table width per token).
-                unsafe { put(&a.hca.indices, hca_start[t] + p.swa + j, r) };
+                unsafe { put(&hca.indices, start[t] + p.swa + j, r) };
             }
         }
     }

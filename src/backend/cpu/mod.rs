@@ -100,9 +100,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn plan_attention(&self, _shape: &PlanShape) -> Result<PlannedLaunch> {
+    fn plan_attention(&self, shape: &PlanShape) -> Result<PlannedLaunch> {
         Ok(PlannedLaunch {
             workspace_bytes: 0,
+            summary: attention::summary(shape),
             state: None,
         })
     }

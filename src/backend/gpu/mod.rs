@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlanState, PlannedLaunch};
+use crate::args::attention::{
+    AttentionArgs, KernelFamily, KvSource, LaunchSummary, PlanShape, PlanState, PlannedLaunch,
+};
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
@@ -49,11 +51,46 @@ impl PlanState for GpuPlan {
     }
 }
 
+/// What a plan chose, read back from the shim's plan struct.
+fn summary(plan: &shim::AttentionPlan) -> LaunchSummary {
+    let family = match (plan.portable, plan.wgmma) {
+        (1, _) => KernelFamily::PortableScalar,
+        (2, _) => KernelFamily::PortableMatrix,
+        (_, 64) => KernelFamily::WgmmaHeadsOnM,
+        (_, 16 | 32) => KernelFamily::WgmmaHeadsOnN,
+        _ => KernelFamily::Mma,
+    };
+    let count = |v: i32| v.max(0) as usize;
+    LaunchSummary {
+        family,
+        head_block: 16 * count(plan.block_m_tiles),
+        head_blocks: count(plan.head_blocks),
+        max_splits: count(plan.max_splits).max(1),
+        cluster_merge: plan.cluster != 0,
+        stages: count(plan.stages),
+        dependent_launch: plan.dependent_launch != 0,
+        raw_fp8_variant: plan.kv_fp8 != 0 && family == KernelFamily::WgmmaHeadsOnN,
+        sm_count: count(plan.sm_count),
+    }
+}
+
 fn last_error() -> String {
     // SAFETY: the shim returns a valid NUL-terminated thread-local string.
     unsafe { CStr::from_ptr(shim::unikv_gpu_last_error()) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// GPU devices the driver reports now; 0 without a driver or device.
+pub fn device_count() -> u32 {
+    let mut count: c_int = 0;
+    // SAFETY: writes one int.
+    let code = unsafe { shim::unikv_gpu_device_count(&mut count) };
+    if code == shim::SHIM_OK {
+        count.max(0) as u32
+    } else {
+        0
+    }
 }
 
 impl GpuBackend {
@@ -118,6 +155,15 @@ impl GpuBackend {
             }
             // SHIM_ERROR and anything unexpected: a recoverable runtime error.
             _ => Err(err!(Gpu, "{what}: {}", last_error())),
+        }
+    }
+
+    /// A stream the caller left out: the kernels skip a NULL indptr.
+    fn absent_stream() -> shim::StreamOut {
+        shim::StreamOut {
+            indptr: std::ptr::null_mut(),
+            indices: std::ptr::null_mut(),
+            capacity: 0,
         }
     }
 
@@ -335,6 +381,7 @@ impl Backend for GpuBackend {
         self.check(code, "plan")?;
         Ok(PlannedLaunch {
             workspace_bytes: plan.workspace_bytes as usize,
+            summary: summary(&plan),
             state: Some(Box::new(GpuPlan(plan))),
         })
     }
@@ -458,8 +505,14 @@ impl Backend for GpuBackend {
                 .c128_page_indices
                 .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
             swa: Self::stream_out(&a.swa),
-            hca: Self::stream_out(&a.hca),
-            csa: Self::stream_out(&a.csa),
+            hca: a
+                .hca
+                .as_ref()
+                .map_or_else(Self::absent_stream, Self::stream_out),
+            csa: a
+                .csa
+                .as_ref()
+                .map_or_else(Self::absent_stream, Self::stream_out),
             c128_stride: a.c128_page_indices.map_or(0, |m| m.strides[0] as i64),
             c128_width: i32_of("c128_width", a.c128_page_indices.map_or(0, |m| m.shape[1]))?,
             num_tokens: i32_of("num_tokens", a.num_tokens)?,

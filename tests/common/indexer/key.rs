@@ -1,5 +1,5 @@
 //! Indexer key preparation (`unikv_indexer_prepare_k`): random cases, their
-//! argument struct, and the reference check (spec store_fused).
+//! argument struct, and the reference check (docs/indexer.md §2).
 
 use super::*;
 

@@ -1,7 +1,7 @@
 //! Indexer query and key preparation cases shared by tests/indexer.rs (CPU
 //! backend against a float64 reference) and tests/gpu/indexer.rs (GPU against
 //! CPU): random inputs, argument structs over buffers in any context's memory,
-//! and the reference checks of spec store_fused §4.1, §4.2 (the Hadamard
+//! and the reference checks of docs/indexer.md §1, §2 (the Hadamard
 //! transform as the explicit ±1 matrix).
 
 use std::os::raw::c_void;
@@ -97,7 +97,7 @@ impl RefScore {
 }
 
 /// `k_scale * sum_h w_h * relu(q_h . k)` in float64 over `heads` query rows
-/// of 128 codes (spec §4.3).
+/// of 128 codes (docs/indexer.md §3).
 pub fn score_of(q: &[u8], weights: &[f32], key: &[u8], k_scale: f64, fmt: Fp8Format) -> RefScore {
     let (mut value, mut weighted, mut terms) = (0f64, 0f64, 0f64);
     for (qh, &w) in q.chunks_exact(DIM).zip(weights) {
@@ -161,7 +161,7 @@ pub fn rope_ref(x: &mut [f64], row: &[f32]) {
     }
 }
 
-/// The scale the spec prescribes for exact transformed values `y`:
+/// The scale docs/fp8.md §3 prescribes for exact transformed values `y`:
 /// `max(amax, 1e-4) / fp8_max`.
 pub fn ref_scale(y: &[f64], fmt: Fp8Format) -> f64 {
     y.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-4) / fp8_max(fmt)

@@ -1,5 +1,5 @@
 //! Indexer query preparation (`unikv_indexer_prepare_q`): random cases, their
-//! argument struct, and the reference check (spec store_fused).
+//! argument struct, and the reference check (docs/indexer.md §1).
 
 use super::*;
 

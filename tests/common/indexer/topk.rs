@@ -265,7 +265,7 @@ impl TopkCase {
         (status, floats(&logits), ints)
     }
 
-    /// Key i's score for token t in float64 from the codes (spec §4.3).
+    /// Key i's score for token t in float64 from the codes (docs/indexer.md §3).
     pub fn score_ref(&self, t: usize, i: usize) -> RefScore {
         let loc = self.page_index(t, i) as usize;
         let (page, slot) = (loc / PAGE, loc % PAGE);
