@@ -50,7 +50,7 @@ pub const MEASURED_ON: &str = "2026-12-01";
 /// unikv's benchmark, under the same conditions: CUDA-graph replay, a pool of
 /// one million rows, index sets cold in L2, keys per token = a 128-row window
 /// plus the top-k, attention sink on. Our rows read a 640-byte e4m3fn row
-/// instead. Source: the table of spec performance.md §8a (also in issue 23).
+/// instead. The team's measurement; the same table is in issue 23.
 pub const FLASHMLA_DECODE_FP8: [Reference; 24] = [
     decode_fp8(1, 64, 640, 13.4),
     decode_fp8(4, 64, 640, 14.5),
@@ -83,8 +83,8 @@ pub const FLASHMLA_DECODE_FP8: [Reference; 24] = [
 ///
 /// Measured on 2026-12-01 on the same H200 with CUDA-graph replay (the run of
 /// [`FLASHMLA_DECODE_FP8`]): bf16 KV, 1152 keys per token (1024 random pool
-/// rows + 128 rows of the chunk), sink on. Source: spec performance.md §8d
-/// (also in issue 23).
+/// rows + 128 rows of the chunk), sink on. The team's measurement, also in
+/// issue 23.
 pub const FLASHMLA_PREFILL: [Reference; 4] = [
     prefill(1024, 64, 342.6),
     prefill(4096, 64, 1355.9),
@@ -137,7 +137,7 @@ pub fn side_by_side(us_of: impl Fn(&str, usize, usize, usize) -> Option<f64>) ->
         format!("{HEADING} (issue 23)"),
         format!(
             "FlashMLA: commit 9241ae3 on the same H200, measured {MEASURED_ON}, graph replay; SM90 sparse FP8 \
-             decode of 584-byte rows (spec performance.md §8a), bf16 sparse prefill (§8d)."
+             decode of 584-byte rows, bf16 sparse prefill (both recorded in issue 23)."
         ),
         format!(
             "Targets: unikv at most {TARGET_FACTOR}x FlashMLA's time on every row; geometric mean of \
@@ -210,7 +210,7 @@ pub fn side_by_side(us_of: impl Fn(&str, usize, usize, usize) -> Option<f64>) ->
 mod tests {
     use super::*;
 
-    /// unikv version 28's times (spec performance.md §8a, §8d), 64-head
+    /// unikv version 28's times (bench/notes/v28.md, the run FlashMLA was measured in), 64-head
     /// prefill only: the side-by-side table of that run.
     fn version_28(op: &str, t: usize, h: usize, keys: usize) -> Option<f64> {
         const DECODE: [f64; 24] = [

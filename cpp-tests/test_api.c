@@ -14,16 +14,7 @@
 #define D 512 /* latent width */
 #define ROW_BYTES 1024
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: \"%s\")\n", __FILE__, \
-                    __LINE__, #cond, unikv_last_error_message());                     \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-#define CHECK_OK(call) CHECK((call) == UNIKV_OK)
+#include "check.h"
 
 /* Runs a call that must fail with `want` and a message naming `arg`, leaving
  * the `bytes` bytes at `out` (poisoned by the caller) untouched. */

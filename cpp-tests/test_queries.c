@@ -9,16 +9,7 @@
 
 #include <unikv.h>
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: \"%s\")\n", __FILE__, \
-                    __LINE__, #cond, unikv_last_error_message());                     \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
-
-#define CHECK_OK(call) CHECK((call) == UNIKV_OK)
+#include "check.h"
 
 /* A failing call: its status and a message containing `arg`. */
 #define CHECK_FAILS(want, arg, call)                                  \

@@ -382,16 +382,9 @@ fn decode_streams_for_absent_layer_kinds_are_optional() {
     }
 }
 
-fn capabilities() -> unikv_capabilities {
-    let mut caps: unikv_capabilities = unsafe { std::mem::zeroed() };
-    caps.struct_size = std::mem::size_of::<unikv_capabilities>();
-    ok(unsafe { unikv_get_capabilities(&mut caps) });
-    caps
-}
-
 #[test]
 fn capabilities_describe_this_build() {
-    let caps = capabilities();
+    let caps = get_capabilities();
     let bit = |v: u32| 1u32 << v;
     assert_ne!(
         caps.backends & bit(unikv_backend::UNIKV_BACKEND_CPU as u32),
@@ -483,7 +476,7 @@ fn context_with(backend: u32) -> (unikv_status, Option<Ctx>) {
 
 #[test]
 fn a_required_gpu_fails_instead_of_falling_back() {
-    if capabilities().gpu_devices > 0 {
+    if get_capabilities().gpu_devices > 0 {
         return; // A GPU machine: covered by the GPU tests.
     }
     let (status, ctx) = context_with(unikv_backend::UNIKV_BACKEND_GPU as u32);

@@ -11,7 +11,7 @@ use crate::ffi::boundary::{
 use crate::ffi::context::{context, unikv_context};
 use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::status::unikv_status;
-use crate::geometry::{PoolConfig, Ratio};
+use crate::geometry::{Geometry, PoolConfig, Ratio};
 use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
 
 /// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
@@ -204,27 +204,37 @@ pub unsafe extern "C" fn unikv_pool_get_info(
 ) -> unikv_status {
     boundary(|| {
         let p = pool_of(pool)?;
-        let g = p.geometry();
         write_info(
             info,
-            unikv_pool_info {
-                struct_size: 0,
-                swa_rows: g.swa_rows as u64,
-                row_bytes: match p.dtype().fp8_format() {
-                    None => ROW_BYTES,
-                    Some(_) => unified::ROW_BYTES,
-                } as u64,
-                num_layers: g.num_layers() as u32,
-                max_requests: g.config.max_requests as u32,
-                window: g.config.window as u32,
-                ring: g.ring as u32,
-                c128_blocks: g.config.c128_blocks as u32,
-                slots_in_use: p.slots().in_use() as u32,
-                kv_dtype: p.dtype().to_raw(),
-                owns_memory: p.owns_memory() as u32,
-            },
+            pool_info(p.geometry(), p.dtype(), p.slots().in_use(), p.owns_memory()),
         )
     })
+}
+
+/// What `unikv_pool_get_info` reports for a pool of geometry `g` and `dtype`
+/// (also `unikv_pool_params_get_info`, for the pool parameters would make).
+pub(crate) fn pool_info(
+    g: &Geometry,
+    dtype: DType,
+    slots_in_use: usize,
+    owns_memory: bool,
+) -> unikv_pool_info {
+    unikv_pool_info {
+        struct_size: 0,
+        swa_rows: g.swa_rows as u64,
+        row_bytes: match dtype.fp8_format() {
+            None => ROW_BYTES,
+            Some(_) => unified::ROW_BYTES,
+        } as u64,
+        num_layers: g.num_layers() as u32,
+        max_requests: g.config.max_requests as u32,
+        window: g.config.window as u32,
+        ring: g.ring as u32,
+        c128_blocks: g.config.c128_blocks as u32,
+        slots_in_use: slots_in_use as u32,
+        kv_dtype: dtype.to_raw(),
+        owns_memory: owns_memory as u32,
+    }
 }
 
 /// Fills `info` (host memory; set `info->struct_size` first) with one layer's

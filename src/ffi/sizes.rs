@@ -4,15 +4,14 @@
 
 use std::os::raw::c_void;
 
-use crate::cache_layouts::unified;
 use crate::error::Result;
 use crate::ffi::boundary::{boundary, write_info};
 use crate::ffi::pool::{
-    read_pool_params, unikv_pool_info, unikv_pool_layer_info, unikv_pool_params,
+    pool_info, read_pool_params, unikv_pool_info, unikv_pool_layer_info, unikv_pool_params,
 };
 use crate::ffi::status::unikv_status;
 use crate::geometry::Geometry;
-use crate::pool::{check_pool, layer_bytes, ROW_BYTES};
+use crate::pool::{check_pool, layer_bytes};
 
 /// Reads and checks `params` exactly as `unikv_pool_create` does.
 unsafe fn geometry_of(
@@ -46,22 +45,7 @@ pub unsafe extern "C" fn unikv_pool_params_get_info(
         let (g, request) = geometry_of(params)?;
         write_info(
             info,
-            unikv_pool_info {
-                struct_size: 0,
-                swa_rows: g.swa_rows as u64,
-                row_bytes: match request.dtype.fp8_format() {
-                    None => ROW_BYTES,
-                    Some(_) => unified::ROW_BYTES,
-                } as u64,
-                num_layers: g.num_layers() as u32,
-                max_requests: g.config.max_requests as u32,
-                window: g.config.window as u32,
-                ring: g.ring as u32,
-                c128_blocks: g.config.c128_blocks as u32,
-                slots_in_use: 0,
-                kv_dtype: request.dtype.to_raw(),
-                owns_memory: request.adopt.is_none() as u32,
-            },
+            pool_info(&g, request.dtype, 0, request.adopt.is_none()),
         )
     })
 }

@@ -44,6 +44,14 @@ pub fn ok(status: unikv_status) {
     check(status, UNIKV_OK);
 }
 
+/// The build's capabilities (`unikv_get_capabilities`).
+pub fn get_capabilities() -> unikv::ffi::capabilities::unikv_capabilities {
+    let mut caps: unikv::ffi::capabilities::unikv_capabilities = unsafe { std::mem::zeroed() };
+    caps.struct_size = std::mem::size_of_val(&caps);
+    ok(unsafe { unikv::ffi::capabilities::unikv_get_capabilities(&mut caps) });
+    caps
+}
+
 /// Asserts a failure with the given status whose message names `arg`.
 #[track_caller]
 pub fn fails(status: unikv_status, want: unikv_status, arg: &str) {

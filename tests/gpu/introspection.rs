@@ -6,19 +6,11 @@ use std::ffi::CStr;
 use std::os::raw::c_char;
 
 use super::*;
-use unikv::ffi::capabilities::*;
 use unikv::ffi::introspect::*;
-
-fn capabilities() -> unikv_capabilities {
-    let mut caps: unikv_capabilities = unsafe { std::mem::zeroed() };
-    caps.struct_size = std::mem::size_of::<unikv_capabilities>();
-    ok(unsafe { unikv_get_capabilities(&mut caps) });
-    caps
-}
 
 #[test]
 fn a_required_gpu_is_the_cuda_backend_or_unavailable() {
-    let caps = capabilities();
+    let caps = get_capabilities();
     let archs = unsafe { CStr::from_ptr(caps.gpu_archs) }.to_str().unwrap();
     assert!(archs.starts_with("sm_"), "{archs:?}");
     assert_ne!(caps.backends & (1 << 4), 0, "UNIKV_BACKEND_GPU compiled in");
