@@ -189,6 +189,34 @@ __device__ __forceinline__ uint4 dequantize_fast(uint2 codes, uint32_t s) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// fp8_fast_path for one 16-byte chunk of codes (the NaN test on four words).
+__device__ __forceinline__ bool fp8_fast_path16(uint4 c, uint32_t s) {
+  const uint32_t nan = ((c.x & 0x7F7F7F7Fu) + 0x01010101u) | ((c.y & 0x7F7F7F7Fu) + 0x01010101u) |
+                       ((c.z & 0x7F7F7F7Fu) + 0x01010101u) | ((c.w & 0x7F7F7F7Fu) + 0x01010101u);
+  return s - 10u <= 124u && (nan & 0x80808080u) == 0u;
+}
+
+// dequantize_fast for sixteen codes (one 16-byte chunk) into two bf16
+// chunks, with one operation fewer per code pair: per word of four codes the
+// magnitudes (c & 0x7F, shared with fp8_fast_path16's NaN test) and the signs
+// moved to bit 3 ((c >> 4) & 0x08), then per pair one byte permute
+// interleaves them into halves sign << 11 | magnitude, a shift by 4 makes
+// those the bits (c & 0x80) << 8 | (c & 0x7F) << 4, and one bf16x2 multiply
+// scales them: 9 operations per 4 codes instead of 10.
+__device__ __forceinline__ void dequantize_fast16(uint4 c, uint32_t s, uint4& lo, uint4& hi) {
+  const uint32_t factor = ((s + 120u) << 7) * 0x00010001u;  // bf16 2^(s - 7), both halves
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t mag = w[i] & 0x7F7F7F7Fu, sign = (w[i] >> 4) & 0x08080808u;
+    out[2 * i] = ukv_bf16x2_mul(ukv_byte_perm(mag, sign, 0x5140u) << 4, factor);
+    out[2 * i + 1] = ukv_bf16x2_mul(ukv_byte_perm(mag, sign, 0x7362u) << 4, factor);
+  }
+  lo = make_uint4(out[0], out[1], out[2], out[3]);
+  hi = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
 // Any piece: the integer path where it applies, else the software decoder, a
 // compact loop (few live registers) rather than an out-of-line call, whose
 // register saves would spill in the kernels at 128 registers.

@@ -111,6 +111,59 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
   }
 }
 
+#if defined(UKV_HAS_WGMMA)
+// dequantize_rows for the wgmma producers (AtomTile stages): rows row0 ..
+// row0 + kRows - 1, one warp, in jobs of one 16-byte code chunk (16 codes, two
+// bf16 chunks out): job J is chunk J % 28 of row row0 + J / 28, lane l takes
+// jobs l, l + 32, ..., so every lane has work (kRows = 8: 7 jobs each) and
+// each job costs one 16-byte read, one scale byte, and two 16-byte writes.
+// Same ordering as dequantize_rows: every lane reads all of its jobs before any
+// lane writes (the bf16 chunks overwrite raw ones), and one warp vote picks the
+// branch-free path for the whole round.
+template <int kRows>
+__device__ __forceinline__ void dequantize_rows_wide(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
+  constexpr int kCodeChunks = 28, kScaleChunk = 28;
+  constexpr int kJobs = kRows * kCodeChunks;
+  constexpr int kPerLane = (kJobs + UKV_WARP - 1) / UKV_WARP;
+  const int lane = threadIdx.x % UKV_WARP;
+  uint4 raw[kPerLane];
+  uint32_t scale[kPerLane], at[kPerLane];
+  bool fp8[kPerLane];
+  bool fast = fmt == UKV_FP8_E4M3FN;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int job = lane + UKV_WARP * k;
+    const bool mine = job < kJobs;  // a lane past the last job reads that job (in bounds), never writes
+    const int jc = mine ? job : kJobs - 1;
+    const int r = row0 + jc / kCodeChunks, c = jc % kCodeChunks;
+    fp8[k] = mine && valid[r] == kRowFp8;
+    raw[k] = *reinterpret_cast<const uint4*>(tile + AtomTile::at(r, c));
+    scale[k] = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + 2 * (c / 4));
+    at[k] = (uint32_t)r << 8 | (uint32_t)c;
+  }
+  ukv_syncwarp();  // every raw chunk read before any lane writes
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) fast &= !fp8[k] | fp8_fast_path16(raw[k], scale[k]);
+  const bool all_fast = ukv_warp_all(fast);
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (!fp8[k]) continue;
+    const int r = (int)(at[k] >> 8), c = (int)(at[k] & 0xFF);
+    char* lo = tile + AtomTile::at(r, 2 * c);
+    char* hi = tile + AtomTile::at(r, 2 * c + 1);
+    if (all_fast) {
+      uint4 a, b;
+      dequantize_fast16(raw[k], scale[k], a, b);
+      *reinterpret_cast<uint4*>(lo) = a;
+      *reinterpret_cast<uint4*>(hi) = b;
+    } else {
+      dequantize_piece(make_uint2(raw[k].x, raw[k].y), scale[k], fmt, lo);
+      dequantize_piece(make_uint2(raw[k].z, raw[k].w), scale[k], fmt, hi);
+    }
+  }
+}
+#endif
+
 // Gathers 64-key tiles into kStages stages of `Layout`.
 //  - Bulk (sm_90+, contiguous rows): lanes 0..7 of warp w copy keys 8w..8w+7,
 //    one 1 KB bulk copy (cp.async.bulk) each, completing on the stage's

@@ -44,9 +44,18 @@ struct WgSmem {
   __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
 
+// Producer warpgroups of the FP8 instantiation. One producer warp per
+// scheduler left the conversion latency-bound (bench/notes/v32.md: 26% issue
+// per producer warp, the consumers waiting on `ready` 30% of the time); two
+// give each scheduler a second independent instruction stream.
+constexpr int kWgProducerWarpgroups = 2;
+constexpr int kWgProducerWarps = 4 * kWgProducerWarpgroups;
+
 // Threads of attention_wgmma_kernel: the two consumer warpgroups, and for FP8
-// pools a producer warpgroup (threads 256..383).
-__host__ __device__ constexpr int wgmma_threads(bool fp8) { return fp8 ? kThreads + 128 : kThreads; }
+// pools the producer warpgroups (threads 256 and up).
+__host__ __device__ constexpr int wgmma_threads(bool fp8) {
+  return fp8 ? kThreads + 128 * kWgProducerWarpgroups : kThreads;
+}
 
 // Named barriers of the FP8 instantiation (bar.sync 0 would wait for the
 // producers too).
@@ -77,8 +86,9 @@ enum WgBarrier : int {
 template <bool kPair>
 struct WgProducer {
   static constexpr int kStages = WgSmem::kStages;
-  static constexpr int kKeysPerWarp = kPair ? kBK / 8 : kBK / 4;
-  static constexpr int kReadyArrivals = kPair ? 256 : 128;
+  static constexpr int kKeysPerWarp = kPair ? kBK / (2 * kWgProducerWarps) : kBK / kWgProducerWarps;
+  static constexpr int kProducerThreads = kWgProducerWarps * UKV_WARP;
+  static constexpr int kReadyArrivals = kPair ? 2 * kProducerThreads : kProducerThreads;
   static constexpr int kEmptyArrivals = kPair ? 2 * kThreads : kThreads;
   char* stages;
   int* valid;  // int [kStages][64]: what each key row holds
@@ -187,7 +197,7 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    constexpr int kRoundRows = 2;
+    constexpr int kRoundRows = 1;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -208,8 +218,7 @@ struct WgProducer {
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
 #pragma unroll 1
       for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_rows<AtomTile, kRoundRows>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows),
-                                              1);
+        dequantize_rows_wide<kRoundRows>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
       if constexpr (kPair) {
         ukv_syncwarp();  // the converted rows, written per lane, before the warp copies them out
         share(stage, warp, lane);
@@ -292,8 +301,11 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   if constexpr (kFp8) {
     // Registers: the producers keep few while the consumers hold the two
     // 64 x 256 accumulators (setmaxnreg.inc waits until the producers' are free).
-    constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-    static_assert(128 * kProducerRegs + kThreads * kConsumerRegs <= 65536, "the roles' registers fit the SM");
+    // Two producer warpgroups at 40 leave 216 for the consumers (the most that
+    // fits 512 threads); a round of one row per warp keeps the producers unspilled.
+    constexpr int kProducerRegs = 40, kConsumerRegs = 216;
+    static_assert(WgProducer<kPair>::kProducerThreads * kProducerRegs + kThreads * kConsumerRegs <= 65536,
+                  "the roles' registers fit the SM");
     if (tid >= kThreads) {
       ukv_setmaxnreg_dec<kProducerRegs>();
       ukv_named_arrive(kWgRegsLent, wgmma_threads(true));
