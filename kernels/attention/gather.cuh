@@ -113,52 +113,50 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 
 #if defined(UKV_HAS_WGMMA)
 // dequantize_rows for the wgmma producers (AtomTile stages): rows row0 ..
-// row0 + kRows - 1, one warp, in jobs of one 16-byte code chunk (16 codes, two
-// bf16 chunks out): job J is chunk J % 28 of row row0 + J / 28, lane l takes
-// jobs l, l + 32, ..., so every lane has work (kRows = 8: 7 jobs each) and
-// each job costs one 16-byte read, one scale byte, and two 16-byte writes.
-// Same ordering as dequantize_rows: every lane reads all of its jobs before any
-// lane writes (the bf16 chunks overwrite raw ones), and one warp vote picks the
-// branch-free path for the whole round.
-template <int kRows>
-__device__ __forceinline__ void dequantize_rows_wide(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
+// row0 + kRows - 1, one warp, one job per lane: a job is kJobChunks
+// consecutive 16-byte code chunks of one row under one scale byte (chunks of a
+// 64-code block), converted into twice as many bf16 chunks, so its row,
+// swizzle and scale are worked out once per 16 kJobChunks codes. Lane
+// l < kRows * 28 / kJobChunks takes job l. Same ordering as dequantize_rows:
+// every lane reads its chunks before any lane writes (the bf16 chunks
+// overwrite raw ones), and one warp vote picks the branch-free path for the
+// whole round.
+template <int kRows, int kJobChunks>
+__device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
   constexpr int kCodeChunks = 28, kScaleChunk = 28;
-  constexpr int kJobs = kRows * kCodeChunks;
-  constexpr int kPerLane = (kJobs + UKV_WARP - 1) / UKV_WARP;
+  constexpr int kJobsPerRow = kCodeChunks / kJobChunks;
+  static_assert(4 % kJobChunks == 0, "a job stays inside one 64-code block");
+  static_assert(kRows * kJobsPerRow <= UKV_WARP, "one job per lane");
   const int lane = threadIdx.x % UKV_WARP;
-  uint4 raw[kPerLane];
-  uint32_t scale[kPerLane], at[kPerLane];
-  bool fp8[kPerLane];
+  const bool mine = lane < kRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
+  const int job = mine ? lane : kRows * kJobsPerRow - 1;
+  const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
+  const bool fp8 = mine && valid[r] == kRowFp8;
+  char* row = tile + (uint32_t)r * 128u;
+  const uint32_t swizzle = (uint32_t)r & 7u;
+  const auto chunk = [&](int c) { return row + (uint32_t)(c >> 3) * AtomTile::kAtomBytes + ((((uint32_t)c & 7u) ^ swizzle) << 4); };
+  uint4 raw[kJobChunks];
+#pragma unroll
+  for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(first + q));
+  const uint32_t s = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + 2 * (first / 4));
+  ukv_syncwarp();  // every raw chunk read before any lane writes
   bool fast = fmt == UKV_FP8_E4M3FN;
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int job = lane + UKV_WARP * k;
-    const bool mine = job < kJobs;  // a lane past the last job reads that job (in bounds), never writes
-    const int jc = mine ? job : kJobs - 1;
-    const int r = row0 + jc / kCodeChunks, c = jc % kCodeChunks;
-    fp8[k] = mine && valid[r] == kRowFp8;
-    raw[k] = *reinterpret_cast<const uint4*>(tile + AtomTile::at(r, c));
-    scale[k] = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + 2 * (c / 4));
-    at[k] = (uint32_t)r << 8 | (uint32_t)c;
-  }
-  ukv_syncwarp();  // every raw chunk read before any lane writes
+  for (int q = 0; q < kJobChunks; ++q) fast &= fp8_fast_path16(raw[q], s);
+  const bool all_fast = ukv_warp_all(!fp8 || fast);
+  if (!fp8) return;
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) fast &= !fp8[k] | fp8_fast_path16(raw[k], scale[k]);
-  const bool all_fast = ukv_warp_all(fast);
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    if (!fp8[k]) continue;
-    const int r = (int)(at[k] >> 8), c = (int)(at[k] & 0xFF);
-    char* lo = tile + AtomTile::at(r, 2 * c);
-    char* hi = tile + AtomTile::at(r, 2 * c + 1);
+  for (int q = 0; q < kJobChunks; ++q) {
+    char* lo = chunk(2 * (first + q));
+    char* hi = chunk(2 * (first + q) + 1);
     if (all_fast) {
       uint4 a, b;
-      dequantize_fast16(raw[k], scale[k], a, b);
+      dequantize_fast16(raw[q], s, a, b);
       *reinterpret_cast<uint4*>(lo) = a;
       *reinterpret_cast<uint4*>(hi) = b;
     } else {
-      dequantize_piece(make_uint2(raw[k].x, raw[k].y), scale[k], fmt, lo);
-      dequantize_piece(make_uint2(raw[k].z, raw[k].w), scale[k], fmt, hi);
+      dequantize_piece(make_uint2(raw[q].x, raw[q].y), s, fmt, lo);
+      dequantize_piece(make_uint2(raw[q].z, raw[q].w), s, fmt, hi);
     }
   }
 }

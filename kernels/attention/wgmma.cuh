@@ -135,46 +135,56 @@ struct WgProducer {
   }
 
   // Warp `warp` copies its keys of a tile into `stage` (`pk`: lane l <
-  // kKeysPerWarp holds key key_of(warp, l)). Per key lane l copies chunk l
-  // (of a bf16 row, or of an FP8 row's 512 nope bytes) and chunk 32 + l (bf16
-  // rows; of an FP8 row only the rope chunks 56..63, the rest is written by
-  // the conversion); a key without a row is zero-filled, so its P = 0 meets
-  // no NaN in PV.
+  // kKeysPerWarp holds key key_of(warp, l)). Lanes kLanesPerKey k .. of the
+  // warp copy key k, each every kLanesPerKey-th 16-byte chunk: of a bf16 row
+  // all 64, of an FP8 row the 32 chunks of its nope bytes (into chunks 0..31,
+  // where the conversion reads them) and the 8 rope chunks (56..63). A key
+  // without a row is zero-filled, so its P = 0 meets no NaN in PV. Every lane
+  // resolves its own addresses: no shuffle per key.
   __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp,
                                         int lane) const {
-    char* dst = tile(stage);
-    const bool ok = lane < kKeysPerWarp && key_valid(p, pk);
-    const ukv_kv_source& src = p.src[ok ? pk.source : 0];
+    constexpr int kLanesPerKey = UKV_WARP / kKeysPerWarp;
+    const int k = lane / kLanesPerKey, sub = lane % kLanesPerKey;
+    const PendingKey mine{ukv_shfl(pk.raw, k, UKV_WARP), ukv_shfl(pk.source, k, UKV_WARP)};
+    // The source chosen by selects, not by a computed parameter index (which
+    // copies the parameters to local memory).
+    const ukv_kv_source& src = mine.source == 1 ? p.src[1] : p.src[0];
+    const bool ok = mine.source >= 0 && mine.raw >= 0 && mine.raw < src.rows;
     int kind = kRowInvalid;
     const char* lo = static_cast<const char*>(p.src[0].kv.data);
     const char* hi = lo;
     if (ok && src.kv.fp8) {
       kind = kRowFp8;
-      lo = static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
-      hi = static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes - kFp8RopeChunk * 16;
+      lo = static_cast<const char*>(src.kv.data) + (int64_t)mine.raw * kFp8NopeBytes;
+      hi = static_cast<const char*>(src.kv.rope) + (int64_t)mine.raw * kFp8RopeBytes - kFp8RopeChunk * 16;
     } else if (ok) {
       kind = kRowBf16;
-      lo = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)pk.raw * src.kv_stride);
+      lo = reinterpret_cast<const char*>(static_cast<const ukv_bf16*>(src.kv.data) + (int64_t)mine.raw * src.kv_stride);
       hi = lo;
     }
-    if (lane < kKeysPerWarp) {
-      int* v = valid + stage * kBK + key_of(warp, lane);
+    const int key = key_of(warp, k);
+    if (sub == 0) {
+      int* v = valid + stage * kBK + key;
       *v = kind;
       if constexpr (kPair) ukv_st_cluster4(ukv_cluster_smem_addr(v, rank ^ 1), (uint32_t)kind);
     }
-    const uint64_t lo_bits = reinterpret_cast<uint64_t>(lo), hi_bits = reinterpret_cast<uint64_t>(hi);
-#pragma unroll 4
-    for (int k = 0; k < kKeysPerWarp; ++k) {
-      const int k_kind = ukv_shfl(kind, k, UKV_WARP);
-      const uint64_t a = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)lo_bits, k, UKV_WARP)) |
-                         ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(lo_bits >> 32), k, UKV_WARP) << 32);
-      const uint64_t b = ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)hi_bits, k, UKV_WARP)) |
-                         ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(hi_bits >> 32), k, UKV_WARP) << 32);
-      const int key = key_of(warp, k), c = UKV_WARP + lane;
-      ukv_cp_async16(dst + AtomTile::at(key, lane), reinterpret_cast<const char*>(a) + lane * 16,
-                     k_kind != kRowInvalid);
-      if (k_kind != kRowFp8 || c >= kFp8RopeChunk)
-        ukv_cp_async16(dst + AtomTile::at(key, c), reinterpret_cast<const char*>(b) + c * 16, k_kind != kRowInvalid);
+    // Chunk c = sub + kLanesPerKey i lies in atom column (kLanesPerKey i) / 8
+    // at column sub + (kLanesPerKey i) % 8, that XOR the row's swizzle: two
+    // column offsets per lane, the rest immediates (kLanesPerKey is 4 or 8).
+    static_assert(kLanesPerKey == 4 || kLanesPerKey == 8, "a key's lanes cover whole 8-chunk columns");
+    char* row = tile(stage) + (uint32_t)key * 128u;
+    const uint32_t swizzle = (uint32_t)key & 7u;
+    const uint32_t col0 = ((uint32_t)sub ^ swizzle) << 4, col4 = (((uint32_t)sub + 4u) ^ swizzle) << 4;
+    const bool fp8 = kind == kRowFp8, fill = kind != kRowInvalid;
+    lo += sub * 16;
+    hi += sub * 16;
+#pragma unroll
+    for (int i = 0; i < kChunks / kLanesPerKey; ++i) {
+      const int first = kLanesPerKey * i;  // the chunk of lane sub = 0
+      // The FP8 row's gap (chunks 32..55) is uniform per i: 32 and 56 are multiples of kLanesPerKey.
+      if (fp8 && first >= kFp8NopeBytes / 16 && first < kFp8RopeChunk) continue;
+      ukv_cp_async16(row + (first >> 3) * AtomTile::kAtomBytes + ((first & 7) != 0 ? col4 : col0),
+                     (first < kFp8NopeBytes / 16 ? lo : hi) + first * 16, fill);
     }
     ukv_cp_async_commit();
   }
@@ -197,7 +207,10 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    constexpr int kRoundRows = 1;
+    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair's
+    // producers, which also copy rows to the peer, keep one-row rounds of
+    // one-chunk jobs: both the most that stays unspilled at 48 registers.
+    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -218,7 +231,7 @@ struct WgProducer {
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
 #pragma unroll 1
       for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_rows_wide<kRoundRows>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
+        dequantize_jobs<kRoundRows, kJobChunks>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
       if constexpr (kPair) {
         ukv_syncwarp();  // the converted rows, written per lane, before the warp copies them out
         share(stage, warp, lane);
@@ -301,9 +314,9 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   if constexpr (kFp8) {
     // Registers: the producers keep few while the consumers hold the two
     // 64 x 256 accumulators (setmaxnreg.inc waits until the producers' are free).
-    // Two producer warpgroups at 40 leave 216 for the consumers (the most that
-    // fits 512 threads); a round of one row per warp keeps the producers unspilled.
-    constexpr int kProducerRegs = 40, kConsumerRegs = 216;
+    // Two producer warpgroups at 48 leave 208 for the consumers (their 64 x 256
+    // accumulators and S fit unspilled).
+    constexpr int kProducerRegs = 48, kConsumerRegs = 208;
     static_assert(WgProducer<kPair>::kProducerThreads * kProducerRegs + kThreads * kConsumerRegs <= 65536,
                   "the roles' registers fit the SM");
     if (tid >= kThreads) {
