@@ -65,7 +65,7 @@ enum WgBarrier : int {
 };
 
 #if defined(UKV_HAS_WGMMA)
-// The FP8 kernel's producer warpgroup (bench/notes/v31.md): it gathers each
+// The FP8 kernel's producer warpgroups (bench/notes/v31.md, v32.md): they gather each
 // tile's stored rows into an AtomTile stage with 16-byte cp.async and
 // dequantizes them in place while the consumer warpgroups run the MMAs and
 // softmax of the tile before, so neither the copies' issue nor the conversion
@@ -77,10 +77,10 @@ enum WgBarrier : int {
 //
 // kPair: the two head blocks of a token (128 heads) run as a cluster of two
 // blocks, and each converts only half of every tile (keys 32 r .. 32 r + 31 in
-// the block of rank r, 8 per producer warp) and also stores its bf16 rows into
+// the block of rank r, 4 per producer warp) and also stores its bf16 rows into
 // the peer's stage, so every row is gathered and converted once per token
 // instead of once per head block. Both blocks' producers arrive on each
-// block's `ready` (256 arrivals) and both blocks' consumers on each block's
+// block's `ready` (512 arrivals) and both blocks' consumers on each block's
 // `empty` (512), so a producer refills a stage only when the peer's consumers
 // are done with it too.
 template <bool kPair>
