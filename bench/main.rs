@@ -337,6 +337,10 @@ fn main() {
                             reserved: 0,
                             rope_table: ABSENT,
                             positions: ABSENT,
+                            kv: Default::default(),
+                            extra_kv: Default::default(),
+                            extra_indices: Default::default(),
+                            extra_indptr: Default::default(),
                         };
                         ok(
                             unsafe {
@@ -421,6 +425,8 @@ fn main() {
                         num_tokens: t as u32,
                         softmax_scale: 0.044194173,
                         reserved: 0,
+                        kv: Default::default(),
+                        extend_cache: Default::default(),
                     };
                     ok(
                         unsafe {
@@ -757,6 +763,8 @@ fn plan_params_kv(t: usize, h: usize, kv_dtype: u32) -> unikv_attention_plan_par
         q_dtype: 1,
         kv_dtype,
         out_dtype: 1,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 

@@ -108,16 +108,20 @@ pub(crate) fn fp8_format(name: &str, raw: u32) -> Result<Fp8Format> {
 /// A `[num_pages, bytes_per_page]` byte cache. The kernels compute byte
 /// offsets as `page * bytes_per_page`, so the row stride must be exactly the
 /// page stride; 16-byte alignment lets them move 16-byte vectors.
-pub(crate) fn page_cache(cache: RawTensor, bytes_per_page: usize) -> Result<Matrix<u8>> {
+pub(crate) fn page_cache(
+    name: &str,
+    cache: RawTensor,
+    bytes_per_page: usize,
+) -> Result<Matrix<u8>> {
     let cache: Matrix<u8> = cache.view(
-        "cache",
+        name,
         [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
         ROW_ALIGN,
     )?;
     ensure!(
         cache.strides[0] == bytes_per_page,
         BadStride,
-        "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
+        "{name}: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
         cache.strides[0]
     );
     Ok(cache)
@@ -130,7 +134,7 @@ pub(crate) fn target(
     num_tokens: usize,
     (bytes_per_page, page_size): (u64, u64),
 ) -> Result<CacheTarget> {
-    let cache = page_cache(cache, bytes_per_page as usize)?;
+    let cache = page_cache("cache", cache, bytes_per_page as usize)?;
     Ok(CacheTarget {
         cache,
         loc: loc.index_vector("loc", tokens(num_tokens))?,

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 
 use crate::args::attention::{
-    AttentionArgs, KernelFamily, KvSource, LaunchSummary, PlanShape, PlanState, PlannedLaunch,
+    AttentionArgs, KernelFamily, KeyRows, KvSource, LaunchSummary, PlanShape, PlanState,
+    PlannedLaunch,
 };
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
@@ -217,16 +218,23 @@ fn pool_rows(rows: &LayerRows) -> (shim::PoolRows, i64) {
     }
 }
 
-fn kv_source(s: &KvSource) -> shim::KvSource {
-    let (kv, kv_stride) = pool_rows(&s.kv);
-    shim::KvSource {
+fn kv_source(s: &KvSource) -> Result<shim::KvSource> {
+    let KeyRows::Layer(rows) = &s.kv else {
+        return Err(err!(
+            InvalidArgument,
+            "{}: FlashMLA and scaled FP8 key sources are not supported by the CUDA backend yet",
+            s.names.0
+        ));
+    };
+    let (kv, kv_stride) = pool_rows(rows);
+    Ok(shim::KvSource {
         kv,
         indices: s.indices.as_ptr(),
         indptr: s.indptr.as_ptr(),
         kv_stride,
         rows: s.kv.rows() as i64,
         capacity: s.indices.shape[0] as i64,
-    }
+    })
 }
 
 /// The params of either cache store; `rows` is the kv or key tensor.
@@ -597,7 +605,7 @@ impl Backend for GpuBackend {
             .ok_or_else(|| Error::InvalidArgument("plan: not made by the CUDA backend".into()))?;
         let mut src = [null_source(), null_source()];
         for (slot, s) in src.iter_mut().zip(a.sources()) {
-            *slot = kv_source(s);
+            *slot = kv_source(s)?;
         }
         debug_assert_eq!(a.q.shape[2], HEAD_DIM);
         let p = shim::AttentionParams {
