@@ -184,13 +184,6 @@ fn key_rows(
                 })
             }
             DefaultRows::Pool(pool, layer) => {
-                let pool = pool.ok_or_else(|| {
-                    err!(
-                        NullArgument,
-                        "pool (the key source {} is the pool's layer)",
-                        names.indices
-                    )
-                })?;
                 ensure!(
                     shape.kv_layout == KvLayout::Pool,
                     InvalidArgument,
@@ -198,6 +191,13 @@ fn key_rows(
                     names.layout,
                     shape.kv_layout.name()
                 );
+                let pool = pool.ok_or_else(|| {
+                    err!(
+                        NullArgument,
+                        "pool (the key source {} is the pool's layer)",
+                        names.indices
+                    )
+                })?;
                 ensure!(
                     shape.kv_dtype == pool.dtype(),
                     BadDtype,
