@@ -1209,6 +1209,55 @@ typedef struct unikv_store_indexer_args {
 } unikv_store_indexer_args;
 
 /**
+ * Arguments of `unikv_store_scaled_fp8`.
+ */
+typedef struct unikv_store_scaled_fp8_args {
+  /**
+   * sizeof(unikv_store_scaled_fp8_args).
+   */
+  size_t struct_size;
+  /**
+   * The codes, `[rows, 512]` UNIKV_DTYPE_U8, 16-byte aligned rows: dim d
+   * of a row as an FP8 code of `cache_dtype`.
+   */
+  struct unikv_tensor codes;
+  /**
+   * The scales, `[rows, 8]` UNIKV_DTYPE_F32 (the rows of `codes`), 16-byte
+   * aligned rows: scale k of a row multiplies its dims 64k..64k+63.
+   */
+  struct unikv_tensor scales;
+  /**
+   * Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
+   * 16-byte aligned.
+   */
+  struct unikv_tensor kv;
+  /**
+   * `[>= num_tokens]` int32 or int64: the row each latent is stored to;
+   * negative = skip.
+   */
+  struct unikv_tensor loc;
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour.
+   */
+  uint32_t cache_dtype;
+  /**
+   * The FP8 maximum each tile's amax is divided by: 0 for the flavour's
+   * own (448 for e4m3fn, 240 for e4m3fnuz), or 448, 240 or 224 (what
+   * sglang's HIP C++ kernels use for e4m3fnuz) up to that maximum; other
+   * values are UNIKV_INVALID_ARGUMENT.
+   */
+  uint32_t scale_divisor;
+  /**
+   * Rows to store.
+   */
+  uint32_t num_tokens;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+} unikv_store_scaled_fp8_args;
+
+/**
  * Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
  * are 1-D contiguous i32 unless stated.
  */
@@ -2327,6 +2376,28 @@ UNIKV_NODISCARD
 unikv_status unikv_store_indexer(const struct unikv_context *ctx,
                                  const struct unikv_store_indexer_args *args,
                                  void *stream);
+
+/**
+ * Quantizes row t of `kv` into scaled FP8 rows at row `loc[t]`
+ * (docs/fp8.md §8), the layout `UNIKV_KV_LAYOUT_SCALED_FP8` attention reads:
+ * per 64-dim tile k, `scale_k = max(amax, 1e-4) / scale_divisor` (fp32
+ * division, amax ignoring NaN) is stored in `scales`, and each dim's code is
+ * `encode(x * (1 / scale_k))`, rounded to nearest even with saturation (NaN
+ * stays NaN; an infinite dim makes its tile's scale Inf, its own code NaN and
+ * the others zero). Tensors are in the context's memory; `args` is host
+ * memory read during the call. Runs on `stream` (ignored by the CPU backend).
+ * Device values: the CPU backend (and GPU backends in `validate` mode)
+ * checks every row: OUT_OF_RANGE past the rows of `codes`, INVALID_ARGUMENT
+ * for two latents aimed at one row, nothing written. Otherwise GPU backends
+ * skip a row past the end, and two latents at one row leave its bytes
+ * unspecified. No in-place use: `kv` and `loc` may not overlap `codes` or
+ * `scales`, nor those each other (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+ * for stores to disjoint rows.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_store_scaled_fp8(const struct unikv_context *ctx,
+                                    const struct unikv_store_scaled_fp8_args *args,
+                                    void *stream);
 
 /**
  * Builds the SWA, HCA and CSA decode streams once per forward: the three

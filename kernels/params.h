@@ -64,6 +64,24 @@ typedef struct ukv_cache_store_params {
   int32_t rows_f32;       /* 1: rows are f32 (indexer only) */
 } ukv_cache_store_params;
 
+/* Quantize-and-store into scaled FP8 rows (docs/fp8.md §8): per 64-dim tile
+ * scale = max(amax, 1e-4) / divisor, codes encode(x * (1 / scale)). */
+typedef struct ukv_scaled_store_params {
+  const void* rows;      /* [num_tokens, 512] bf16, row stride row_stride elements */
+  const void* loc;       /* [num_tokens] int32 or int64; < 0 or >= num_rows: skipped */
+  uint8_t* codes;        /* [num_rows, 512], row stride codes_stride bytes, 16-byte aligned */
+  float* scales;         /* [num_rows, 8], row stride scales_stride floats */
+  int64_t row_stride;
+  int64_t codes_stride;
+  int64_t scales_stride;
+  int64_t num_rows;
+  int64_t num_tokens;
+  float divisor;         /* 448, 240 or 224 */
+  uint32_t format;       /* ukv_fp8_format */
+  int32_t loc_i64;       /* 1: loc is int64 */
+  int32_t reserved;
+} ukv_scaled_store_params;
+
 /* Fused Q/KV RMSNorm + RoPE + pool store (docs/prepare.md §4). Index vectors
  * are int32, or int64 where their *_i64 flag is set. */
 typedef struct ukv_prepare_qkv_params {

@@ -95,6 +95,24 @@ fn rust_layouts() -> Vec<Layout> {
             }
         ),
         mirror!(
+            "ukv_scaled_store_params",
+            ScaledStoreParams {
+                rows,
+                loc,
+                codes,
+                scales,
+                row_stride,
+                codes_stride,
+                scales_stride,
+                num_rows,
+                num_tokens,
+                divisor,
+                format,
+                loc_i64,
+                reserved
+            }
+        ),
+        mirror!(
             "ukv_prepare_qkv_params",
             PrepareQkvParams {
                 q_in,

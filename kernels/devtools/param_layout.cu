@@ -45,6 +45,19 @@
   X(ukv_cache_store_params, format)               \
   X(ukv_cache_store_params, loc_i64)              \
   X(ukv_cache_store_params, rows_f32)             \
+  X(ukv_scaled_store_params, rows)                \
+  X(ukv_scaled_store_params, loc)                 \
+  X(ukv_scaled_store_params, codes)               \
+  X(ukv_scaled_store_params, scales)              \
+  X(ukv_scaled_store_params, row_stride)          \
+  X(ukv_scaled_store_params, codes_stride)        \
+  X(ukv_scaled_store_params, scales_stride)       \
+  X(ukv_scaled_store_params, num_rows)            \
+  X(ukv_scaled_store_params, num_tokens)          \
+  X(ukv_scaled_store_params, divisor)             \
+  X(ukv_scaled_store_params, format)              \
+  X(ukv_scaled_store_params, loc_i64)             \
+  X(ukv_scaled_store_params, reserved)            \
   X(ukv_prepare_qkv_params, q_in)                 \
   X(ukv_prepare_qkv_params, q_out)                \
   X(ukv_prepare_qkv_params, kv_in)                \

@@ -6,7 +6,7 @@
 //! its backend in `Validating` when created with `validate` set.
 
 use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlannedLaunch};
-use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
 use crate::args::merge::MergeArgs;
@@ -181,6 +181,11 @@ impl<B: Backend> Backend for Validating<B> {
     fn store_indexer(&self, a: &IndexerStoreArgs, stream: Stream) -> Result<()> {
         self.check_cache_locations(&a.target, stream)?;
         self.inner.store_indexer(a, stream)
+    }
+
+    fn store_scaled_fp8(&self, a: &ScaledStoreArgs, stream: Stream) -> Result<()> {
+        self.check_cache_locations(&a.target, stream)?;
+        self.inner.store_scaled_fp8(a, stream)
     }
 
     fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {

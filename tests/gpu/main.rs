@@ -21,6 +21,7 @@ mod inverse_rope;
 mod merge;
 mod prepare_qkv;
 mod routing;
+mod scaled_store;
 mod stores;
 mod validate_mode;
 

@@ -13,7 +13,9 @@
 //!   < 1e-2 per (token, head), LSE within 1e-3) of a float64 reference over
 //!   those values;
 //! - bad input: every new argument class fails with its status and a message
-//!   naming it, and nothing is written.
+//!   naming it, and nothing is written;
+//! - the scaled store (`unikv_store_scaled_fp8`): its bytes against the
+//!   test's model of docs/fp8.md §8, and the round trip through attention.
 //!
 //! Every run draws fresh random inputs and poisons the outputs; the seed is
 //! printed. Rerun a failure with `UNIKV_TEST_SEED=<seed>`.
@@ -26,6 +28,7 @@ mod run;
 mod bad_input;
 mod equality;
 mod mixed;
+mod store;
 
 /// Latent width.
 const D: usize = 512;

@@ -19,7 +19,7 @@ use crate::args::attention::{
     AttentionArgs, KernelFamily, KeyRows, KvSource, LaunchSummary, PlanShape, PlanState,
     PlannedLaunch,
 };
-use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -447,6 +447,30 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_store_flashmla(self.device, &p, stream.0) },
             "store_flashmla",
+        )
+    }
+
+    fn store_scaled_fp8(&self, a: &ScaledStoreArgs, stream: Stream) -> Result<()> {
+        let t = &a.target;
+        let p = shim::ScaledStoreParams {
+            rows: a.kv.as_ptr() as *const c_void,
+            loc: t.loc.as_ptr() as *const c_void,
+            codes: t.cache.as_ptr(),
+            scales: a.scales.as_ptr(),
+            row_stride: a.kv.strides[0] as i64,
+            codes_stride: t.cache.strides[0] as i64,
+            scales_stride: a.scales.strides[0] as i64,
+            num_rows: t.cache.shape[0] as i64,
+            num_tokens: t.num_tokens as i64,
+            divisor: a.divisor,
+            format: format_code(a.format),
+            loc_i64: t.loc.is_i64() as i32,
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::cache_store`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_store_scaled_fp8(self.device, &p, stream.0) },
+            "store_scaled_fp8",
         )
     }
 
