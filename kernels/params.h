@@ -177,14 +177,27 @@ typedef struct ukv_prefill_streams_params {
   int32_t reserved;
 } ukv_prefill_streams_params;
 
-/* One key source of sparse attention. */
+/* One key source of sparse attention, by `layout` (a ukv_kv_layout,
+ * kernels/attention/common.cuh; docs/attention.md §6):
+ *  0 pool rows: bf16 rows in kv.data (stride kv_stride elements), or (kv.fp8)
+ *    the FP8 pool's nope rows in kv.data and rope rows in kv.rope;
+ *  1 FlashMLA cache (kv.fp8 = 1): pages of kv_stride bytes from kv.data, key i
+ *    the token slot i % 2^page_shift of page i >> page_shift (docs/fp8.md §5);
+ *  2 scaled FP8 rows (kv.fp8 = 1): codes [rows, 512] in kv.data (stride
+ *    kv_stride bytes), fp32 scales [rows, 8] in `scales` (stride
+ *    scales_stride floats) (docs/fp8.md §8).
+ * kv.fp8_format is the call's FP8 flavour for every source. */
 typedef struct ukv_kv_source {
-  ukv_pool_rows kv;        /* bf16 rows (stride kv_stride elements) or FP8 pool rows */
+  ukv_pool_rows kv;
   const int32_t* indices;
   const int32_t* indptr;   /* [num_tokens + 1] */
   int64_t kv_stride;
-  int64_t rows;
+  int64_t rows;            /* keys: valid indices are below it */
   int64_t capacity;        /* entries of `indices` */
+  const float* scales;     /* layout 2 */
+  int64_t scales_stride;   /* layout 2 */
+  int32_t layout;
+  int32_t page_shift;      /* layout 1 */
 } ukv_kv_source;
 
 /* Sparse decode / prefill attention (docs/attention.md §1, §2). */

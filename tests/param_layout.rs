@@ -222,7 +222,11 @@ fn rust_layouts() -> Vec<Layout> {
                 indptr,
                 kv_stride,
                 rows,
-                capacity
+                capacity,
+                scales,
+                scales_stride,
+                layout,
+                page_shift
             }
         ),
         mirror!(

@@ -141,6 +141,10 @@
   X(ukv_kv_source, kv_stride)                     \
   X(ukv_kv_source, rows)                          \
   X(ukv_kv_source, capacity)                      \
+  X(ukv_kv_source, scales)                        \
+  X(ukv_kv_source, scales_stride)                 \
+  X(ukv_kv_source, layout)                        \
+  X(ukv_kv_source, page_shift)                    \
   X(ukv_attention_params, q)                      \
   X(ukv_attention_params, out)                    \
   X(ukv_attention_params, lse)                    \

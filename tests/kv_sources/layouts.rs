@@ -2,6 +2,8 @@
 //! docs/fp8.md (§1 codes, §5 FlashMLA pages, §8 scaled rows), and the caches
 //! the tests attend over (FlashMLA pages written by `unikv_store_flashmla`,
 //! scaled rows with random codes and arbitrary fp32 scales).
+// Shared with tests/gpu (kv_sources.rs), which uses a different subset.
+#![allow(dead_code)]
 
 use std::ptr;
 
@@ -113,6 +115,23 @@ impl Cache<'_> {
             }
         }
         c
+    }
+
+    /// The same bytes in another context's memory (the GPU tests' copy of a
+    /// cache built on the CPU backend).
+    pub(crate) fn copy_to<'b>(&self, ctx: &'b Ctx) -> Cache<'b> {
+        Cache {
+            layout: self.layout,
+            fmt: self.fmt,
+            page_size: self.page_size,
+            rows: self.rows,
+            data: Dev::upload(ctx, &self.data.read::<u8>()),
+            scales: self
+                .scales
+                .as_ref()
+                .map(|s| Dev::upload(ctx, &s.read::<u8>())),
+            values: self.values.clone(),
+        }
     }
 
     /// Row `r`'s reader values as bf16 (exact: the test asserts they are

@@ -1,5 +1,7 @@
 //! Plans, launches and the float64 reference (docs/attention.md §1, §2; it
 //! shares no code with the implementation) of the key-source tests.
+// Shared with tests/gpu (kv_sources.rs), which uses a different subset.
+#![allow(dead_code)]
 
 use std::ptr;
 
@@ -54,6 +56,18 @@ impl Plan {
         let mut plan = ptr::null_mut();
         ok(unsafe { unikv_prefill_plan_create(ctx.0, params, &mut plan) });
         Plan::Prefill(plan)
+    }
+
+    /// The workspace bytes every launch through the plan needs.
+    pub(crate) fn workspace_bytes(&self) -> usize {
+        let mut bytes = 0;
+        ok(unsafe {
+            match self {
+                Plan::Decode(p) => unikv_decode_plan_workspace_size(*p, &mut bytes),
+                Plan::Prefill(p) => unikv_prefill_plan_workspace_size(*p, &mut bytes),
+            }
+        });
+        bytes
     }
 
     /// A plan for `cache`'s layout and flavour (or a bf16 pool plan).
@@ -126,6 +140,26 @@ impl<'a> StreamBufs<'a> {
     }
 }
 
+/// A plan's workspace for one launch (none on the CPU backend).
+pub(crate) struct Workspace<'a> {
+    pub(crate) dev: Option<Dev<'a>>,
+    pub(crate) bytes: usize,
+}
+
+impl<'a> Workspace<'a> {
+    pub(crate) fn of(ctx: &'a Ctx, plan: &Plan) -> Self {
+        let bytes = plan.workspace_bytes();
+        Workspace {
+            dev: (bytes > 0).then(|| Dev::zeroed(ctx, bytes)),
+            bytes,
+        }
+    }
+
+    pub(crate) fn ptr(&self) -> *mut std::os::raw::c_void {
+        self.dev.as_ref().map_or(ptr::null_mut(), |d| d.ptr)
+    }
+}
+
 /// The query side of a batch: q, the sink, and poisoned outputs.
 pub(crate) struct Batch<'a> {
     pub(crate) ctx: &'a Ctx,
@@ -143,6 +177,27 @@ impl<'a> Batch<'a> {
     pub(crate) fn new(ctx: &'a Ctx, rng: &mut StdRng, tokens: usize, heads: usize) -> Self {
         let q_host = random_bf16(rng, tokens * heads * D);
         let sink_host: Vec<f32> = (0..heads).map(|_| rng.random_range(-3.0f32..4.0)).collect();
+        Self::with(ctx, q_host, sink_host, tokens, heads)
+    }
+
+    /// The same queries and sink in another context's memory.
+    pub(crate) fn copy_to<'b>(&self, ctx: &'b Ctx) -> Batch<'b> {
+        Batch::with(
+            ctx,
+            self.q_host.clone(),
+            self.sink_host.clone(),
+            self.tokens,
+            self.heads,
+        )
+    }
+
+    fn with(
+        ctx: &'a Ctx,
+        q_host: Vec<bf16>,
+        sink_host: Vec<f32>,
+        tokens: usize,
+        heads: usize,
+    ) -> Self {
         let b = Batch {
             ctx,
             tokens,
@@ -189,6 +244,7 @@ impl<'a> Batch<'a> {
         extra: Option<&Stream>,
         edit: &dyn Fn(&mut unikv_decode_args),
     ) -> unikv_status {
+        let self_plan = plan;
         let Plan::Decode(plan) = plan else {
             panic!("a decode plan")
         };
@@ -215,7 +271,8 @@ impl<'a> Batch<'a> {
             extra_indptr: s1.as_ref().map_or_else(absent, |s| s.indptr()),
         };
         edit(&mut a);
-        unsafe { unikv_sparse_decode(*plan, pool, &a, ptr::null_mut(), 0, ptr::null_mut()) }
+        let ws = Workspace::of(self.ctx, self_plan);
+        unsafe { unikv_sparse_decode(*plan, pool, &a, ws.ptr(), ws.bytes, ptr::null_mut()) }
     }
 
     /// Prefill over `prefix` and `extend` (whose rows are `extend_kv` when
@@ -231,6 +288,7 @@ impl<'a> Batch<'a> {
         extend_kv: unikv_tensor,
         edit: &dyn Fn(&mut unikv_prefill_args),
     ) -> unikv_status {
+        let self_plan = plan;
         let Plan::Prefill(plan) = plan else {
             panic!("a prefill plan")
         };
@@ -256,7 +314,8 @@ impl<'a> Batch<'a> {
             extend_cache: extend.kv,
         };
         edit(&mut a);
-        unsafe { unikv_sparse_prefill(*plan, pool, &a, ptr::null_mut(), 0, ptr::null_mut()) }
+        let ws = Workspace::of(self.ctx, self_plan);
+        unsafe { unikv_sparse_prefill(*plan, pool, &a, ws.ptr(), ws.bytes, ptr::null_mut()) }
     }
 
     /// The float64 reference over each token's key rows (docs/attention.md

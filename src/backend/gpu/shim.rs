@@ -196,6 +196,10 @@ pub struct KvSource {
     pub kv_stride: i64,
     pub rows: i64,
     pub capacity: i64,
+    pub scales: *const f32,
+    pub scales_stride: i64,
+    pub layout: i32,
+    pub page_shift: i32,
 }
 
 #[repr(C)]
