@@ -426,6 +426,48 @@ typedef uint32_t unikv_plan_kind;
 #endif // __cplusplus
 
 /**
+ * Layout of a key source (`unikv_kv_cache.layout`) and of the key sources
+ * an attention plan is made for (`unikv_attention_plan_params.kv_layout`);
+ * docs/attention.md §6.
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_kv_layout : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * unikv's own rows: a layer of the call's pool (bf16 rows or the pool's
+   * FP8 rows, docs/fp8.md §4); for prefill's extend source, `extend_kv`.
+   * The value of a zeroed descriptor, so callers that predate the layouts
+   * keep their meaning.
+   */
+  UNIKV_KV_LAYOUT_POOL = 0,
+  /**
+   * FlashMLA's MODEL1 FP8 paged KV cache (584 bytes per token,
+   * docs/fp8.md §5), as sglang, vLLM and TensorRT-LLM keep it and
+   * `unikv_store_flashmla` writes it. Indices are token ids
+   * `page * page_size + slot`, as FlashMLA takes them.
+   */
+  UNIKV_KV_LAYOUT_FLASHMLA = 1,
+  /**
+   * Scaled FP8 rows (docs/fp8.md §8): 512 FP8 codes per row and, in a
+   * separate tensor, 8 fp32 scales per row (one per 64 dims, any value),
+   * the single-buffer FP8 layout of sglang's / ATOM's unified-pool kernels
+   * (`kv_scales`); `unikv_store_scaled_fp8` writes it. Indices are row ids.
+   */
+  UNIKV_KV_LAYOUT_SCALED_FP8 = 2,
+};
+/** The C type of `unikv_kv_layout` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_kv_layout unikv_kv_layout;
+#else
+typedef uint32_t unikv_kv_layout;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Opaque context handle: one backend bound to one device. Thread-safe: any
  * number of threads may use one context (and the pools and plans made from it)
  * concurrently.
