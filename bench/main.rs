@@ -337,6 +337,10 @@ fn main() {
                             reserved: 0,
                             rope_table: ABSENT,
                             positions: ABSENT,
+                            kv: Default::default(),
+                            extra_kv: Default::default(),
+                            extra_indices: Default::default(),
+                            extra_indptr: Default::default(),
                         };
                         ok(
                             unsafe {
@@ -369,6 +373,10 @@ fn main() {
                 }
             }
         }
+    }
+
+    if only.is_empty() || only == "decode" || only == FLASHMLA_DECODE {
+        bench_flashmla_decode(ctx, &stream, &c, rows, case, &mut rng, &mut measured);
     }
 
     if only.is_empty() || only == "prefill" {
@@ -421,6 +429,8 @@ fn main() {
                         num_tokens: t as u32,
                         softmax_scale: 0.044194173,
                         reserved: 0,
+                        kv: Default::default(),
+                        extend_cache: Default::default(),
                     };
                     ok(
                         unsafe {
@@ -567,6 +577,34 @@ fn main() {
             .find(|r| (r.op.as_str(), r.t, r.h, r.keys) == (op, t, h, keys))
             .map(|r| r.us)
     };
+    // Issue 26: over FlashMLA's 584-byte cache unikv must be at least as fast
+    // as over its own 640-byte FP8 pool rows.
+    let fmla: Vec<&Row> = measured
+        .iter()
+        .filter(|r| r.op == FLASHMLA_DECODE)
+        .collect();
+    if !fmla.is_empty() {
+        println!("\nFP8 decode over a FlashMLA cache (page size 64) against the FP8 pool (target: ratio >= 1)");
+        println!(
+            "|     T |   H |  keys | FlashMLA layout us | FP8 pool us | pool / FlashMLA layout |"
+        );
+        println!(
+            "|-------|-----|-------|--------------------|-------------|------------------------|"
+        );
+        for r in fmla {
+            if let Some(pool_us) = us_of("decode fp8", r.t, r.h, r.keys) {
+                println!(
+                    "| {:>5} | {:>3} | {:>5} | {:>18.2} | {:>11.2} | {:>22.2} |",
+                    r.t,
+                    r.h,
+                    r.keys,
+                    r.us,
+                    pool_us,
+                    pool_us / r.us
+                );
+            }
+        }
+    }
     for line in reference::side_by_side(us_of) {
         println!("{line}");
     }
@@ -574,6 +612,156 @@ fn main() {
         unikv_pool_destroy(pool);
         unikv_pool_destroy(pool8);
         unikv_context_destroy(ctx);
+    }
+}
+
+/// The op label of FP8 decode over a FlashMLA-layout cache.
+const FLASHMLA_DECODE: &str = "decode fp8 fmla";
+
+/// FP8 (e4m3fn) decode over FlashMLA's 584-byte paged cache, page size 64, of
+/// at least as many tokens as the pools have rows (written by the host
+/// quantizer and repeated), at the shapes of FlashMLA's table
+/// (reference.rs): each token's keys are a 128-token window (consecutive
+/// token ids, the call's `extra_indices`) plus the top-k (random token ids,
+/// `indices`), two sources over the same cache as FlashMLA's two-cache call,
+/// so the kernel reads the same 584 bytes per key FlashMLA does. Index sets
+/// rotate over >= 3x L2 as in the pool rows. Bytes: 584 per key plus its
+/// 4-byte index, q read and out written.
+fn bench_flashmla_decode(
+    ctx: *mut unikv_context,
+    stream: &OwnedStream,
+    c: &Ceilings,
+    tokens_min: usize,
+    case: Option<(usize, usize, usize)>,
+    rng: &mut rand::rngs::ThreadRng,
+    measured: &mut Vec<Row>,
+) {
+    use unikv::cache_layouts::flashmla::{self, FlashMlaGeometry};
+    const PAGE: usize = 64;
+    const WINDOW: usize = 128;
+    const BLOCK_PAGES: usize = 1024;
+    let geometry = FlashMlaGeometry::new(PAGE as u64, Fp8Format::E4m3Fn).unwrap();
+    let page_bytes = geometry.bytes_per_page() as usize;
+    let pages = tokens_min.div_ceil(PAGE).div_ceil(BLOCK_PAGES) * BLOCK_PAGES;
+    let tokens = pages * PAGE;
+    // One block of pages quantized on the host, repeated over the cache.
+    let mut block = vec![0u8; BLOCK_PAGES * page_bytes];
+    let latents = random_bf16(rng, BLOCK_PAGES * PAGE * 512);
+    for (loc, row) in latents.chunks_exact(512).enumerate() {
+        flashmla::store_token(&mut block, &geometry, loc as i64, row).unwrap();
+    }
+    let cache = Dev::new(ctx, pages * page_bytes);
+    fill_repeating(ctx, cache.ptr, &block, pages * page_bytes);
+    println!(
+        "FlashMLA cache: {tokens} tokens x 584 B in {pages} pages of {PAGE} ({:.2} GB)",
+        (pages * page_bytes) as f64 / 1e9
+    );
+    let source = |data: unikv_tensor| unikv_kv_cache {
+        layout: unikv_kv_layout::UNIKV_KV_LAYOUT_FLASHMLA as u32,
+        fp8_dtype: 7,
+        page_size: PAGE as u32,
+        reserved: 0,
+        data,
+        scales: ABSENT,
+    };
+    let kv = source(cache.t(6, 1, &[pages, page_bytes]));
+    let all: Vec<i32> = (0..tokens as i32).collect();
+    for &t in &[1usize, 4, 16, 64, 128, 256] {
+        for &h in &[64usize, 128] {
+            for &keys in &[640usize, 2176] {
+                if case.is_some_and(|c| c != (t, h, keys)) {
+                    continue;
+                }
+                let topk = keys - WINDOW;
+                let bytes_call = t * keys * 584;
+                let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
+                let top: Vec<Dev> = (0..sets)
+                    .map(|_| {
+                        let ids: Vec<i32> = (0..t)
+                            .flat_map(|_| {
+                                all.choose_multiple(rng, topk).copied().collect::<Vec<_>>()
+                            })
+                            .collect();
+                        Dev::upload(ctx, &ids)
+                    })
+                    .collect();
+                let window: Vec<Dev> = (0..sets)
+                    .map(|_| {
+                        let ids: Vec<i32> = (0..t)
+                            .flat_map(|_| {
+                                let start = rng.random_range(0..tokens - WINDOW) as i32;
+                                start..start + WINDOW as i32
+                            })
+                            .collect();
+                        Dev::upload(ctx, &ids)
+                    })
+                    .collect();
+                let top_ptr =
+                    Dev::upload(ctx, &(0..=t).map(|i| (i * topk) as i32).collect::<Vec<_>>());
+                let win_ptr = Dev::upload(
+                    ctx,
+                    &(0..=t).map(|i| (i * WINDOW) as i32).collect::<Vec<_>>(),
+                );
+                let q = Dev::upload(ctx, &random_bf16(rng, t * h * 512));
+                let out = Dev::new(ctx, t * h * 512 * 2);
+                let sink = Dev::upload(ctx, &vec![0.5f32; h]);
+                let mut plan = ptr::null_mut();
+                let params = unikv_attention_plan_params {
+                    kv_layout: unikv_kv_layout::UNIKV_KV_LAYOUT_FLASHMLA as u32,
+                    ..plan_params_kv(t, h, 7)
+                };
+                ok(
+                    unsafe { unikv_decode_plan_create(ctx, &params, &mut plan) },
+                    "FlashMLA decode plan",
+                );
+                let mut ws_bytes = 0;
+                ok(
+                    unsafe { unikv_decode_plan_workspace_size(plan, &mut ws_bytes) },
+                    "ws",
+                );
+                let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
+                let us = per_call_us(stream, sets, |i, s| {
+                    let args = unikv_decode_args {
+                        struct_size: std::mem::size_of::<unikv_decode_args>(),
+                        q: q.bf16s(&[t, h, 512]),
+                        indices: top[i].i32s(&[t * topk]),
+                        indptr: top_ptr.i32s(&[t + 1]),
+                        sink: sink.t(3, 4, &[h]),
+                        out: out.bf16s(&[t, h, 512]),
+                        lse: ABSENT,
+                        layer: 0,
+                        num_tokens: t as u32,
+                        softmax_scale: 0.044194173,
+                        reserved: 0,
+                        rope_table: ABSENT,
+                        positions: ABSENT,
+                        kv,
+                        extra_kv: kv,
+                        extra_indices: window[i].i32s(&[t * WINDOW]),
+                        extra_indptr: win_ptr.i32s(&[t + 1]),
+                    };
+                    let ws_ptr = ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
+                    ok(
+                        unsafe {
+                            unikv_sparse_decode(plan, ptr::null(), &args, ws_ptr, ws_bytes, s)
+                        },
+                        "FlashMLA decode",
+                    );
+                });
+                let row = Row {
+                    op: FLASHMLA_DECODE.into(),
+                    t,
+                    h,
+                    keys,
+                    us,
+                    bytes: (t * keys * (584 + 4) + 2 * t * h * 1024) as f64,
+                    flops: 4.0 * (t * h * keys * 512) as f64,
+                };
+                row.print(c);
+                measured.push(row);
+                unsafe { unikv_decode_plan_destroy(plan) };
+            }
+        }
     }
 }
 
@@ -757,6 +945,8 @@ fn plan_params_kv(t: usize, h: usize, kv_dtype: u32) -> unikv_attention_plan_par
         q_dtype: 1,
         kv_dtype,
         out_dtype: 1,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 

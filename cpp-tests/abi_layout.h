@@ -72,7 +72,7 @@ PIN_AT(unikv_pool_layer_info, reserved, 52);
 PIN_AT(unikv_pool_layer_info, rope_data, 56);
 PIN_AT(unikv_pool_layer_info, rope_bytes, 64);
 
-PIN_SIZE(unikv_attention_plan_params, 32);
+PIN_SIZE(unikv_attention_plan_params, 40);
 PIN_AT(unikv_attention_plan_params, struct_size, 0);
 PIN_AT(unikv_attention_plan_params, max_tokens, 8);
 PIN_AT(unikv_attention_plan_params, num_heads, 12);
@@ -80,9 +80,19 @@ PIN_AT(unikv_attention_plan_params, head_dim, 16);
 PIN_AT(unikv_attention_plan_params, q_dtype, 20);
 PIN_AT(unikv_attention_plan_params, kv_dtype, 24);
 PIN_AT(unikv_attention_plan_params, out_dtype, 28);
+PIN_AT(unikv_attention_plan_params, kv_layout, 32);
+PIN_AT(unikv_attention_plan_params, reserved, 36);
 
 /* Argument structs: struct_size, then 80-byte tensors, then scalars. */
-PIN_SIZE(unikv_decode_args, 664);
+PIN_SIZE(unikv_kv_cache, 176);
+PIN_AT(unikv_kv_cache, layout, 0);
+PIN_AT(unikv_kv_cache, fp8_dtype, 4);
+PIN_AT(unikv_kv_cache, page_size, 8);
+PIN_AT(unikv_kv_cache, reserved, 12);
+PIN_AT(unikv_kv_cache, data, 16);
+PIN_AT(unikv_kv_cache, scales, 96);
+
+PIN_SIZE(unikv_decode_args, 1176);
 PIN_AT(unikv_decode_args, struct_size, 0);
 PIN_AT(unikv_decode_args, q, 8);
 PIN_AT(unikv_decode_args, indices, 88);
@@ -96,8 +106,12 @@ PIN_AT(unikv_decode_args, softmax_scale, 496);
 PIN_AT(unikv_decode_args, reserved, 500);
 PIN_AT(unikv_decode_args, rope_table, 504);
 PIN_AT(unikv_decode_args, positions, 584);
+PIN_AT(unikv_decode_args, kv, 664);
+PIN_AT(unikv_decode_args, extra_kv, 840);
+PIN_AT(unikv_decode_args, extra_indices, 1016);
+PIN_AT(unikv_decode_args, extra_indptr, 1096);
 
-PIN_SIZE(unikv_prefill_args, 744);
+PIN_SIZE(unikv_prefill_args, 1096);
 PIN_AT(unikv_prefill_args, struct_size, 0);
 PIN_AT(unikv_prefill_args, q, 8);
 PIN_AT(unikv_prefill_args, indices, 88);
@@ -112,6 +126,8 @@ PIN_AT(unikv_prefill_args, layer, 728);
 PIN_AT(unikv_prefill_args, num_tokens, 732);
 PIN_AT(unikv_prefill_args, softmax_scale, 736);
 PIN_AT(unikv_prefill_args, reserved, 740);
+PIN_AT(unikv_prefill_args, kv, 744);
+PIN_AT(unikv_prefill_args, extend_cache, 920);
 
 PIN_SIZE(unikv_decode_streams_args, 816);
 PIN_AT(unikv_decode_streams_args, struct_size, 0);
@@ -179,6 +195,17 @@ PIN_AT(unikv_store_flashmla_args, page_size, 248);
 PIN_AT(unikv_store_flashmla_args, cache_dtype, 252);
 PIN_AT(unikv_store_flashmla_args, num_tokens, 256);
 PIN_AT(unikv_store_flashmla_args, reserved, 260);
+
+PIN_SIZE(unikv_store_scaled_fp8_args, 344);
+PIN_AT(unikv_store_scaled_fp8_args, struct_size, 0);
+PIN_AT(unikv_store_scaled_fp8_args, codes, 8);
+PIN_AT(unikv_store_scaled_fp8_args, scales, 88);
+PIN_AT(unikv_store_scaled_fp8_args, kv, 168);
+PIN_AT(unikv_store_scaled_fp8_args, loc, 248);
+PIN_AT(unikv_store_scaled_fp8_args, cache_dtype, 328);
+PIN_AT(unikv_store_scaled_fp8_args, scale_divisor, 332);
+PIN_AT(unikv_store_scaled_fp8_args, num_tokens, 336);
+PIN_AT(unikv_store_scaled_fp8_args, reserved, 340);
 
 PIN_SIZE(unikv_store_indexer_args, 264);
 PIN_AT(unikv_store_indexer_args, struct_size, 0);

@@ -426,6 +426,48 @@ typedef uint32_t unikv_plan_kind;
 #endif // __cplusplus
 
 /**
+ * Layout of a key source (`unikv_kv_cache.layout`) and of the key sources
+ * an attention plan is made for (`unikv_attention_plan_params.kv_layout`);
+ * docs/attention.md §6.
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_kv_layout : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * unikv's own rows: a layer of the call's pool (bf16 rows or the pool's
+   * FP8 rows, docs/fp8.md §4); for prefill's extend source, `extend_kv`.
+   * The value of a zeroed descriptor, so callers that predate the layouts
+   * keep their meaning.
+   */
+  UNIKV_KV_LAYOUT_POOL = 0,
+  /**
+   * FlashMLA's MODEL1 FP8 paged KV cache (584 bytes per token,
+   * docs/fp8.md §5), as sglang, vLLM and TensorRT-LLM keep it and
+   * `unikv_store_flashmla` writes it. Indices are token ids
+   * `page * page_size + slot`, as FlashMLA takes them.
+   */
+  UNIKV_KV_LAYOUT_FLASHMLA = 1,
+  /**
+   * Scaled FP8 rows (docs/fp8.md §8): 512 FP8 codes per row and, in a
+   * separate tensor, 8 fp32 scales per row (one per 64 dims, any value),
+   * the single-buffer FP8 layout of sglang's / ATOM's unified-pool kernels
+   * (`kv_scales`); `unikv_store_scaled_fp8` writes it. Indices are row ids.
+   */
+  UNIKV_KV_LAYOUT_SCALED_FP8 = 2,
+};
+/** The C type of `unikv_kv_layout` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_kv_layout unikv_kv_layout;
+#else
+typedef uint32_t unikv_kv_layout;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Opaque context handle: one backend bound to one device. Thread-safe: any
  * number of threads may use one context (and the pools and plans made from it)
  * concurrently.
@@ -809,14 +851,27 @@ typedef struct unikv_attention_plan_params {
    */
   uint32_t q_dtype;
   /**
-   * The pool's `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of
-   * another dtype is UNIKV_BAD_DTYPE.
+   * The key rows' dtype. UNIKV_KV_LAYOUT_POOL plans: the pool's
+   * `kv_dtype` (bf16 or an FP8 flavour); a launch on a pool of another
+   * dtype is UNIKV_BAD_DTYPE. FLASHMLA and SCALED_FP8 plans: the caches'
+   * FP8 flavour (UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ).
    */
   uint32_t kv_dtype;
   /**
    * `unikv_dtype` of out: UNIKV_DTYPE_BF16.
    */
   uint32_t out_dtype;
+  /**
+   * The `unikv_kv_layout` of the key sources of every launch through the
+   * plan (docs/attention.md §6): each source is of this layout, or bf16
+   * rows (prefill's `extend_kv`). 0 (UNIKV_KV_LAYOUT_POOL, and what a
+   * caller whose struct predates this field gets): a pool layer.
+   */
+  uint32_t kv_layout;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
 } unikv_attention_plan_params;
 
 /**
@@ -850,6 +905,48 @@ typedef struct unikv_tensor {
    */
   int64_t strides[4];
 } unikv_tensor;
+
+/**
+ * Where a key source's rows live when they are not the call's default rows
+ * (a pool layer, or prefill's `extend_kv`): a caller-owned cache of another
+ * layout, read in place. All zero (UNIKV_KV_LAYOUT_POOL): the default rows.
+ * Tensors are in the context's memory.
+ */
+typedef struct unikv_kv_cache {
+  /**
+   * A `unikv_kv_layout`. It must be the plan's `kv_layout` unless it is
+   * UNIKV_KV_LAYOUT_POOL, whose other fields must all be zero.
+   */
+  uint32_t layout;
+  /**
+   * The codes' flavour, UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ:
+   * the plan's `kv_dtype` (UNIKV_BAD_DTYPE otherwise).
+   */
+  uint32_t fp8_dtype;
+  /**
+   * FLASHMLA: tokens per page, 2, 64 or 256. SCALED_FP8: 0.
+   */
+  uint32_t page_size;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * FLASHMLA: the cache, `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8,
+   * 16-byte aligned, row stride exactly bytes_per_page =
+   * ceil(584 * page_size / 576) * 576 (the layout of
+   * `unikv_store_flashmla_args.cache`); indices address its
+   * num_pages * page_size token slots. SCALED_FP8: the codes,
+   * `[rows, 512]` UNIKV_DTYPE_U8, 16-byte aligned rows.
+   */
+  struct unikv_tensor data;
+  /**
+   * SCALED_FP8: `[rows, 8]` UNIKV_DTYPE_F32 scales (the rows of `data`),
+   * 16-byte aligned rows; scale k multiplies dims 64k..64k+63. FLASHMLA:
+   * absent (NULL data).
+   */
+  struct unikv_tensor scales;
+} unikv_kv_cache;
 
 /**
  * Arguments of `unikv_sparse_decode` (docs/attention.md §1).
@@ -917,6 +1014,33 @@ typedef struct unikv_decode_args {
    * `[>= num_tokens]` i32 or i64 positions of the epilogue (see `rope_table`).
    */
   struct unikv_tensor positions;
+  /**
+   * Where the rows `indices` names live (docs/attention.md §6). Zeroed
+   * (UNIKV_KV_LAYOUT_POOL): layer `layer` of the pool. Otherwise a cache
+   * of the plan's `kv_layout`, and `pool` may be NULL unless the extra
+   * source is a pool layer.
+   */
+  struct unikv_kv_cache kv;
+  /**
+   * The optional second key source's rows (`extra_indices`): zeroed, the
+   * pool's layer `layer`; otherwise a cache of the plan's `kv_layout`.
+   * Must be zeroed when `extra_indices` is absent.
+   */
+  struct unikv_kv_cache extra_kv;
+  /**
+   * Optional second key source, as FlashMLA's `extra_k_cache` with its
+   * `extra_indices` (for example the SWA window in one cache and the
+   * compressed rows in another): i32 indices into `extra_kv`; token t's
+   * keys are its `indices` slice followed by
+   * `extra_indices[extra_indptr[t]..extra_indptr[t+1])`, in one softmax.
+   * Absent (NULL data): one source.
+   */
+  struct unikv_tensor extra_indices;
+  /**
+   * `[>= num_tokens + 1]` i32 offsets of each token's extra slice; given
+   * exactly when `extra_indices` is.
+   */
+  struct unikv_tensor extra_indptr;
 } unikv_decode_args;
 
 /**
@@ -954,7 +1078,8 @@ typedef struct unikv_prefill_args {
    */
   struct unikv_tensor lse;
   /**
-   * `[rows, 512]` bf16: the chunk's normed, rotated K rows.
+   * `[rows, 512]` bf16: the chunk's normed, rotated K rows; absent when
+   * `extend_cache` names the extend source.
    */
   struct unikv_tensor extend_kv;
   /**
@@ -981,6 +1106,17 @@ typedef struct unikv_prefill_args {
    * Must be 0.
    */
   uint32_t reserved;
+  /**
+   * Where the prefix stream's rows live (docs/attention.md §6). Zeroed
+   * (UNIKV_KV_LAYOUT_POOL): layer `layer` of the pool. Otherwise a cache
+   * of the plan's `kv_layout`.
+   */
+  struct unikv_kv_cache kv;
+  /**
+   * Where the extend stream's rows live. Zeroed: `extend_kv`. Otherwise a
+   * cache of the plan's `kv_layout`, and `extend_kv` must be absent.
+   */
+  struct unikv_kv_cache extend_cache;
 } unikv_prefill_args;
 
 /**
@@ -1113,6 +1249,55 @@ typedef struct unikv_store_indexer_args {
    */
   uint32_t reserved;
 } unikv_store_indexer_args;
+
+/**
+ * Arguments of `unikv_store_scaled_fp8`.
+ */
+typedef struct unikv_store_scaled_fp8_args {
+  /**
+   * sizeof(unikv_store_scaled_fp8_args).
+   */
+  size_t struct_size;
+  /**
+   * The codes, `[rows, 512]` UNIKV_DTYPE_U8, 16-byte aligned rows: dim d
+   * of a row as an FP8 code of `cache_dtype`.
+   */
+  struct unikv_tensor codes;
+  /**
+   * The scales, `[rows, 8]` UNIKV_DTYPE_F32 (the rows of `codes`), 16-byte
+   * aligned rows: scale k of a row multiplies its dims 64k..64k+63.
+   */
+  struct unikv_tensor scales;
+  /**
+   * Final (normed, rotated) latent rows `[>= num_tokens, 512]` bf16, rows
+   * 16-byte aligned.
+   */
+  struct unikv_tensor kv;
+  /**
+   * `[>= num_tokens]` int32 or int64: the row each latent is stored to;
+   * negative = skip.
+   */
+  struct unikv_tensor loc;
+  /**
+   * UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ: the codes' flavour.
+   */
+  uint32_t cache_dtype;
+  /**
+   * The FP8 maximum each tile's amax is divided by: 0 for the flavour's
+   * own (448 for e4m3fn, 240 for e4m3fnuz), or 448, 240 or 224 (what
+   * sglang's HIP C++ kernels use for e4m3fnuz) up to that maximum; other
+   * values are UNIKV_INVALID_ARGUMENT.
+   */
+  uint32_t scale_divisor;
+  /**
+   * Rows to store.
+   */
+  uint32_t num_tokens;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+} unikv_store_scaled_fp8_args;
 
 /**
  * Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
@@ -2146,17 +2331,24 @@ unikv_status unikv_prefill_plan_workspace_size(const struct unikv_prefill_plan *
                                                size_t *bytes);
 
 /**
- * Sparse decode attention over one pool layer: for each token, the rows of its
- * slice `indices[indptr[t]..indptr[t+1])` act as keys and values (K = V), the
- * sink as a virtual key with zero value; an empty slice gives zeros. `num_tokens`
- * may not exceed the plan's `max_tokens`; H is the plan's. Tensors and
- * `workspace` (at least the plan's workspace size; may be NULL when that is 0)
- * are in the context's memory; `args` is host memory. Runs on `stream`,
- * without allocating or synchronizing (CUDA-graph capturable). Device values:
- * the CPU backend checks indptr monotonicity and every index (OUT_OF_RANGE,
- * nothing written). Overlap: `out` may be `q` itself (exact in-place);
+ * Sparse decode attention: for each token, the rows of its slice
+ * `indices[indptr[t]..indptr[t+1])` (followed by its `extra_indices` slice
+ * when given) act as keys and values (K = V), the sink as a virtual key with
+ * zero value; an empty slice gives zeros. Key rows come from the pool's layer
+ * `layer` or, per source, from a FlashMLA cache or scaled FP8 rows
+ * (`args.kv`, `args.extra_kv`; docs/attention.md §6); `pool` may be NULL when
+ * no source is a pool layer. `num_tokens` may not exceed the plan's
+ * `max_tokens`; H is the plan's. Tensors and `workspace` (at least the
+ * plan's workspace size; may be NULL when that is 0) are in the context's
+ * memory; `args` is host memory. Runs on `stream`, without allocating or
+ * synchronizing (CUDA-graph capturable). Device values: the CPU backend (and
+ * GPU backends in `validate` mode) checks indptr monotonicity and every index
+ * against its source's rows (a FlashMLA cache's num_pages * page_size token
+ * slots): OUT_OF_RANGE, nothing written; otherwise GPU backends skip an index
+ * outside its source. Overlap: `out` may be `q` itself (exact in-place);
  * otherwise `out`, `lse` and the workspace may not overlap each other, an
- * input or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS). Thread-safe.
+ * input, a cache or the layer's pool rows (UNIKV_OVERLAPPING_BUFFERS).
+ * Thread-safe.
  */
 UNIKV_NODISCARD
 unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
@@ -2168,10 +2360,11 @@ unikv_status unikv_sparse_decode(const struct unikv_decode_plan *plan,
 
 /**
  * Sparse prefill attention with two key sources: the prefix stream into the
- * pool layer and the extend stream into `extend_kv`, sharing one softmax with
- * the sink. -1 entries in either stream are skipped. Rules as
- * `unikv_sparse_decode`, overlap included (`out` may be `q` itself).
- * Thread-safe.
+ * pool layer (or the cache `args.kv`) and the extend stream into `extend_kv`
+ * (or the cache `args.extend_cache`), sharing one softmax with the sink. -1
+ * entries in either stream are skipped. `pool` may be NULL when neither
+ * source is a pool layer. Rules as `unikv_sparse_decode`, overlap included
+ * (`out` may be `q` itself). Thread-safe.
  */
 UNIKV_NODISCARD
 unikv_status unikv_sparse_prefill(const struct unikv_prefill_plan *plan,
@@ -2225,6 +2418,28 @@ UNIKV_NODISCARD
 unikv_status unikv_store_indexer(const struct unikv_context *ctx,
                                  const struct unikv_store_indexer_args *args,
                                  void *stream);
+
+/**
+ * Quantizes row t of `kv` into scaled FP8 rows at row `loc[t]`
+ * (docs/fp8.md §8), the layout `UNIKV_KV_LAYOUT_SCALED_FP8` attention reads:
+ * per 64-dim tile k, `scale_k = max(amax, 1e-4) / scale_divisor` (fp32
+ * division, amax ignoring NaN) is stored in `scales`, and each dim's code is
+ * `encode(x * (1 / scale_k))`, rounded to nearest even with saturation (NaN
+ * stays NaN; an infinite dim makes its tile's scale Inf, its own code NaN and
+ * the others zero). Tensors are in the context's memory; `args` is host
+ * memory read during the call. Runs on `stream` (ignored by the CPU backend).
+ * Device values: the CPU backend (and GPU backends in `validate` mode)
+ * checks every row: OUT_OF_RANGE past the rows of `codes`, INVALID_ARGUMENT
+ * for two latents aimed at one row, nothing written. Otherwise GPU backends
+ * skip a row past the end, and two latents at one row leave its bytes
+ * unspecified. No in-place use: `kv` and `loc` may not overlap `codes` or
+ * `scales`, nor those each other (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+ * for stores to disjoint rows.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_store_scaled_fp8(const struct unikv_context *ctx,
+                                    const struct unikv_store_scaled_fp8_args *args,
+                                    void *stream);
 
 /**
  * Builds the SWA, HCA and CSA decode streams once per forward: the three

@@ -43,7 +43,8 @@
 //   unikv_context_get_info              -> context::get_info
 //   unikv_memory_alloc/free/copy/set    -> context::memory_alloc, ... (and `buffer`)
 //   unikv_stream_synchronize            -> context::stream_synchronize
-//   unikv_attention_merge, unikv_store_flashmla, unikv_store_indexer,
+//   unikv_attention_merge, unikv_store_flashmla, unikv_store_scaled_fp8,
+//   unikv_store_indexer,
 //   unikv_indexer_prepare_q/_k, unikv_indexer_topk(_from_logits),
 //   unikv_inverse_rope, unikv_hash_topk -> context::attention_merge, ...
 //   unikv_pool_create / _destroy        -> pool::create, ~pool
@@ -265,6 +266,8 @@ using decode_args = unikv_decode_args;
 using prefill_args = unikv_prefill_args;
 using merge_args = unikv_merge_args;
 using store_flashmla_args = unikv_store_flashmla_args;
+using store_scaled_fp8_args = unikv_store_scaled_fp8_args;
+using kv_cache = unikv_kv_cache;
 using store_indexer_args = unikv_store_indexer_args;
 using decode_streams_args = unikv_decode_streams_args;
 using csa_tail_args = unikv_csa_tail_args;
@@ -590,6 +593,9 @@ public:
     void store_flashmla(const unikv_store_flashmla_args& args, void* stream = nullptr) const {
         detail::check(unikv_store_flashmla(get(), &args, stream), "unikv_store_flashmla");
     }
+    void store_scaled_fp8(const unikv_store_scaled_fp8_args& args, void* stream = nullptr) const {
+        detail::check(unikv_store_scaled_fp8(get(), &args, stream), "unikv_store_scaled_fp8");
+    }
     void store_indexer(const unikv_store_indexer_args& args, void* stream = nullptr) const {
         detail::check(unikv_store_indexer(get(), &args, stream), "unikv_store_indexer");
     }
@@ -809,6 +815,15 @@ public:
                        void* stream = nullptr) const {
         sparse_decode(p, args, workspace.data(), workspace.size(), stream);
     }
+    // Without a pool: every key source is a cache (args.kv, args.extra_kv).
+    void sparse_decode(const unikv_decode_args& args, void* workspace, std::size_t workspace_bytes,
+                       void* stream = nullptr) const {
+        detail::check(unikv_sparse_decode(get(), nullptr, &args, workspace, workspace_bytes, stream),
+                      "unikv_sparse_decode");
+    }
+    void sparse_decode(const unikv_decode_args& args, const buffer& workspace, void* stream = nullptr) const {
+        sparse_decode(args, workspace.data(), workspace.size(), stream);
+    }
 };
 
 // A prefill plan (unikv_prefill_plan_*) and its launch, unikv_sparse_prefill.
@@ -859,12 +874,24 @@ public:
                         void* stream = nullptr) const {
         sparse_prefill(p, args, workspace.data(), workspace.size(), stream);
     }
+    // Without a pool: both key sources are caches or extend rows.
+    void sparse_prefill(const unikv_prefill_args& args, void* workspace, std::size_t workspace_bytes,
+                        void* stream = nullptr) const {
+        detail::check(unikv_sparse_prefill(get(), nullptr, &args, workspace, workspace_bytes, stream),
+                      "unikv_sparse_prefill");
+    }
+    void sparse_prefill(const unikv_prefill_args& args, const buffer& workspace, void* stream = nullptr) const {
+        sparse_prefill(args, workspace.data(), workspace.size(), stream);
+    }
 };
 
 // Attention plan parameters for bf16 queries and outputs: `max_tokens`,
-// `num_heads`, head_dim 512 and the pool's `kv_dtype`.
+// `num_heads`, head_dim 512, the key rows' `kv_dtype` and their layout
+// (a pool layer by default; a FlashMLA cache or scaled FP8 rows of the FP8
+// `kv_dtype` otherwise).
 inline unikv_attention_plan_params plan_params(std::uint32_t max_tokens, std::uint32_t num_heads,
-                                               unikv_dtype kv_dtype = UNIKV_DTYPE_BF16) noexcept {
+                                               unikv_dtype kv_dtype = UNIKV_DTYPE_BF16,
+                                               unikv_kv_layout kv_layout = UNIKV_KV_LAYOUT_POOL) noexcept {
     unikv_attention_plan_params p = make_struct<unikv_attention_plan_params>();
     p.max_tokens = max_tokens;
     p.num_heads = num_heads;
@@ -872,7 +899,33 @@ inline unikv_attention_plan_params plan_params(std::uint32_t max_tokens, std::ui
     p.q_dtype = UNIKV_DTYPE_BF16;
     p.kv_dtype = kv_dtype;
     p.out_dtype = UNIKV_DTYPE_BF16;
+    p.kv_layout = kv_layout;
     return p;
+}
+
+// A key source in FlashMLA's paged FP8 cache (docs/attention.md §6):
+// `cache` is the [num_pages, bytes_per_page] UNIKV_DTYPE_U8 tensor,
+// `page_size` 2, 64 or 256, `fp8` the codes' flavour.
+inline unikv_kv_cache flashmla_cache(const unikv_tensor& cache, std::uint32_t page_size,
+                                     unikv_dtype fp8 = UNIKV_DTYPE_FP8_E4M3FN) noexcept {
+    unikv_kv_cache c{};
+    c.layout = UNIKV_KV_LAYOUT_FLASHMLA;
+    c.fp8_dtype = fp8;
+    c.page_size = page_size;
+    c.data = cache;
+    return c;
+}
+
+// A key source of scaled FP8 rows: `codes` [rows, 512] UNIKV_DTYPE_U8 and
+// `scales` [rows, 8] UNIKV_DTYPE_F32 (docs/fp8.md §8).
+inline unikv_kv_cache scaled_fp8_rows(const unikv_tensor& codes, const unikv_tensor& scales,
+                                      unikv_dtype fp8 = UNIKV_DTYPE_FP8_E4M3FN) noexcept {
+    unikv_kv_cache c{};
+    c.layout = UNIKV_KV_LAYOUT_SCALED_FP8;
+    c.fp8_dtype = fp8;
+    c.data = codes;
+    c.scales = scales;
+    return c;
 }
 
 }  // namespace unikv

@@ -1,6 +1,7 @@
-// Quantize-and-store into the FlashMLA FP8 KV cache and the indexer key cache
-// (docs/fp8.md §2, §5, §6), bit-identical to src/cache_layouts/ (the
-// CPU backend): the codec of fp8.cuh and the same fp32 operations.
+// Quantize-and-store into the FlashMLA FP8 KV cache, the indexer key cache
+// (docs/fp8.md §2, §5, §6) and scaled FP8 rows (docs/fp8.md §8),
+// bit-identical to src/cache_layouts/ (the CPU backend): the codec of fp8.cuh
+// and the same fp32 operations.
 //
 // Each lane owns 16 consecutive dims of a row: it reads them with 16-byte loads,
 // the amax of its 64-dim tile (FlashMLA, 4 lanes) or 128-dim key (indexer, 8
@@ -15,9 +16,10 @@
 namespace {
 
 // Threads per block: the FlashMLA store at 256, the indexer store at 128
-// (bench/notes/v23.md and v24.md).
+// (bench/notes/v23.md and v24.md); the scaled store like the FlashMLA one.
 constexpr int kFlashThreads = 256;
 constexpr int kIndexerThreads = 128;
+constexpr int kScaledThreads = 256;
 constexpr int kDimsPerLane = 16;
 
 // FlashMLA value slot: 448 codes (lanes 0..27), then 64 bf16 RoPE dims copied
@@ -192,6 +194,30 @@ __global__ void __launch_bounds__(kIndexerThreads) store_indexer_kernel(ukv_cach
   if (part == 0) *reinterpret_cast<float*>(page_base + ((int64_t)kKeyDims << p.page_shift) + slot * 4) = scale;
 }
 
+// Scaled FP8 rows: one row per warp, tile k (64 dims, docs/fp8.md §8) on
+// lanes 4k..4k+3. scale = max(amax, 1e-4) / divisor (IEEE division),
+// inv = 1 / scale (correctly rounded), codes encode(x * inv), as on the CPU
+// (fp8::quantize_fp32_scale); the scale itself is stored. A row past the
+// batch, or a location that is negative or past the rows, is skipped by
+// the whole warp, so the shuffles see all lanes.
+template <ukv_fp8_format F, typename Loc>
+__global__ void __launch_bounds__(kScaledThreads) store_scaled_kernel(ukv_scaled_store_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int lane = threadIdx.x % UKV_WARP;
+  const int64_t t = ((int64_t)blockIdx.x * kScaledThreads + threadIdx.x) / UKV_WARP;
+  if (t >= p.num_tokens) return;
+  const int64_t loc = ukv_index_at<Loc>(p.loc, t);
+  if (loc < 0 || loc >= p.num_rows) return;
+  float x[kDimsPerLane];
+  load16(static_cast<const ukv_bf16*>(p.rows) + t * p.row_stride + lane * kDimsPerLane, x);
+  const float amax = group_amax<kTileLanes>(x);
+  const float scale = fmaxf(amax, 1e-4f) / p.divisor;
+  const float inv = 1.0f / scale;
+  *reinterpret_cast<uint4*>(p.codes + loc * p.codes_stride + lane * kDimsPerLane) = encode16<F>(x, inv);
+  if (lane % kTileLanes == 0) p.scales[loc * p.scales_stride + lane / kTileLanes] = scale;
+}
+
 using Kernel = void (*)(ukv_cache_store_params);
 
 int launch(int device, Kernel kernel, int threads, int64_t items_per_block, const ukv_cache_store_params& p,
@@ -235,6 +261,22 @@ int unikv_gpu_store_indexer(int device, const ukv_cache_store_params* p, void* s
       kernel = fnuz ? indexer_kernel<UKV_FP8_E4M3FNUZ, ukv_bf16>(*p) : indexer_kernel<UKV_FP8_E4M3FN, ukv_bf16>(*p);
     }
     return launch(device, kernel, kIndexerThreads, kIndexerThreads / kKeyLanes, *p, stream, "store_indexer_kernel");
+  })
+}
+
+int unikv_gpu_store_scaled_fp8(int device, const ukv_scaled_store_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    using ScaledKernel = void (*)(ukv_scaled_store_params);
+    const bool fnuz = p->format == UKV_FP8_E4M3FNUZ;
+    ScaledKernel kernel;
+    if (p->loc_i64) {
+      kernel = fnuz ? store_scaled_kernel<UKV_FP8_E4M3FNUZ, int64_t> : store_scaled_kernel<UKV_FP8_E4M3FN, int64_t>;
+    } else {
+      kernel = fnuz ? store_scaled_kernel<UKV_FP8_E4M3FNUZ, int32_t> : store_scaled_kernel<UKV_FP8_E4M3FN, int32_t>;
+    }
+    const unsigned blocks = (unsigned)ukv::cdiv(p->num_tokens, kScaledThreads / UKV_WARP);
+    return ukv::launch_early(device, kernel, dim3(blocks), dim3(kScaledThreads), stream, "store_scaled_kernel", *p);
   })
 }
 

@@ -64,6 +64,24 @@ typedef struct ukv_cache_store_params {
   int32_t rows_f32;       /* 1: rows are f32 (indexer only) */
 } ukv_cache_store_params;
 
+/* Quantize-and-store into scaled FP8 rows (docs/fp8.md §8): per 64-dim tile
+ * scale = max(amax, 1e-4) / divisor, codes encode(x * (1 / scale)). */
+typedef struct ukv_scaled_store_params {
+  const void* rows;      /* [num_tokens, 512] bf16, row stride row_stride elements */
+  const void* loc;       /* [num_tokens] int32 or int64; < 0 or >= num_rows: skipped */
+  uint8_t* codes;        /* [num_rows, 512], row stride codes_stride bytes, 16-byte aligned */
+  float* scales;         /* [num_rows, 8], row stride scales_stride floats */
+  int64_t row_stride;
+  int64_t codes_stride;
+  int64_t scales_stride;
+  int64_t num_rows;
+  int64_t num_tokens;
+  float divisor;         /* 448, 240 or 224 */
+  uint32_t format;       /* ukv_fp8_format */
+  int32_t loc_i64;       /* 1: loc is int64 */
+  int32_t reserved;
+} ukv_scaled_store_params;
+
 /* Fused Q/KV RMSNorm + RoPE + pool store (docs/prepare.md §4). Index vectors
  * are int32, or int64 where their *_i64 flag is set. */
 typedef struct ukv_prepare_qkv_params {
@@ -159,14 +177,27 @@ typedef struct ukv_prefill_streams_params {
   int32_t reserved;
 } ukv_prefill_streams_params;
 
-/* One key source of sparse attention. */
+/* One key source of sparse attention, by `layout` (a ukv_kv_layout,
+ * kernels/attention/common.cuh; docs/attention.md §6):
+ *  0 pool rows: bf16 rows in kv.data (stride kv_stride elements), or (kv.fp8)
+ *    the FP8 pool's nope rows in kv.data and rope rows in kv.rope;
+ *  1 FlashMLA cache (kv.fp8 = 1): pages of kv_stride bytes from kv.data, key i
+ *    the token slot i % 2^page_shift of page i >> page_shift (docs/fp8.md §5);
+ *  2 scaled FP8 rows (kv.fp8 = 1): codes [rows, 512] in kv.data (stride
+ *    kv_stride bytes), fp32 scales [rows, 8] in `scales` (stride
+ *    scales_stride floats) (docs/fp8.md §8).
+ * kv.fp8_format is the call's FP8 flavour for every source. */
 typedef struct ukv_kv_source {
-  ukv_pool_rows kv;        /* bf16 rows (stride kv_stride elements) or FP8 pool rows */
+  ukv_pool_rows kv;
   const int32_t* indices;
   const int32_t* indptr;   /* [num_tokens + 1] */
   int64_t kv_stride;
-  int64_t rows;
+  int64_t rows;            /* keys: valid indices are below it */
   int64_t capacity;        /* entries of `indices` */
+  const float* scales;     /* layout 2 */
+  int64_t scales_stride;   /* layout 2 */
+  int32_t layout;
+  int32_t page_shift;      /* layout 1 */
 } ukv_kv_source;
 
 /* Sparse decode / prefill attention (docs/attention.md §1, §2). */

@@ -124,6 +124,7 @@ size_t unikv_gpu_params_size(int which) {
     case 13: return sizeof(ukv_indexer_q_params);
     case 14: return sizeof(ukv_indexer_k_params);
     case 15: return sizeof(ukv_indexer_topk_params);
+    case 16: return sizeof(ukv_scaled_store_params);
     default: return 0;
   }
 }

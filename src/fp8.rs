@@ -205,3 +205,31 @@ pub fn quantize_block(values: &[f32], fmt: Fp8Format, out_codes: &mut [u8]) -> u
     }
     byte
 }
+
+/// Quantizes a group of values with a plain fp32 scale (docs/fp8.md §3) into
+/// `out_codes` and returns the scale: `amax` is the NaN-ignoring max of |v|,
+/// `scale = max(amax, 1e-4) / divisor` (IEEE division), `inv = 1 / scale`
+/// (correctly rounded reciprocal) and each code is `encode(v * inv)` (one fp32
+/// product, then round-to-nearest-even with saturation). `divisor` is the FP8
+/// maximum the writer divides by: `fmt.max()`, or 224 as sglang's HIP C++
+/// kernels use for e4m3fnuz; it is at most `fmt.max()`, so `|v * inv|` stays
+/// within half a code step of `divisor` and no clip before encoding is needed.
+/// A device port must round the same way: IEEE division and reciprocal, not
+/// the fast approximations. An infinite element makes the scale Inf and `inv`
+/// 0, so that element encodes to NaN (Inf · 0) and the others to zero.
+pub fn quantize_fp32_scale(
+    values: &[f32],
+    fmt: Fp8Format,
+    divisor: f32,
+    out_codes: &mut [u8],
+) -> f32 {
+    assert_eq!(values.len(), out_codes.len(), "one code per value");
+    debug_assert!(divisor > 0.0 && divisor <= fmt.max());
+    let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale = amax.max(AMAX_FLOOR) / divisor;
+    let inv = 1.0 / scale;
+    for (code, v) in out_codes.iter_mut().zip(values) {
+        *code = encode(v * inv, fmt);
+    }
+    scale
+}

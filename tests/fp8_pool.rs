@@ -397,6 +397,8 @@ fn plan(ctx: &Ctx, tokens: usize, heads: usize, kv: unikv_dtype) -> *mut unikv_d
         q_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
         kv_dtype: kv as u32,
         out_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+        kv_layout: 0,
+        reserved: 0,
     };
     let mut p = ptr::null_mut();
     ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut p) });
@@ -434,6 +436,10 @@ fn decode(
         reserved: 0,
         rope_table: absent(),
         positions: absent(),
+        kv: Default::default(),
+        extra_kv: Default::default(),
+        extra_indices: Default::default(),
+        extra_indptr: Default::default(),
     };
     let status =
         unsafe { unikv_sparse_decode(plan, pool.0, &args, ptr::null_mut(), 0, ptr::null_mut()) };

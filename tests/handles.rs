@@ -24,6 +24,8 @@ fn plan_params() -> unikv_attention_plan_params {
         q_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
         kv_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
         out_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 

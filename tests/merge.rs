@@ -155,6 +155,8 @@ fn merge_of_partial_decodes_equals_decode() {
         q_dtype: 1,
         kv_dtype: 1,
         out_dtype: 1,
+        kv_layout: 0,
+        reserved: 0,
     };
     let mut plan = ptr::null_mut();
     ok(unsafe { unikv_decode_plan_create(ctx.0, &params, &mut plan) });
@@ -173,6 +175,10 @@ fn merge_of_partial_decodes_equals_decode() {
             reserved: 0,
             rope_table: absent(),
             positions: absent(),
+            kv: Default::default(),
+            extra_kv: Default::default(),
+            extra_indices: Default::default(),
+            extra_indptr: Default::default(),
         };
         ok(unsafe {
             unikv_sparse_decode(plan, pool.0, &args, ptr::null_mut(), 0, ptr::null_mut())

@@ -95,6 +95,24 @@ fn rust_layouts() -> Vec<Layout> {
             }
         ),
         mirror!(
+            "ukv_scaled_store_params",
+            ScaledStoreParams {
+                rows,
+                loc,
+                codes,
+                scales,
+                row_stride,
+                codes_stride,
+                scales_stride,
+                num_rows,
+                num_tokens,
+                divisor,
+                format,
+                loc_i64,
+                reserved
+            }
+        ),
+        mirror!(
             "ukv_prepare_qkv_params",
             PrepareQkvParams {
                 q_in,
@@ -204,7 +222,11 @@ fn rust_layouts() -> Vec<Layout> {
                 indptr,
                 kv_stride,
                 rows,
-                capacity
+                capacity,
+                scales,
+                scales_stride,
+                layout,
+                page_shift
             }
         ),
         mirror!(

@@ -508,6 +508,8 @@ fn plan_params(num_heads: u32, kv_dtype: unikv_dtype) -> unikv_attention_plan_pa
         q_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
         kv_dtype: kv_dtype as u32,
         out_dtype: unikv_dtype::UNIKV_DTYPE_BF16 as u32,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 

@@ -18,8 +18,9 @@
 // split order, inside the token's thread-block cluster (sm_90+) or through the
 // plan's workspace and combine_kernel.
 //
-// Keys come from up to two sources (pool rows, then the prefill chunk's own
-// rows); an index outside its source (-1 included) is skipped, never read.
+// Keys come from up to two sources (pool rows, a FlashMLA cache or scaled FP8
+// rows, then the prefill chunk's own rows or a second cache); an index
+// outside its source (-1 included) is skipped, never read.
 // Rows of an FP8 pool (docs/fp8.md §4) are gathered as they are
 // stored into their bf16 slot in the tile (the 512-byte nope row at its start,
 // the 128-byte rope row at its end) and dequantized there in place
@@ -149,8 +150,53 @@ __device__ __forceinline__ bool key_valid(const ukv_attention_params& p, Pending
 }
 
 // What a tile row holds (the per-stage `valid` array): nothing (masked), a
-// bf16 row, or an FP8 row still to be dequantized.
-enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2 };
+// bf16 row, or an FP8 row still to be dequantized: a pool row or a FlashMLA
+// token (codes and rope dims where a pool row has them, its scale slot's
+// bytes undoubled at byte 448), or a scaled row (512 codes, then its 8 fp32
+// scales at byte 512).
+enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2, kRowFlashMla = 3, kRowScaled = 4 };
+
+// ukv_kv_source.layout (kernels/params.h).
+enum : int { kLayoutPool = 0, kLayoutFlashMla = 1, kLayoutScaled = 2 };
+
+// Key resolution of the foreign layouts (docs/attention.md §6). FlashMLA
+// (docs/fp8.md §5): token `id`'s 576-byte value slot (448 codes, then the 64
+// bf16 rope dims) and its 8-byte scale slot, 64-bit offsets.
+constexpr int kFlashValueBytes = 576;
+constexpr int kFlashCodeBytes = 448;
+__device__ __forceinline__ const char* flashmla_value(const ukv_kv_source& s, int id) {
+  const int64_t page = id >> s.page_shift, slot = id & ((1 << s.page_shift) - 1);
+  return static_cast<const char*>(s.kv.data) + page * s.kv_stride + slot * kFlashValueBytes;
+}
+// The scale slot's offset from the value slot: past the page's remaining
+// value slots, then 8 bytes per earlier slot.
+__device__ __forceinline__ int flashmla_scale_delta(const ukv_kv_source& s, int id) {
+  const int slot = id & ((1 << s.page_shift) - 1);
+  return (kFlashValueBytes << s.page_shift) - slot * (kFlashValueBytes - 8);
+}
+// Scaled FP8 rows (docs/fp8.md §8): row `id`'s 512 codes and 8 fp32 scales.
+constexpr int kScaledCodeBytes = 512;
+constexpr int kScaledScaleBytes = 32;
+__device__ __forceinline__ const char* scaled_codes(const ukv_kv_source& s, int id) {
+  return static_cast<const char*>(s.kv.data) + (int64_t)id * s.kv_stride;
+}
+__device__ __forceinline__ const float* scaled_scales(const ukv_kv_source& s, int id) {
+  return s.scales + (int64_t)id * s.scales_stride;
+}
+// Eight codes of a scaled row with their tile's fp32 scale to their 16-byte
+// chunk of bf16 values: bf16(decode(code) * scale), one f32 product rounded
+// to nearest even (src/cache_layouts/scaled.rs dequantize_row).
+__device__ __forceinline__ void dequantize_scaled_piece(uint2 codes, float scale, ukv_fp8_format fmt, char* dst) {
+  const uint64_t all = (uint64_t)codes.y << 32 | codes.x;
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = ukv_mul_rn(ukv_fp8_decode((uint8_t)(all >> (16 * i)), fmt), scale);
+    const float hi = ukv_mul_rn(ukv_fp8_decode((uint8_t)(all >> (16 * i + 8)), fmt), scale);
+    out[i] = ukv_pack_bf16x2(lo, hi);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+}
 
 // FP8 rows gathered raw: the 512 nope bytes (448 codes, the scale bytes and
 // padding) in chunks 0..31 of the row's slot, the 128 rope bytes (already

@@ -64,10 +64,33 @@ constexpr bool kHasBulkCopy = false;
 // fits bf16 unless it is subnormal, i.e. for scale bytes below 10, which no
 // store writes), so the tile holds what src/cache_layouts/unified.rs
 // dequantize_row gives.
+// Dequantizes in place scaled row r of a landed tile (docs/fp8.md §8), by one
+// warp: its 512 codes in chunks 0..31 and 8 fp32 scales in chunks 32..33
+// become 64 bf16 chunks. Lane l reads pieces l and 32 + l (8 codes each)
+// and their scales before any lane writes, then writes chunks l and 32 + l.
+template <class Layout>
+__device__ __forceinline__ void dequantize_scaled_row(char* tile, int r, ukv_fp8_format fmt) {
+  const int lane = threadIdx.x % UKV_WARP;
+  const uint2 lo = *reinterpret_cast<const uint2*>(tile + Layout::at(r, lane / 2) + 8 * (lane % 2));
+  const uint2 hi = *reinterpret_cast<const uint2*>(tile + Layout::at(r, 16 + lane / 2) + 8 * (lane % 2));
+  // Scale j (dims 64j..64j+63) is float j % 4 of chunk 32 + j / 4.
+  const int j_lo = lane / 8, j_hi = 4 + lane / 8;
+  const float s_lo = *reinterpret_cast<const float*>(tile + Layout::at(r, 32 + j_lo / 4) + 4 * (j_lo % 4));
+  const float s_hi = *reinterpret_cast<const float*>(tile + Layout::at(r, 32 + j_hi / 4) + 4 * (j_hi % 4));
+  ukv_syncwarp();
+  dequantize_scaled_piece(lo, s_lo, fmt, tile + Layout::at(r, lane));
+  dequantize_scaled_piece(hi, s_hi, fmt, tile + Layout::at(r, UKV_WARP + lane));
+  ukv_syncwarp();  // before the next row's reads
+}
+
 template <class Layout, int kRows>
 __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, ukv_fp8_format fmt, int row0, int step) {
   constexpr int kPieces = 56, kScaleChunk = 28;
   const int lane = threadIdx.x % UKV_WARP;
+  // Scaled rows first, each on its own (valid[r] is the same for the warp).
+#pragma unroll 1
+  for (int k = 0; k < kRows; ++k)
+    if (valid[row0 + step * k] == kRowScaled) dequantize_scaled_row<Layout>(tile, row0 + step * k, fmt);
   const bool second = lane < kPieces - UKV_WARP;  // lanes past it repeat piece 32 + 23 (read, never written)
   const int hi_lane = second ? lane : kPieces - UKV_WARP - 1;
   uint2 lo[kRows], hi[kRows];
@@ -77,14 +100,17 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
     // Every row's bytes are read (in bounds whatever the row holds); only FP8
-    // rows are written.
+    // rows are written. A pool row doubles its scale bytes, a FlashMLA
+    // token's are consecutive.
     const int r = row0 + step * k;
     const char* scales = tile + Layout::at(r, kScaleChunk);
-    fp8[k] = valid[r] == kRowFp8;
+    const int kind = valid[r];
+    const int scale_step = kind == kRowFlashMla ? 1 : 2;
+    fp8[k] = kind == kRowFp8 || kind == kRowFlashMla;
     lo[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, lane / 2) + 8 * (lane % 2));
     hi[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, 16 + hi_lane / 2) + 8 * (hi_lane % 2));
-    s_lo[k] = *reinterpret_cast<const uint8_t*>(scales + 2 * (lane / 8));
-    s_hi[k] = *reinterpret_cast<const uint8_t*>(scales + 2 * (4 + hi_lane / 8));
+    s_lo[k] = *reinterpret_cast<const uint8_t*>(scales + scale_step * (lane / 8));
+    s_hi[k] = *reinterpret_cast<const uint8_t*>(scales + scale_step * (4 + hi_lane / 8));
   }
   // Every raw piece is read before any lane writes (the warp vote below is no
   // memory barrier); then one flag, without a branch per piece.
@@ -210,8 +236,28 @@ struct TileLoads {
     const bool ok = key_valid(p, pk);
     const ukv_kv_source& src = p.src[ok ? pk.source : 0];
     const bool fp8 = kFp8 && src.kv.fp8;
-    valid[stage * kBK + key] = !ok ? kRowInvalid : fp8 ? kRowFp8 : kRowBf16;
-    if (ok && fp8) {
+    const int layout = kFp8 && ok ? src.layout : kLayoutPool;
+    valid[stage * kBK + key] = !ok    ? kRowInvalid
+                               : !fp8 ? kRowBf16
+                               : layout == kLayoutFlashMla ? kRowFlashMla
+                               : layout == kLayoutScaled   ? kRowScaled
+                                                           : kRowFp8;
+    if (layout == kLayoutFlashMla) {
+      // The scale slot (8 bytes, not a bulk copy's 16) read here and stored
+      // where dequantize_rows looks for a FlashMLA token's scales.
+      const char* value = flashmla_value(src, pk.raw);
+      *reinterpret_cast<uint2*>(dst + Layout::at(key, kFlashCodeBytes / 16)) =
+          *reinterpret_cast<const uint2*>(value + flashmla_scale_delta(src, pk.raw));
+      ukv_fence_async_shared();  // before a later bulk copy into this row
+      ukv_mbar_arrive_expect(&bars[stage], kFlashValueBytes);
+      ukv_bulk_copy(row, value, kFlashCodeBytes, &bars[stage]);
+      ukv_bulk_copy(dst + Layout::at(key, kFp8RopeChunk), value + kFlashCodeBytes, kFp8RopeBytes, &bars[stage]);
+    } else if (layout == kLayoutScaled) {
+      ukv_mbar_arrive_expect(&bars[stage], kScaledCodeBytes + kScaledScaleBytes);
+      ukv_bulk_copy(row, scaled_codes(src, pk.raw), kScaledCodeBytes, &bars[stage]);
+      ukv_bulk_copy(dst + Layout::at(key, kScaledCodeBytes / 16), scaled_scales(src, pk.raw), kScaledScaleBytes,
+                    &bars[stage]);
+    } else if (ok && fp8) {
       ukv_mbar_arrive_expect(&bars[stage], kFp8NopeBytes + kFp8RopeBytes);
       ukv_bulk_copy(row, static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes, kFp8NopeBytes,
                     &bars[stage]);
@@ -244,9 +290,22 @@ struct TileLoads {
     const int half = warp & 1;
     const char* lane_base = static_cast<const char*>(p.src[0].kv.data);
     int kind = kRowInvalid;
+    int scale_delta = 0;  // FlashMLA: the scale slot's offset from the value slot
     if (ok) {
       const ukv_kv_source& src = p.src[pk.source];
-      if (kFp8 && src.kv.fp8) {
+      if (kFp8 && src.layout == kLayoutFlashMla) {
+        // Half 0: the 448 codes (chunks 0..27) and the scale slot (chunk 28);
+        // half 1: the rope dims (chunks 56..63).
+        kind = kRowFlashMla;
+        const char* value = flashmla_value(src, pk.raw);
+        lane_base = half == 0 ? value : value + kFlashCodeBytes - kFp8RopeChunk * 16;
+        scale_delta = flashmla_scale_delta(src, pk.raw);
+      } else if (kFp8 && src.layout == kLayoutScaled) {
+        // Half 0: the 512 codes; half 1: the 32 scale bytes (chunks 32..33).
+        kind = kRowScaled;
+        lane_base = half == 0 ? scaled_codes(src, pk.raw)
+                              : reinterpret_cast<const char*>(scaled_scales(src, pk.raw)) - kScaledCodeBytes;
+      } else if (kFp8 && src.kv.fp8) {
         kind = kRowFp8;
         lane_base = half == 0 ? static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes
                               : static_cast<const char*>(src.kv.rope) + (int64_t)pk.raw * kFp8RopeBytes -
@@ -266,7 +325,18 @@ struct TileLoads {
                             ((uint64_t)(uint32_t)ukv_shfl((int)(uint32_t)(row_bits >> 32), i, UKV_WARP) << 32);
       const int k_kind = ukv_shfl(kind, i, UKV_WARP);
       const int chunk = half * 32 + lane;
-      const bool copy = k_kind == kRowBf16 || (k_kind == kRowFp8 && (half == 0 || chunk >= kFp8RopeChunk));
+      bool copy = k_kind == kRowBf16 || (k_kind == kRowFp8 && (half == 0 || chunk >= kFp8RopeChunk));
+      if (kFp8) {
+        const int k_delta = ukv_shfl(scale_delta, i, UKV_WARP);
+        constexpr int kScaleChunk = kFlashCodeBytes / 16;
+        copy |= k_kind == kRowFlashMla && (chunk < kScaleChunk || chunk >= kFp8RopeChunk);
+        copy |= k_kind == kRowScaled && (half == 0 || chunk < (kScaledCodeBytes + kScaledScaleBytes) / 16);
+        if (k_kind == kRowFlashMla && chunk == kScaleChunk) {
+          // The 8-byte scale slot instead of a (zero-filling) 16-byte copy.
+          ukv_cp_async8(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + k_delta);
+          continue;
+        }
+      }
       ukv_cp_async16(dst + Layout::at(k, chunk), reinterpret_cast<const char*>(addr) + chunk * 16, copy);
     }
   }

@@ -90,11 +90,12 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const
 
 // Whether every key source of a call is an e4m3fn pool, the rows the raw
 // variant reads (host-side arguments, so the kernel choice still depends only
-// on what a graph captures). e4m3fnuz pools, the AMD format, take the
-// in-place kernels, which decode either format.
+// on what a graph captures). e4m3fnuz pools, the AMD format, and the FlashMLA
+// and scaled layouts take the in-place kernels, which decode all of them.
 bool raw_variant_applies(const ukv_attention_params& p) {
   for (int s = 0; s < p.num_sources; ++s)
-    if (p.src[s].kv.fp8 == 0 || p.src[s].kv.fp8_format != UKV_FP8_E4M3FN) return false;
+    if (p.src[s].kv.fp8 == 0 || p.src[s].kv.fp8_format != UKV_FP8_E4M3FN || p.src[s].layout != kLayoutPool)
+      return false;
   return true;
 }
 

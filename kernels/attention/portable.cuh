@@ -71,7 +71,8 @@ struct PortableSmem {
 
 // Row `key` of the chunk: 8 threads (part = 0..7) write 8 of its 64 bf16
 // chunks each (chunk part + 8i): copied from a bf16 row, dequantized from an
-// FP8 row (codes piece c for chunk c < 56, the bf16 rope row for the rest), or
+// FP8 pool row or FlashMLA token (codes piece c for chunk c < 56, the bf16
+// rope dims for the rest) or a scaled row (codes piece c for every chunk), or
 // zeros for an invalid key.
 template <bool kFp8>
 __device__ __forceinline__ void portable_gather_row(const ukv_attention_params& p, PendingKey pk, char* row, int part) {
@@ -82,6 +83,19 @@ __device__ __forceinline__ void portable_gather_row(const ukv_attention_params& 
     uint4* dst = reinterpret_cast<uint4*>(row + c * 16);
     if (!ok) {
       *dst = make_uint4(0, 0, 0, 0);
+    } else if (kFp8 && src.layout == kLayoutFlashMla) {
+      const char* value = flashmla_value(src, pk.raw);
+      if (c >= kFp8RopeChunk) {
+        *dst = reinterpret_cast<const uint4*>(value + kFlashCodeBytes)[c - kFp8RopeChunk];
+      } else {
+        const uint2 codes = reinterpret_cast<const uint2*>(value)[c];
+        const uint32_t scale = reinterpret_cast<const uint8_t*>(value + flashmla_scale_delta(src, pk.raw))[c / 8];
+        dequantize_piece(codes, scale, (ukv_fp8_format)src.kv.fp8_format, reinterpret_cast<char*>(dst));
+      }
+    } else if (kFp8 && src.layout == kLayoutScaled) {
+      const uint2 codes = reinterpret_cast<const uint2*>(scaled_codes(src, pk.raw))[c];
+      dequantize_scaled_piece(codes, scaled_scales(src, pk.raw)[c / 8], (ukv_fp8_format)src.kv.fp8_format,
+                              reinterpret_cast<char*>(dst));
     } else if (kFp8 && src.kv.fp8) {
       if (c >= kFp8RopeChunk) {
         *dst = reinterpret_cast<const uint4*>(static_cast<const char*>(src.kv.rope) +

@@ -45,6 +45,19 @@
   X(ukv_cache_store_params, format)               \
   X(ukv_cache_store_params, loc_i64)              \
   X(ukv_cache_store_params, rows_f32)             \
+  X(ukv_scaled_store_params, rows)                \
+  X(ukv_scaled_store_params, loc)                 \
+  X(ukv_scaled_store_params, codes)               \
+  X(ukv_scaled_store_params, scales)              \
+  X(ukv_scaled_store_params, row_stride)          \
+  X(ukv_scaled_store_params, codes_stride)        \
+  X(ukv_scaled_store_params, scales_stride)       \
+  X(ukv_scaled_store_params, num_rows)            \
+  X(ukv_scaled_store_params, num_tokens)          \
+  X(ukv_scaled_store_params, divisor)             \
+  X(ukv_scaled_store_params, format)              \
+  X(ukv_scaled_store_params, loc_i64)             \
+  X(ukv_scaled_store_params, reserved)            \
   X(ukv_prepare_qkv_params, q_in)                 \
   X(ukv_prepare_qkv_params, q_out)                \
   X(ukv_prepare_qkv_params, kv_in)                \
@@ -128,6 +141,10 @@
   X(ukv_kv_source, kv_stride)                     \
   X(ukv_kv_source, rows)                          \
   X(ukv_kv_source, capacity)                      \
+  X(ukv_kv_source, scales)                        \
+  X(ukv_kv_source, scales_stride)                 \
+  X(ukv_kv_source, layout)                        \
+  X(ukv_kv_source, page_shift)                    \
   X(ukv_attention_params, q)                      \
   X(ukv_attention_params, out)                    \
   X(ukv_attention_params, lse)                    \

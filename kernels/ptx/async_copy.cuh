@@ -23,6 +23,16 @@ __device__ __forceinline__ void ukv_cp_async16(void* smem, const void* gmem, boo
   *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
 #endif
 }
+// 8-byte asynchronous global->shared copy (both addresses 8-byte aligned),
+// in the same commit groups as ukv_cp_async16.
+__device__ __forceinline__ void ukv_cp_async8(void* smem, const void* gmem) {
+#if defined(UKV_HAS_CP_ASYNC)
+  uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint2*>(smem) = *reinterpret_cast<const uint2*>(gmem);
+#endif
+}
 __device__ __forceinline__ void ukv_cp_async_commit() {
 #if defined(UKV_HAS_CP_ASYNC)
   asm volatile("cp.async.commit_group;\n" ::);

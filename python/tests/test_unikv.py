@@ -7,7 +7,8 @@ staged:
 
 (scripts/python-test.sh does exactly that.) Results are compared with float64
 references written here, on random inputs, with outputs poisoned first:
-decode and prefill attention, the merge, the SWA and compressed stores, the
+decode and prefill attention (over a pool, and over scaled FP8 rows the
+scaled store wrote), the merge, the SWA and compressed stores, the
 decode streams with the CSA tail (and without the HCA/CSA outputs), inverse
 RoPE, hash routing and the top-k rule; the queries (capabilities, pool sizes
 before creation, plan info and description, the log callback); plus the
@@ -266,6 +267,59 @@ class Attention(unittest.TestCase):
                 den = np.exp(sink[h] - m) + w.sum()
                 want = (w @ k) / den
                 err = np.linalg.norm(got[t, h] - want) / np.linalg.norm(want)
+                self.assertLess(err, 1e-2, "token %d head %d" % (t, h))
+                self.assertAlmostEqual(float(lse[t, h]), m + np.log(den), delta=1e-4 * max(1.0, abs(m)))
+
+    def test_decode_over_scaled_fp8_rows_written_by_the_store(self):
+        """unikv_store_scaled_fp8 writes rows whose codes read back within
+        the format's error; decode over them with no pool (a scaled FP8 plan,
+        kv=kv_cache(...)) matches the float64 reference over the values the
+        reader sees, bf16(fp32(decode(code) * scale))."""
+        rng = np.random.default_rng(2028)
+        heads, tokens, rows = 4, 3, 50
+        scale = HEAD_DIM ** -0.5
+        # e4m3fn code -> value (NaN codes 0x7F, 0xFF excluded by the store's inputs).
+        codes_all = np.arange(256)
+        exp, man = (codes_all >> 3) & 0xF, codes_all & 7
+        mag = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
+        table = np.where(codes_all & 0x80, -mag, mag)
+        with unikv.Context("cpu") as ctx:
+            kv = to_bf16(rng.uniform(-2, 2, (rows, HEAD_DIM)))
+            codes = np.full((rows, HEAD_DIM), 0xA5, np.uint8)
+            scales = np.full((rows, 8), np.nan, np.float32)
+            loc = np.arange(rows, dtype=np.int32)
+            ctx.store_scaled_fp8(codes=codes, scales=scales, kv=(kv, "bf16"), loc=loc,
+                                 cache_dtype=unikv.DTYPE_FP8_E4M3FN, scale_divisor=224)
+            per_dim = np.repeat(scales.astype(np.float64), 64, axis=1)
+            exact = table[codes] * per_dim
+            self.assertLess(np.max(np.abs(exact - from_bf16(kv))), 2.0 ** -4 * 2 + 1e-6)
+            values = from_bf16(to_bf16((table[codes] * per_dim).astype(np.float32)))
+
+            q = to_bf16(rng.uniform(-3, 3, (tokens, heads, HEAD_DIM)))
+            sink = rng.uniform(-2, 2, heads).astype(np.float32)
+            counts = [7, 0, 30]
+            slices = [rng.choice(rows, n, replace=False).astype(np.int32) for n in counts]
+            indices = np.concatenate(slices)
+            indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+            out = np.full((tokens, heads, HEAD_DIM), 0xFFFF, np.uint16)
+            lse = np.full((tokens, heads), np.nan, np.float32)
+            plan = ctx.create_decode_plan(max_tokens=tokens, num_heads=heads, kv_dtype="fp8_e4m3fn",
+                                          kv_layout="scaled_fp8")
+            source = unikv.kv_cache("scaled_fp8", codes, "fp8_e4m3fn", scales=scales)
+            plan.sparse_decode(None, q=(q, "bf16"), indices=indices, indptr=indptr, sink=sink, out=(out, "bf16"),
+                               lse=lse, softmax_scale=scale, kv=source)
+        qf, got = from_bf16(q), from_bf16(out)
+        for t in range(tokens):
+            k = values[slices[t]]
+            for h in range(heads):
+                if len(k) == 0:
+                    self.assertTrue(np.all(got[t, h] == 0), "empty slice gives zeros")
+                    continue
+                logits = scale * (k @ qf[t, h])
+                m = max(float(sink[h]), logits.max())
+                w = np.exp(logits - m)
+                den = np.exp(sink[h] - m) + w.sum()
+                err = np.linalg.norm(got[t, h] - (w @ k) / den) / np.linalg.norm((w @ k) / den)
                 self.assertLess(err, 1e-2, "token %d head %d" % (t, h))
                 self.assertAlmostEqual(float(lse[t, h]), m + np.log(den), delta=1e-4 * max(1.0, abs(m)))
 

@@ -37,6 +37,7 @@ unikv_memory_alloc / free / copy / set          Context.alloc() -> Buffer, Buffe
                                                 Context.memory_copy(), .memory_set()
 unikv_stream_synchronize                        Context.synchronize()
 unikv_attention_merge, unikv_store_flashmla,    Context.attention_merge(**fields), ...
+unikv_store_scaled_fp8,
 unikv_store_indexer, unikv_indexer_prepare_q,
 unikv_indexer_prepare_k, unikv_indexer_topk,
 unikv_indexer_topk_from_logits,
@@ -85,6 +86,9 @@ from ._capi import (  # noqa: F401  (re-exported)
     KERNEL_PORTABLE_SCALAR,
     KERNEL_WGMMA_HEADS_ON_M,
     KERNEL_WGMMA_HEADS_ON_N,
+    KV_LAYOUT_FLASHMLA,
+    KV_LAYOUT_POOL,
+    KV_LAYOUT_SCALED_FP8,
     LOG_ERROR,
     LOG_INFO,
     LOG_WARNING,
@@ -508,6 +512,27 @@ def _convert(obj, dtype, what="tensor", via=None):
     )
 
 
+_KV_LAYOUTS = {"pool": KV_LAYOUT_POOL, "flashmla": KV_LAYOUT_FLASHMLA, "scaled_fp8": KV_LAYOUT_SCALED_FP8}
+
+
+def kv_cache(layout, data, fp8_dtype, page_size=0, scales=None):
+    """A unikv_kv_cache descriptor (the ``kv``, ``extra_kv`` and
+    ``extend_cache`` fields of attention calls, docs/attention.md §6):
+    ``layout`` "flashmla" (``data``: the [num_pages, bytes_per_page] uint8
+    cache, ``page_size`` 2, 64 or 256) or "scaled_fp8" (``data``: the
+    [rows, 512] uint8 codes, ``scales``: [rows, 8] float32); ``fp8_dtype``
+    "fp8_e4m3fn" or "fp8_e4m3fnuz". The arrays must outlive every call that
+    uses the descriptor."""
+    c = _capi.KvCache()
+    c.layout = _KV_LAYOUTS.get(layout, layout)
+    c.fp8_dtype = _dtype_code(fp8_dtype)
+    c.page_size = page_size
+    c.data = as_tensor(data, "u8")
+    if scales is not None:
+        c.scales = as_tensor(scales, "f32")
+    return c
+
+
 def as_tensor(obj, dtype=None, via=None):
     """The unikv_tensor descriptor of an array (see the module docstring).
     ``dtype`` reinterprets elements of the same size (e.g. uint16 bits as
@@ -558,6 +583,7 @@ _LAUNCHES = {
     "unikv_sparse_prefill": (_capi.PrefillArgs, "q", None),
     "unikv_attention_merge": (_capi.MergeArgs, "out", None),
     "unikv_store_flashmla": (_capi.StoreFlashmlaArgs, "kv", None),
+    "unikv_store_scaled_fp8": (_capi.StoreScaledFp8Args, "kv", None),
     "unikv_store_indexer": (_capi.StoreIndexerArgs, "key", None),
     "unikv_build_decode_streams": (_capi.DecodeStreamsArgs, "batch_id", None),
     "unikv_fill_csa_tail": (_capi.CsaTailArgs, "batch_id", None),
@@ -720,14 +746,15 @@ class Context(_Handle):
                     rope_buffers)
 
     def create_decode_plan(self, max_tokens, num_heads, kv_dtype="bf16", head_dim=512, q_dtype="bf16",
-                           out_dtype="bf16"):
-        """unikv_decode_plan_create."""
-        return DecodePlan(self, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype)
+                           out_dtype="bf16", kv_layout="pool"):
+        """unikv_decode_plan_create. ``kv_layout``: "pool", "flashmla",
+        "scaled_fp8" or a KV_LAYOUT_* code (the key sources' layout)."""
+        return DecodePlan(self, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype, kv_layout)
 
     def create_prefill_plan(self, max_tokens, num_heads, kv_dtype="bf16", head_dim=512, q_dtype="bf16",
-                            out_dtype="bf16"):
-        """unikv_prefill_plan_create."""
-        return PrefillPlan(self, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype)
+                            out_dtype="bf16", kv_layout="pool"):
+        """unikv_prefill_plan_create; ``kv_layout`` as for decode plans."""
+        return PrefillPlan(self, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype, kv_layout)
 
     # --- context-level operations ---------------------------------------
 
@@ -738,6 +765,10 @@ class Context(_Handle):
     def store_flashmla(self, stream=None, **fields):
         """unikv_store_flashmla; fields of unikv_store_flashmla_args."""
         self._launch("unikv_store_flashmla", fields, stream)
+
+    def store_scaled_fp8(self, stream=None, **fields):
+        """unikv_store_scaled_fp8; fields of unikv_store_scaled_fp8_args."""
+        self._launch("unikv_store_scaled_fp8", fields, stream)
 
     def store_indexer(self, stream=None, **fields):
         """unikv_store_indexer; fields of unikv_store_indexer_args."""
@@ -885,7 +916,7 @@ class Pool(_Handle):
 class _Plan(_Handle):
     _create = _size = _run = _info = _describe = None
 
-    def __init__(self, ctx, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype):
+    def __init__(self, ctx, max_tokens, num_heads, kv_dtype, head_dim, q_dtype, out_dtype, kv_layout="pool"):
         params = _capi.AttentionPlanParams(
             max_tokens=max_tokens,
             num_heads=num_heads,
@@ -893,6 +924,7 @@ class _Plan(_Handle):
             q_dtype=_dtype_code(q_dtype),
             kv_dtype=_dtype_code(kv_dtype),
             out_dtype=_dtype_code(out_dtype),
+            kv_layout=_KV_LAYOUTS.get(kv_layout, kv_layout),
         )
         self.ctx = ctx
         super().__init__(_new_handle(self._create, ctx.handle, ctypes.byref(params)))
@@ -938,7 +970,8 @@ class _Plan(_Handle):
             ws, ws_bytes = _address(workspace), _nbytes(workspace)
             arrays.append(workspace)
         s = _stream_handle(stream, arrays)
-        status = getattr(_capi.load(), self._run)(self.handle, pool.handle, ctypes.byref(args), ws, ws_bytes, s)
+        pool_handle = None if pool is None else pool.handle
+        status = getattr(_capi.load(), self._run)(self.handle, pool_handle, ctypes.byref(args), ws, ws_bytes, s)
         del keep
         _check(status, self._run)
 
@@ -955,7 +988,9 @@ class DecodePlan(_Plan):
 
     def sparse_decode(self, pool, workspace=None, stream=None, **fields):
         """unikv_sparse_decode; fields of unikv_decode_args. ``workspace``: a
-        Buffer, an array (its bytes) or None when workspace_size is 0."""
+        Buffer, an array (its bytes) or None when workspace_size is 0.
+        ``pool`` may be None when the key sources are caches (``kv`` and
+        ``extra_kv`` fields: see ``kv_cache``)."""
         self._attend(pool, workspace, stream, fields)
 
 

@@ -87,6 +87,11 @@ KERNEL_PORTABLE_MATRIX = 6
 PLAN_DECODE = 1
 PLAN_PREFILL = 2
 
+# unikv_kv_layout: where a key source's rows live (docs/attention.md §6).
+KV_LAYOUT_POOL = 0
+KV_LAYOUT_FLASHMLA = 1
+KV_LAYOUT_SCALED_FP8 = 2
+
 COPY_HOST_TO_DEVICE = 0
 COPY_DEVICE_TO_HOST = 1
 COPY_DEVICE_TO_DEVICE = 2
@@ -196,19 +201,40 @@ AttentionPlanParams = _sized(
         ("q_dtype", c_uint32),
         ("kv_dtype", c_uint32),
         ("out_dtype", c_uint32),
+        ("kv_layout", c_uint32),
+        ("reserved", c_uint32),
     ],
 )
+
+
+class KvCache(ctypes.Structure):
+    """unikv_kv_cache: a key source's rows in a caller-owned cache (all zero:
+    the call's default rows, a pool layer or extend_kv)."""
+
+    _c_name_ = "unikv_kv_cache"
+    _fields_ = [
+        ("layout", c_uint32),
+        ("fp8_dtype", c_uint32),
+        ("page_size", c_uint32),
+        ("reserved", c_uint32),
+        ("data", T),
+        ("scales", T),
+    ]
+
+
 DecodeArgs = _sized(
     "unikv_decode_args",
     [("q", T), ("indices", T), ("indptr", T), ("sink", T), ("out", T), ("lse", T)]
     + [("layer", c_uint32), ("num_tokens", c_uint32), ("softmax_scale", c_float), ("reserved", c_uint32)]
-    + [("rope_table", T), ("positions", T)],
+    + [("rope_table", T), ("positions", T)]
+    + [("kv", KvCache), ("extra_kv", KvCache), ("extra_indices", T), ("extra_indptr", T)],
 )
 PrefillArgs = _sized(
     "unikv_prefill_args",
     [("q", T), ("indices", T), ("indptr", T), ("sink", T), ("out", T), ("lse", T)]
     + [("extend_kv", T), ("extend_indices", T), ("extend_indptr", T)]
-    + [("layer", c_uint32), ("num_tokens", c_uint32), ("softmax_scale", c_float), ("reserved", c_uint32)],
+    + [("layer", c_uint32), ("num_tokens", c_uint32), ("softmax_scale", c_float), ("reserved", c_uint32)]
+    + [("kv", KvCache), ("extend_cache", KvCache)],
 )
 MergeArgs = _sized(
     "unikv_merge_args",
@@ -219,6 +245,11 @@ StoreFlashmlaArgs = _sized(
     "unikv_store_flashmla_args",
     [("cache", T), ("kv", T), ("loc", T)]
     + [("page_size", c_uint32), ("cache_dtype", c_uint32), ("num_tokens", c_uint32), ("reserved", c_uint32)],
+)
+StoreScaledFp8Args = _sized(
+    "unikv_store_scaled_fp8_args",
+    [("codes", T), ("scales", T), ("kv", T), ("loc", T)]
+    + [("cache_dtype", c_uint32), ("scale_divisor", c_uint32), ("num_tokens", c_uint32), ("reserved", c_uint32)],
 )
 StoreIndexerArgs = _sized(
     "unikv_store_indexer_args",
@@ -357,10 +388,12 @@ STRUCTS = [
     PoolInfo,
     PoolLayerInfo,
     AttentionPlanParams,
+    KvCache,
     DecodeArgs,
     PrefillArgs,
     MergeArgs,
     StoreFlashmlaArgs,
+    StoreScaledFp8Args,
     StoreIndexerArgs,
     DecodeStreamsArgs,
     CsaTailArgs,
@@ -420,6 +453,7 @@ FUNCTIONS = {
     "unikv_sparse_prefill": (_ST, [_H, _H, _p(PrefillArgs), _P, c_size_t, _P]),
     "unikv_attention_merge": (_ST, [_H, _p(MergeArgs), _P]),
     "unikv_store_flashmla": (_ST, [_H, _p(StoreFlashmlaArgs), _P]),
+    "unikv_store_scaled_fp8": (_ST, [_H, _p(StoreScaledFp8Args), _P]),
     "unikv_store_indexer": (_ST, [_H, _p(StoreIndexerArgs), _P]),
     "unikv_build_decode_streams": (_ST, [_H, _p(DecodeStreamsArgs), _P]),
     "unikv_fill_csa_tail": (_ST, [_H, _p(CsaTailArgs), _P]),

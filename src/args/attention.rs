@@ -6,8 +6,10 @@ use std::fmt::Debug;
 use half::bf16;
 
 use crate::args::LayerRows;
+use crate::cache_layouts::flashmla::FlashMlaGeometry;
 use crate::dtype::DType;
-use crate::error::{ensure, Result};
+use crate::error::{ensure, err, Result};
+use crate::fp8::Fp8Format;
 use crate::geometry::HEAD_DIM;
 use crate::tensor::{IndexVector, Matrix, Tensor3, Vector};
 
@@ -20,6 +22,47 @@ pub enum PlanKind {
     Prefill,
 }
 
+/// Where a key source's rows live (docs/attention.md §6). A plan is made for
+/// one layout: its calls' key sources are of that layout, or bf16 rows
+/// (prefill's extend rows; a bf16 pool's layer for a bf16 plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLayout {
+    /// unikv's own rows: a pool layer (bf16, or FP8 rows, docs/fp8.md §4).
+    Pool,
+    /// FlashMLA's paged FP8 cache (docs/fp8.md §5); keys are token ids.
+    FlashMla,
+    /// Scaled FP8 rows: codes plus fp32 scales (docs/fp8.md §8).
+    ScaledFp8,
+}
+
+impl KvLayout {
+    /// The layout a `unikv_kv_layout` value names; an unknown value is `BadEnum`.
+    pub fn from_raw(name: &str, raw: u32) -> Result<Self> {
+        match raw {
+            0 => Ok(KvLayout::Pool),
+            1 => Ok(KvLayout::FlashMla),
+            2 => Ok(KvLayout::ScaledFp8),
+            _ => Err(err!(BadEnum, "{name}: unknown unikv_kv_layout value {raw}")),
+        }
+    }
+
+    pub fn to_raw(self) -> u32 {
+        match self {
+            KvLayout::Pool => 0,
+            KvLayout::FlashMla => 1,
+            KvLayout::ScaledFp8 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvLayout::Pool => "pool",
+            KvLayout::FlashMla => "FlashMLA",
+            KvLayout::ScaledFp8 => "scaled FP8",
+        }
+    }
+}
+
 /// The capture-time shapes a plan is made for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanShape {
@@ -28,7 +71,10 @@ pub struct PlanShape {
     pub num_heads: usize,
     pub head_dim: usize,
     pub q_dtype: DType,
+    /// The FP8 flavour (or bf16) of the key sources' rows.
     pub kv_dtype: DType,
+    /// The layout of the key sources (`KvLayout`).
+    pub kv_layout: KvLayout,
     pub out_dtype: DType,
 }
 
@@ -57,6 +103,13 @@ impl PlanShape {
             BadDtype,
             "params.kv_dtype: {} is not supported, expected the pool's dtype (bf16, fp8_e4m3fn or fp8_e4m3fnuz)",
             self.kv_dtype.name()
+        );
+        ensure!(
+            self.kv_layout == KvLayout::Pool || self.kv_dtype.fp8_format().is_some(),
+            BadDtype,
+            "params.kv_dtype: {} rows are not a {} layout, whose codes are fp8_e4m3fn or fp8_e4m3fnuz",
+            self.kv_dtype.name(),
+            self.kv_layout.name()
         );
         for (name, dtype) in [
             ("params.q_dtype", self.q_dtype),
@@ -137,13 +190,59 @@ pub struct InverseRopeEpilogue {
     pub positions: IndexVector,
 }
 
+/// Where a key source's rows live: a layer of the pool or prefill's bf16
+/// extend rows (`Layer`), or a caller-owned cache of another layout.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyRows {
+    /// A pool layer's rows (the pool's row kind), or prefill's bf16 extend rows.
+    Layer(LayerRows),
+    /// FlashMLA's paged cache, `[num_pages, bytes_per_page]` bytes with row
+    /// stride exactly `bytes_per_page`: key `i` is token slot `i % page_size`
+    /// of page `i / page_size` (docs/fp8.md §5).
+    FlashMla {
+        cache: Matrix<u8>,
+        geometry: FlashMlaGeometry,
+    },
+    /// Scaled FP8 rows (docs/fp8.md §8): `codes` `[rows, 512]`, `scales`
+    /// `[rows, 8]` f32.
+    ScaledFp8 {
+        codes: Matrix<u8>,
+        scales: Matrix<f32>,
+        format: Fp8Format,
+    },
+}
+
+impl KeyRows {
+    /// Keys the source holds: valid indices are below it.
+    pub fn rows(&self) -> usize {
+        match self {
+            KeyRows::Layer(rows) => rows.rows(),
+            KeyRows::FlashMla { cache, geometry } => {
+                crate::cache_layouts::flashmla::token_slots(geometry, cache.shape[0])
+            }
+            KeyRows::ScaledFp8 { codes, .. } => codes.shape[0],
+        }
+    }
+
+    /// The FP8 flavour of the source's codes (None for bf16 rows).
+    pub fn fp8_format(&self) -> Option<Fp8Format> {
+        match self {
+            KeyRows::Layer(LayerRows::Bf16(_)) => None,
+            KeyRows::Layer(LayerRows::Fp8 { format, .. }) => Some(*format),
+            KeyRows::FlashMla { geometry, .. } => Some(geometry.format()),
+            KeyRows::ScaledFp8 { format, .. } => Some(*format),
+        }
+    }
+}
+
 /// One key/value source: rows of `kv` named by `indices[indptr[t]..indptr[t+1]]`.
-/// The pool source has the pool's row kind; prefill's extend rows are bf16.
+/// `names` are the (indices, indptr) argument names, for messages.
 #[derive(Debug, Clone, Copy)]
 pub struct KvSource {
-    pub kv: LayerRows,
+    pub kv: KeyRows,
     pub indices: Vector<i32>,
     pub indptr: Vector<i32>,
+    pub names: (&'static str, &'static str),
 }
 
 /// Caller-provided scratch memory, at least the plan's workspace size.
@@ -181,12 +280,9 @@ pub struct AttentionArgs<'a> {
     pub inverse_rope: Option<InverseRopeEpilogue>,
 }
 
-/// Argument names of each key source (static: no formatting on the launch path).
-pub const SOURCE_NAMES: [(&str, &str); 2] =
-    [("indices", "indptr"), ("extend_indices", "extend_indptr")];
-
 impl AttentionArgs<'_> {
-    /// The key sources in order: the pool layer, then prefill's extend rows.
+    /// The key sources in order: decode's `indices` then `extra_indices`, or
+    /// prefill's prefix then extend stream.
     pub fn sources(&self) -> &[KvSource] {
         &self.sources[..self.num_sources]
     }

@@ -4,6 +4,7 @@ use half::bf16;
 
 use crate::cache_layouts::flashmla::FlashMlaGeometry;
 use crate::cache_layouts::indexer::IndexerGeometry;
+use crate::fp8::Fp8Format;
 use crate::tensor::{FloatRows, IndexVector, Matrix};
 
 /// Where a validated store writes: a `[num_pages, bytes_per_page]` byte cache
@@ -40,4 +41,18 @@ pub struct IndexerStoreArgs {
     pub geometry: IndexerGeometry,
     pub target: CacheTarget,
     pub key: FloatRows,
+}
+
+/// Validated `store_scaled_fp8`: row t of `kv` (512 bf16) is quantized to row
+/// `loc[t]` of the codes (`target.cache`, `[rows, 512]` bytes, any 16-byte
+/// multiple row stride; `target.page_size` is 1) and of `scales` (`[rows, 8]`
+/// f32).
+#[derive(Debug, Clone, Copy)]
+pub struct ScaledStoreArgs {
+    pub target: CacheTarget,
+    pub scales: Matrix<f32>,
+    pub kv: Matrix<bf16>,
+    pub format: Fp8Format,
+    /// The FP8 maximum each tile's amax is divided by (448, 240 or 224).
+    pub divisor: f32,
 }

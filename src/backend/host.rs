@@ -4,8 +4,10 @@
 
 use half::bf16;
 
+use crate::args::attention::KeyRows;
 use crate::args::LayerRows;
 use crate::cache_layouts::unified::{self, NOPE_ROW_BYTES, ROPE_DIMS};
+use crate::cache_layouts::{flashmla, scaled};
 use crate::geometry::HEAD_DIM;
 use crate::tensor::{IndexVector, Matrix, Tensor3, Vector};
 
@@ -108,6 +110,31 @@ pub unsafe fn extend_with_row(layer: &LayerRows, r: usize, out: &mut Vec<f32>) {
             let start = out.len();
             out.resize(start + HEAD_DIM, 0.0);
             unified::dequantize_row(row(nope, r), row(rope, r), *format, &mut out[start..]);
+        }
+    }
+}
+
+/// Appends key `r` of a key source as 512 f32 values: a layer's row
+/// (`extend_with_row`), a FlashMLA cache's token `r` (`flashmla::dequantize_at`)
+/// or a scaled FP8 row (`scaled::dequantize_row`).
+///
+/// # Safety
+/// The source is host memory valid for reads and `r < kv.rows()`.
+pub unsafe fn extend_with_key(kv: &KeyRows, r: usize, out: &mut Vec<f32>) {
+    let start = out.len();
+    match kv {
+        KeyRows::Layer(layer) => extend_with_row(layer, r, out),
+        KeyRows::FlashMla { cache, geometry } => {
+            out.resize(start + HEAD_DIM, 0.0);
+            flashmla::dequantize_at(contiguous(cache), geometry, r as u64, &mut out[start..]);
+        }
+        KeyRows::ScaledFp8 {
+            codes,
+            scales,
+            format,
+        } => {
+            out.resize(start + HEAD_DIM, 0.0);
+            scaled::dequantize_row(row(codes, r), row(scales, r), *format, &mut out[start..]);
         }
     }
 }

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use std::fmt::Debug;
 
 use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
-use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -98,6 +98,8 @@ pub trait Backend: Send + Sync + Debug {
     fn store_flashmla(&self, args: &FlashMlaStoreArgs, stream: Stream) -> Result<()>;
     /// Quantizes keys into an indexer key cache (docs/fp8.md §6).
     fn store_indexer(&self, args: &IndexerStoreArgs, stream: Stream) -> Result<()>;
+    /// Quantizes latent rows into scaled FP8 rows (docs/fp8.md §8).
+    fn store_scaled_fp8(&self, args: &ScaledStoreArgs, stream: Stream) -> Result<()>;
 
     /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool.
     fn prepare_qkv(&self, args: &PrepareQkvArgs, stream: Stream) -> Result<()>;

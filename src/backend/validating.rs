@@ -5,8 +5,8 @@
 //! the copies; only then does the wrapped backend launch. The context wraps
 //! its backend in `Validating` when created with `validate` set.
 
-use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlannedLaunch, SOURCE_NAMES};
-use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlannedLaunch};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
 use crate::args::merge::MergeArgs;
@@ -183,6 +183,11 @@ impl<B: Backend> Backend for Validating<B> {
         self.inner.store_indexer(a, stream)
     }
 
+    fn store_scaled_fp8(&self, a: &ScaledStoreArgs, stream: Stream) -> Result<()> {
+        self.check_cache_locations(&a.target, stream)?;
+        self.inner.store_scaled_fp8(a, stream)
+    }
+
     fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {
         let (_p, positions) = self.mirror_ints(&a.positions, stream)?;
         let (_r, rows) = match &a.rows {
@@ -258,7 +263,7 @@ impl<B: Backend> Backend for Validating<B> {
     }
 
     fn attention(&self, a: &AttentionArgs, stream: Stream) -> Result<()> {
-        for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
+        for src in a.sources() {
             let (_p, indptr) = self.mirror(&src.indptr, stream)?;
             let (_i, indices) = self.mirror(&src.indices, stream)?;
             let host = KvSource {
@@ -267,7 +272,7 @@ impl<B: Backend> Backend for Validating<B> {
                 ..*src
             };
             self.inner.synchronize(stream)?;
-            rules::attention::check_source(names, &host, a.num_tokens, a.skip_negative)?;
+            rules::attention::check_source(&host, a.num_tokens, a.skip_negative)?;
         }
         if let Some(e) = &a.inverse_rope {
             self.check_positions(&e.positions, a.num_tokens, e.table.shape[0], stream)?;

@@ -161,6 +161,18 @@ pub fn dequantize_token(
     location: i64,
 ) -> Result<Vec<f32>> {
     let location = geometry.paging.read_location(cache.len(), location)?;
+    let mut out = vec![0.0; TOKEN_DIMS];
+    dequantize_at(cache, geometry, location, &mut out);
+    Ok(out)
+}
+
+/// `dequantize_token` of a location already checked against the cache (the
+/// attention reader's per-key path): writes the 512 values into `out`.
+///
+/// # Panics
+/// When the token's bytes lie past the end of `cache` or `out` is shorter
+/// than 512 values.
+pub fn dequantize_at(cache: &[u8], geometry: &FlashMlaGeometry, location: u64, out: &mut [f32]) {
     let value = geometry.value_offset(location) as usize;
     let codes = &cache[value..value + NOPE_DIMS];
     let scale = geometry.scale_offset(location) as usize;
@@ -168,14 +180,23 @@ pub fn dequantize_token(
     let rope_start = geometry.rope_offset(location) as usize;
     let rope = &cache[rope_start..value + VALUE_SLOT_BYTES as usize];
 
-    let mut out = Vec::with_capacity(TOKEN_DIMS);
-    for (tile, &byte) in codes.chunks_exact(TILE_DIMS).zip(scales) {
+    let (nope_out, rope_out) = out[..TOKEN_DIMS].split_at_mut(NOPE_DIMS);
+    let tiles = codes
+        .chunks_exact(TILE_DIMS)
+        .zip(nope_out.chunks_exact_mut(TILE_DIMS));
+    for ((tile, tile_out), &byte) in tiles.zip(scales) {
         let scale = fp8::ue8m0_to_f32(byte);
-        out.extend(tile.iter().map(|&c| fp8::decode(c, geometry.fmt) * scale));
+        for (o, &c) in tile_out.iter_mut().zip(tile) {
+            *o = fp8::decode(c, geometry.fmt) * scale;
+        }
     }
-    out.extend(
-        rope.chunks_exact(2)
-            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-    );
-    Ok(out)
+    for (o, b) in rope_out.iter_mut().zip(rope.chunks_exact(2)) {
+        *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+}
+
+/// Token slots of a cache of `num_pages` pages: the token ids
+/// (`page * page_size + slot`) a reader accepts are below it.
+pub fn token_slots(geometry: &FlashMlaGeometry, num_pages: usize) -> usize {
+    num_pages * geometry.page_size() as usize
 }

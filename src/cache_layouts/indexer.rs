@@ -118,10 +118,8 @@ pub fn store_token(
 /// The codes and fp32 scale of one key (see `store_token` for the rounding);
 /// the indexer's queries are quantized the same way (docs/indexer.md §1 step 3).
 pub fn quantize_key(key: &[f32], fmt: Fp8Format) -> ([u8; KEY_DIMS], f32) {
-    let amax = key.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    let scale = amax.max(fp8::AMAX_FLOOR) / fmt.max();
-    let inv = 1.0 / scale;
-    let codes = std::array::from_fn(|i| fp8::encode(key[i] * inv, fmt));
+    let mut codes = [0u8; KEY_DIMS];
+    let scale = fp8::quantize_fp32_scale(key, fmt, fmt.max(), &mut codes);
     (codes, scale)
 }
 

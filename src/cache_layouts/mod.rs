@@ -1,6 +1,6 @@
 //! FP8 byte layouts: the two cache layouts of FlashMLA-based serving stacks
-//! (docs/fp8.md §5, §6) and the unified pool's FP8 row
-//! (docs/fp8.md §4): where a token's bytes live, how one token is quantized
+//! (docs/fp8.md §5, §6), the unified pool's FP8 row (docs/fp8.md §4) and
+//! the scaled FP8 rows of the unified-pool kernels (docs/fp8.md §8): where a token's bytes live, how one token is quantized
 //! into them, and a dequantizer.
 //!
 //! Pure host code. The GPU store kernels are tested against these functions byte
@@ -15,6 +15,7 @@
 
 pub mod flashmla;
 pub mod indexer;
+pub mod scaled;
 pub mod unified;
 
 use crate::error::{ensure, err, Result};

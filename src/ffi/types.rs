@@ -90,6 +90,19 @@ pub struct unikv_tensor {
     pub strides: [i64; 4],
 }
 
+impl Default for unikv_tensor {
+    /// An absent optional argument: NULL data, everything else zero.
+    fn default() -> Self {
+        unikv_tensor {
+            data: std::ptr::null_mut(),
+            dtype: 0,
+            ndim: 0,
+            shape: [0; 4],
+            strides: [0; 4],
+        }
+    }
+}
+
 impl From<&unikv_tensor> for RawTensor {
     fn from(t: &unikv_tensor) -> Self {
         RawTensor {

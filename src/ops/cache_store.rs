@@ -1,11 +1,13 @@
 //! Quantize-and-store into the two caches of FlashMLA-based stacks (see
-//! docs/fp8.md §2, §5, §6): the FlashMLA FP8 KV cache and the indexer key
-//! cache, addressed by flat token locations (negative = skip).
+//! docs/fp8.md §2, §5, §6), the FlashMLA FP8 KV cache and the indexer key
+//! cache, addressed by flat token locations, and into scaled FP8 rows
+//! (docs/fp8.md §8), addressed by row (negative = skip).
 
-use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::backend::Stream;
 use crate::cache_layouts::flashmla::{self, FlashMlaGeometry};
 use crate::cache_layouts::indexer::{self, IndexerGeometry};
+use crate::cache_layouts::scaled;
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{ensure, err, Result};
@@ -84,6 +86,63 @@ pub fn store_indexer(ctx: &Context, raw: &CacheStoreRaw, stream: Stream) -> Resu
     ctx.backend().store_indexer(&args, stream)
 }
 
+/// Caller arguments of `store_scaled_fp8`.
+#[derive(Debug, Clone, Copy)]
+pub struct ScaledStoreRaw {
+    pub codes: RawTensor,
+    pub scales: RawTensor,
+    pub rows: RawTensor,
+    pub loc: RawTensor,
+    pub cache_dtype: u32,
+    pub scale_divisor: u32,
+    pub num_tokens: usize,
+}
+
+pub fn store_scaled_fp8(ctx: &Context, raw: &ScaledStoreRaw, stream: Stream) -> Result<()> {
+    ctx.check_usable()?;
+    let format = cache_format(raw.cache_dtype)?;
+    let divisor = scaled::scale_divisor("scale_divisor", raw.scale_divisor, format)?;
+    let codes: Matrix<u8> = raw.codes.view(
+        "codes",
+        [Extent::AtLeast(0), Extent::Exact(scaled::ROW_DIMS)],
+        ROW_ALIGN,
+    )?;
+    let scales: Matrix<f32> = raw.scales.view(
+        "scales",
+        [
+            Extent::Exact(codes.shape[0]),
+            Extent::Exact(scaled::SCALES_PER_ROW),
+        ],
+        ROW_ALIGN,
+    )?;
+    let args = ScaledStoreArgs {
+        target: CacheTarget {
+            cache: codes,
+            loc: raw.loc.index_vector("loc", tokens(raw.num_tokens))?,
+            num_tokens: raw.num_tokens,
+            page_size: 1,
+        },
+        scales,
+        kv: raw.rows.view(
+            "kv",
+            [tokens(raw.num_tokens), Extent::Exact(scaled::ROW_DIMS)],
+            ROW_ALIGN,
+        )?,
+        format,
+        divisor,
+    };
+    aliasing::check(
+        &[
+            output("codes", &args.target.cache),
+            output("scales", &args.scales),
+            input("kv", &args.kv),
+            input("loc", &args.target.loc),
+        ],
+        &[],
+    )?;
+    ctx.backend().store_scaled_fp8(&args, stream)
+}
+
 /// The FP8 flavour named by `cache_dtype`: an unknown value is `BadEnum`, a
 /// dtype that is not FP8 `BadDtype`.
 pub(crate) fn cache_format(raw: u32) -> Result<Fp8Format> {
@@ -108,16 +167,20 @@ pub(crate) fn fp8_format(name: &str, raw: u32) -> Result<Fp8Format> {
 /// A `[num_pages, bytes_per_page]` byte cache. The kernels compute byte
 /// offsets as `page * bytes_per_page`, so the row stride must be exactly the
 /// page stride; 16-byte alignment lets them move 16-byte vectors.
-pub(crate) fn page_cache(cache: RawTensor, bytes_per_page: usize) -> Result<Matrix<u8>> {
+pub(crate) fn page_cache(
+    name: &str,
+    cache: RawTensor,
+    bytes_per_page: usize,
+) -> Result<Matrix<u8>> {
     let cache: Matrix<u8> = cache.view(
-        "cache",
+        name,
         [Extent::AtLeast(1), Extent::Exact(bytes_per_page)],
         ROW_ALIGN,
     )?;
     ensure!(
         cache.strides[0] == bytes_per_page,
         BadStride,
-        "cache: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
+        "{name}: row stride is {} bytes, expected exactly the page stride {bytes_per_page}",
         cache.strides[0]
     );
     Ok(cache)
@@ -130,7 +193,7 @@ pub(crate) fn target(
     num_tokens: usize,
     (bytes_per_page, page_size): (u64, u64),
 ) -> Result<CacheTarget> {
-    let cache = page_cache(cache, bytes_per_page as usize)?;
+    let cache = page_cache("cache", cache, bytes_per_page as usize)?;
     Ok(CacheTarget {
         cache,
         loc: loc.index_vector("loc", tokens(num_tokens))?,

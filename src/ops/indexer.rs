@@ -216,7 +216,7 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
         crate::cache_layouts::indexer::PAGE_SIZES[0],
         cache_format(raw.cache_dtype)?,
     )?;
-    let cache = page_cache(raw.cache, geometry.bytes_per_page() as usize)?;
+    let cache = page_cache("cache", raw.cache, geometry.bytes_per_page() as usize)?;
     let score = TopkScore {
         q_fp8: raw.q_fp8.view(
             "q_fp8",

@@ -12,6 +12,8 @@ pub(crate) fn plan_params(max_tokens: usize, heads: usize) -> unikv_attention_pl
         q_dtype: bf,
         kv_dtype: bf,
         out_dtype: bf,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 

@@ -111,6 +111,10 @@ pub(crate) fn decode_args(
         reserved: 0,
         rope_table: absent(),
         positions: absent(),
+        kv: Default::default(),
+        extra_kv: Default::default(),
+        extra_indices: Default::default(),
+        extra_indptr: Default::default(),
     }
 }
 
@@ -194,6 +198,8 @@ pub(crate) fn prefill_args(b: &Batch, s: &PrefillStreams, o: &mut Outputs) -> un
         num_tokens: t as u32,
         softmax_scale: b.scale,
         reserved: 0,
+        kv: Default::default(),
+        extend_cache: Default::default(),
     }
 }
 

@@ -81,6 +81,10 @@ fn strided_and_oversized_buffers() {
         reserved: 0,
         rope_table: absent(),
         positions: absent(),
+        kv: Default::default(),
+        extra_kv: Default::default(),
+        extra_indices: Default::default(),
+        extra_indptr: Default::default(),
     };
     ok(launch_decode(&plan, &pool, &args));
     let tag = format!("seed {seed}, strided decode, lens {lens:?}");
@@ -143,6 +147,8 @@ fn strided_and_oversized_buffers() {
         num_tokens: tokens as u32,
         softmax_scale: SCALE,
         reserved: 0,
+        kv: Default::default(),
+        extend_cache: Default::default(),
     };
     ok(launch_prefill(&pplan, &pool, &args));
     let tag = format!("seed {seed}, strided prefill, prefix lens {lens:?}");

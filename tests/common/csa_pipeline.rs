@@ -235,6 +235,8 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64) {
         q_dtype: bf,
         kv_dtype: bf,
         out_dtype: bf,
+        kv_layout: 0,
+        reserved: 0,
     };
     let mut plan = ptr::null_mut();
     ok(unsafe { unikv_decode_plan_create(ctx.0, &plan_params, &mut plan) });
@@ -255,6 +257,10 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64) {
         reserved: 0,
         rope_table: absent(),
         positions: absent(),
+        kv: Default::default(),
+        extra_kv: Default::default(),
+        extra_indices: Default::default(),
+        extra_indptr: Default::default(),
     };
     let ws_ptr = ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
     ok(unsafe { unikv_sparse_decode(plan, pool.0, &d_args, ws_ptr, ws_bytes, ptr::null_mut()) });

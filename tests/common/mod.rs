@@ -6,6 +6,7 @@ pub mod cache_store;
 pub mod csa_pipeline;
 pub mod indexer;
 pub mod routing;
+pub mod scaled_store;
 
 use std::ffi::CStr;
 use std::os::raw::c_void;

@@ -217,6 +217,8 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
             num_tokens,
             softmax_scale,
             reserved,
+            kv: Default::default(),
+            extend_cache: Default::default(),
         };
         with_struct(c, &mut call, args, |a| unsafe {
             unikv_sparse_prefill(plan_h.cast(), pool_h.cast(), a, wsp, wsb, ptr::null_mut())
@@ -265,6 +267,10 @@ pub fn attention(w: &mut World, c: &mut Cursor) {
             reserved,
             rope_table,
             positions,
+            kv: Default::default(),
+            extra_kv: Default::default(),
+            extra_indices: Default::default(),
+            extra_indptr: Default::default(),
         };
         with_struct(c, &mut call, args, |a| unsafe {
             unikv_sparse_decode(plan_h.cast(), pool_h.cast(), a, wsp, wsb, ptr::null_mut())

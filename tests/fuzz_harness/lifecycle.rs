@@ -400,6 +400,8 @@ pub fn plan_create(w: &mut World, c: &mut Cursor) {
             c.pick(&[BF16, FP8, FP8UZ])
         },
         out_dtype: BF16,
+        kv_layout: 0,
+        reserved: 0,
     };
     if c.chance(50) {
         match c.below(6) {
@@ -659,6 +661,8 @@ pub fn honest_plan(
         q_dtype: BF16,
         kv_dtype,
         out_dtype: BF16,
+        kv_layout: 0,
+        reserved: 0,
     };
     let mut out: *mut c_void = ptr::null_mut();
     let outp: *mut *mut c_void = &mut out;

@@ -144,6 +144,8 @@ fn run_attention(
             num_tokens: c.t as u32,
             softmax_scale: c.scale,
             reserved: 0,
+            kv: Default::default(),
+            extend_cache: Default::default(),
         };
         ok(unsafe {
             unikv_sparse_prefill(
@@ -177,6 +179,10 @@ fn run_attention(
             reserved: 0,
             rope_table: rope.as_ref().map_or(absent(), |r| r.0.t::<f32>(&[r.2, 64])),
             positions: rope.as_ref().map_or(absent(), |r| r.1.t::<i64>(&[c.t])),
+            kv: Default::default(),
+            extra_kv: Default::default(),
+            extra_indices: Default::default(),
+            extra_indptr: Default::default(),
         };
         ok(unsafe {
             unikv_sparse_decode(

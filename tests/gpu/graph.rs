@@ -118,6 +118,10 @@ fn cuda_graph_replays_a_decode_step() {
                 reserved: 0,
                 rope_table: absent(),
                 positions: absent(),
+                kv: Default::default(),
+                extra_kv: Default::default(),
+                extra_indices: Default::default(),
+                extra_indptr: Default::default(),
             };
             let ws = plan.ws_ptr();
             ok(unsafe {

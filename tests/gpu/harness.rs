@@ -190,6 +190,8 @@ pub(crate) fn plan_kv(
         q_dtype: 1,
         kv_dtype,
         out_dtype: 1,
+        kv_layout: 0,
+        reserved: 0,
     };
     let mut bytes = 0usize;
     let handle: *mut c_void = if decode {

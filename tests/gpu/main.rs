@@ -8,6 +8,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod harness;
+// The key-source tests' caches, launches and checks (tests/kv_sources).
+#[path = "../kv_sources/layouts.rs"]
+mod layouts;
+#[path = "../kv_sources/run.rs"]
+mod run;
 
 mod attention;
 mod cache_stores;
@@ -18,9 +23,11 @@ mod index;
 mod indexer;
 mod introspection;
 mod inverse_rope;
+mod kv_sources;
 mod merge;
 mod prepare_qkv;
 mod routing;
+mod scaled_store;
 mod stores;
 mod validate_mode;
 
@@ -39,3 +46,8 @@ use unikv::ffi::index::*;
 use unikv::ffi::store::*;
 use unikv::ffi::types::{unikv_dtype, unikv_tensor};
 use unikv::fp8::Fp8Format;
+
+/// Latent width (tests/kv_sources' modules name it `crate::D`).
+const D: usize = 512;
+/// DeepSeek-V4's softmax scale, 512^-0.5.
+const SCALE: f32 = 0.044_194_173;

@@ -47,6 +47,10 @@ fn validate_mode_reports_bad_device_values() {
             reserved: 0,
             rope_table: absent(),
             positions: absent(),
+            kv: Default::default(),
+            extra_kv: Default::default(),
+            extra_indices: Default::default(),
+            extra_indptr: Default::default(),
         };
         let status = unsafe {
             unikv_sparse_decode(

@@ -12,6 +12,8 @@ fn plan_params() -> unikv_attention_plan_params {
         q_dtype: bf,
         kv_dtype: bf,
         out_dtype: bf,
+        kv_layout: 0,
+        reserved: 0,
     }
 }
 
@@ -81,6 +83,10 @@ impl AttentionCase {
             reserved: 0,
             rope_table: absent(),
             positions: absent(),
+            kv: Default::default(),
+            extra_kv: Default::default(),
+            extra_indices: Default::default(),
+            extra_indptr: Default::default(),
         }
     }
 
@@ -103,6 +109,8 @@ impl AttentionCase {
             num_tokens: T as u32,
             softmax_scale: 0.05,
             reserved: 0,
+            kv: Default::default(),
+            extend_cache: Default::default(),
         }
     }
 

@@ -8,8 +8,8 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::args::attention::{AttentionArgs, KernelFamily, LaunchSummary, PlanShape, SOURCE_NAMES};
-use crate::backend::host::{extend_with_row, row, slice};
+use crate::args::attention::{AttentionArgs, KernelFamily, LaunchSummary, PlanShape};
+use crate::backend::host::{extend_with_key, row, slice};
 use crate::backend::rules::attention::check_source;
 use crate::backend::rules::rope::checked_positions;
 use crate::error::Result;
@@ -20,8 +20,8 @@ use crate::rope::inverse_rope_row;
 const HEAD_GROUP: usize = 16;
 
 pub fn attention(threads: &rayon::ThreadPool, a: &AttentionArgs) -> Result<()> {
-    for (src, names) in a.sources().iter().zip(SOURCE_NAMES) {
-        check_source(names, src, a.num_tokens, a.skip_negative)?;
+    for src in a.sources() {
+        check_source(src, a.num_tokens, a.skip_negative)?;
     }
     let positions = match &a.inverse_rope {
         Some(e) => {
@@ -57,8 +57,9 @@ struct Scratch {
     acc: Vec<f32>,
 }
 
-/// Gathers token t's keys as f32 rows into `keys` (FP8 rows dequantized
-/// exactly); returns how many.
+/// Gathers token t's keys as f32 rows into `keys` (FP8 rows dequantized:
+/// exactly for the pool's and FlashMLA's power-of-two scales, rounded to bf16
+/// for scaled FP8 rows); returns how many.
 ///
 /// # Safety
 /// The sources' indices were checked by `check_source`.
@@ -72,7 +73,7 @@ unsafe fn gather(a: &AttentionArgs, t: usize, keys: &mut Vec<f32>) -> usize {
             if r < 0 {
                 continue;
             }
-            extend_with_row(&src.kv, r as usize, keys);
+            extend_with_key(&src.kv, r as usize, keys);
             count += 1;
         }
     }

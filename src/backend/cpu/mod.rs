@@ -14,7 +14,7 @@ mod routing;
 mod store;
 
 use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
-use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -122,6 +122,10 @@ impl Backend for CpuBackend {
 
     fn store_indexer(&self, args: &IndexerStoreArgs, _stream: Stream) -> Result<()> {
         cache_store::store_indexer(args)
+    }
+
+    fn store_scaled_fp8(&self, args: &ScaledStoreArgs, _stream: Stream) -> Result<()> {
+        cache_store::store_scaled_fp8(args)
     }
 
     fn prepare_qkv(&self, args: &PrepareQkvArgs, _stream: Stream) -> Result<()> {

@@ -184,7 +184,7 @@ pub mod params {
         AttentionParams, AttentionPlan, CacheStoreParams, CsaTailParams, DecodeStreamsParams,
         Fp8CheckParams, HashTopkParams, IndexerKParams, IndexerQParams, IndexerTopkParams,
         InverseRopeParams, KvSource, MergeParams, PoolRows, PrefillStreamsParams, PrepareQkvParams,
-        StoreCompressedParams, StoreSwaParams, StreamOut,
+        ScaledStoreParams, StoreCompressedParams, StoreSwaParams, StreamOut,
     };
 }
 

@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 
 use crate::args::attention::{
-    AttentionArgs, KernelFamily, KvSource, LaunchSummary, PlanShape, PlanState, PlannedLaunch,
+    AttentionArgs, KernelFamily, KeyRows, KvLayout, KvSource, LaunchSummary, PlanShape, PlanState,
+    PlannedLaunch,
 };
-use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs};
+use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -217,16 +218,48 @@ fn pool_rows(rows: &LayerRows) -> (shim::PoolRows, i64) {
     }
 }
 
-fn kv_source(s: &KvSource) -> shim::KvSource {
-    let (kv, kv_stride) = pool_rows(&s.kv);
-    shim::KvSource {
-        kv,
+/// A key source as the kernels take it (kernels/params.h `ukv_kv_source`);
+/// `format` is the call's FP8 flavour, which every source carries (the
+/// kernels read it from the first).
+fn kv_source(s: &KvSource, format: Option<Fp8Format>) -> shim::KvSource {
+    let fp8_rows = |data: *mut c_void| shim::PoolRows {
+        data,
+        rope: std::ptr::null_mut(),
+        fp8: 1,
+        fp8_format: format.map_or(0, format_code),
+    };
+    let mut src = shim::KvSource {
+        kv: fp8_rows(std::ptr::null_mut()),
         indices: s.indices.as_ptr(),
         indptr: s.indptr.as_ptr(),
-        kv_stride,
+        kv_stride: 0,
         rows: s.kv.rows() as i64,
         capacity: s.indices.shape[0] as i64,
+        scales: std::ptr::null(),
+        scales_stride: 0,
+        layout: 0,
+        page_shift: 0,
+    };
+    match &s.kv {
+        KeyRows::Layer(rows) => {
+            (src.kv, src.kv_stride) = pool_rows(rows);
+            src.kv.fp8_format = format.map_or(0, format_code);
+        }
+        KeyRows::FlashMla { cache, geometry } => {
+            src.kv = fp8_rows(cache.as_ptr() as *mut c_void);
+            src.kv_stride = geometry.bytes_per_page() as i64;
+            src.layout = 1;
+            src.page_shift = geometry.page_size().trailing_zeros() as i32;
+        }
+        KeyRows::ScaledFp8 { codes, scales, .. } => {
+            src.kv = fp8_rows(codes.as_ptr() as *mut c_void);
+            src.kv_stride = codes.strides[0] as i64;
+            src.scales = scales.as_ptr();
+            src.scales_stride = scales.strides[0] as i64;
+            src.layout = 2;
+        }
     }
+    src
 }
 
 /// The params of either cache store; `rows` is the kv or key tensor.
@@ -273,6 +306,10 @@ fn null_source() -> shim::KvSource {
         kv_stride: 0,
         rows: 0,
         capacity: 0,
+        scales: std::ptr::null(),
+        scales_stride: 0,
+        layout: 0,
+        page_shift: 0,
     }
 }
 
@@ -379,9 +416,12 @@ impl Backend for GpuBackend {
             )
         };
         self.check(code, "plan")?;
+        let mut summary = summary(&plan);
+        // The raw variant reads the pool's FP8 rows only (raw_variant_applies).
+        summary.raw_fp8_variant &= shape.kv_layout == KvLayout::Pool;
         Ok(PlannedLaunch {
             workspace_bytes: plan.workspace_bytes as usize,
-            summary: summary(&plan),
+            summary,
             state: Some(Box::new(GpuPlan(plan))),
         })
     }
@@ -439,6 +479,30 @@ impl Backend for GpuBackend {
         self.check(
             unsafe { shim::unikv_gpu_store_flashmla(self.device, &p, stream.0) },
             "store_flashmla",
+        )
+    }
+
+    fn store_scaled_fp8(&self, a: &ScaledStoreArgs, stream: Stream) -> Result<()> {
+        let t = &a.target;
+        let p = shim::ScaledStoreParams {
+            rows: a.kv.as_ptr() as *const c_void,
+            loc: t.loc.as_ptr() as *const c_void,
+            codes: t.cache.as_ptr(),
+            scales: a.scales.as_ptr(),
+            row_stride: a.kv.strides[0] as i64,
+            codes_stride: t.cache.strides[0] as i64,
+            scales_stride: a.scales.strides[0] as i64,
+            num_rows: t.cache.shape[0] as i64,
+            num_tokens: t.num_tokens as i64,
+            divisor: a.divisor,
+            format: format_code(a.format),
+            loc_i64: t.loc.is_i64() as i32,
+            reserved: 0,
+        };
+        // SAFETY: views validated by `ops::cache_store`; device memory by contract.
+        self.check(
+            unsafe { shim::unikv_gpu_store_scaled_fp8(self.device, &p, stream.0) },
+            "store_scaled_fp8",
         )
     }
 
@@ -595,9 +659,11 @@ impl Backend for GpuBackend {
             .as_ref()
             .and_then(|s| s.as_any().downcast_ref::<GpuPlan>())
             .ok_or_else(|| Error::InvalidArgument("plan: not made by the CUDA backend".into()))?;
+        // Every FP8 source of a call has the plan's flavour (`ops::attention`).
+        let format = a.sources().iter().find_map(|s| s.kv.fp8_format());
         let mut src = [null_source(), null_source()];
         for (slot, s) in src.iter_mut().zip(a.sources()) {
-            *slot = kv_source(s);
+            *slot = kv_source(s, format);
         }
         debug_assert_eq!(a.q.shape[2], HEAD_DIM);
         let p = shim::AttentionParams {

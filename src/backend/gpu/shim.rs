@@ -69,6 +69,24 @@ pub struct CacheStoreParams {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct ScaledStoreParams {
+    pub rows: *const c_void,
+    pub loc: *const c_void,
+    pub codes: *mut u8,
+    pub scales: *mut f32,
+    pub row_stride: i64,
+    pub codes_stride: i64,
+    pub scales_stride: i64,
+    pub num_rows: i64,
+    pub num_tokens: i64,
+    pub divisor: f32,
+    pub format: u32,
+    pub loc_i64: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct PrepareQkvParams {
     pub q_in: *const c_void,
     pub q_out: *mut c_void,
@@ -178,6 +196,10 @@ pub struct KvSource {
     pub kv_stride: i64,
     pub rows: i64,
     pub capacity: i64,
+    pub scales: *const f32,
+    pub scales_stride: i64,
+    pub layout: i32,
+    pub page_shift: i32,
 }
 
 #[repr(C)]
@@ -429,6 +451,11 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
         std::mem::size_of::<IndexerTopkParams>(),
         "IndexerTopkParams",
     ),
+    (
+        16,
+        std::mem::size_of::<ScaledStoreParams>(),
+        "ScaledStoreParams",
+    ),
 ];
 
 extern "C" {
@@ -468,6 +495,11 @@ extern "C" {
     pub fn unikv_gpu_store_flashmla(
         device: c_int,
         p: *const CacheStoreParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_store_scaled_fp8(
+        device: c_int,
+        p: *const ScaledStoreParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_store_indexer(

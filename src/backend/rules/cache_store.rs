@@ -31,9 +31,12 @@ pub(crate) fn destinations(target: &CacheTarget) -> Result<Vec<(usize, i64)>> {
         ensure!(
             (l as u64) < slots,
             OutOfRange,
-            "loc[{t}]: {l} is past the cache's {slots} token slots ({} pages of {})",
-            target.cache.shape[0],
-            target.page_size
+            "loc[{t}]: {l} is past the cache's {slots} token slots{}",
+            if target.page_size > 1 {
+                format!(" ({} pages of {})", target.cache.shape[0], target.page_size)
+            } else {
+                String::new()
+            }
         );
         if let Some(first) = owner.insert(l, t) {
             return Err(err!(
