@@ -385,3 +385,30 @@ impl Case {
         )
     }
 }
+
+/// Six 64-value tiles through the FP8 codecs' edge cases: zeros, a NaN, ±Inf,
+/// values near the bf16 maximum, bf16 subnormals, and values whose scaled
+/// codes are ties between FP8 neighbours (17, 19, 21 at scale 1: round to the
+/// even mantissa). Shared by the cache-store tests on both backends.
+pub fn codec_edge_tiles() -> [Vec<f32>; 6] {
+    [
+        vec![0.0; 64],
+        (0..64)
+            .map(|i| if i == 5 { f32::NAN } else { i as f32 })
+            .collect(),
+        (0..64)
+            .map(|i| match i {
+                3 => f32::INFINITY,
+                9 => f32::NEG_INFINITY,
+                _ => -(i as f32),
+            })
+            .collect(),
+        (0..64)
+            .map(|i| if i % 2 == 0 { 3.0e38 } else { -1.5e38 })
+            .collect(),
+        (0..64).map(|i| (i as f32 - 30.0) * 1e-40).collect(),
+        (0..64)
+            .map(|i| [448.0, 17.0, 19.0, 21.0, -23.0, 0.0][i % 6])
+            .collect(),
+    ]
+}

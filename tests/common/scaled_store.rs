@@ -77,26 +77,7 @@ impl ScaledCase {
     /// the bf16 maximum, bf16 subnormals, and values whose scaled codes are
     /// ties between FP8 neighbours.
     pub fn with_specials(mut self) -> Self {
-        let tiles: [Vec<f32>; 6] = [
-            vec![0.0; 64],
-            (0..64)
-                .map(|i| if i == 5 { f32::NAN } else { i as f32 })
-                .collect(),
-            (0..64)
-                .map(|i| match i {
-                    3 => f32::INFINITY,
-                    9 => f32::NEG_INFINITY,
-                    _ => -(i as f32),
-                })
-                .collect(),
-            (0..64)
-                .map(|i| if i % 2 == 0 { 3.0e38 } else { -1.5e38 })
-                .collect(),
-            (0..64).map(|i| (i as f32 - 30.0) * 1e-40).collect(),
-            (0..64)
-                .map(|i| [448.0, 17.0, 19.0, 21.0, -23.0, 0.0][i % 6])
-                .collect(),
-        ];
+        let tiles = super::cache_store::codec_edge_tiles();
         let values: Vec<bf16> = tiles.iter().flatten().map(|&x| bf16::from_f32(x)).collect();
         let n = values.len().min(self.rows.len());
         self.rows[..n].copy_from_slice(&values[..n]);

@@ -3,7 +3,7 @@
 
 use super::*;
 
-use common::cache_store::{random_rows, Case, Layout, FORMATS};
+use common::cache_store::{codec_edge_tiles, random_rows, Case, Layout, FORMATS};
 
 /// Runs a cache store on `ctx` with its buffers in that context's memory and
 /// returns the cache, poisoned before the call.
@@ -21,26 +21,7 @@ fn cache_store_on<'a>(ctx: &'a Ctx, case: &Case) -> Dev<'a> {
 /// scaled codes are ties between FP8 neighbours (17, 19, 21 at scale 1: round
 /// to the even mantissa).
 fn special_rows(layout: Layout) -> Vec<f32> {
-    let groups: [Vec<f32>; 6] = [
-        vec![0.0; 64],
-        (0..64)
-            .map(|i| if i == 5 { f32::NAN } else { i as f32 })
-            .collect(),
-        (0..64)
-            .map(|i| match i {
-                3 => f32::INFINITY,
-                9 => f32::NEG_INFINITY,
-                _ => -(i as f32),
-            })
-            .collect(),
-        (0..64)
-            .map(|i| if i % 2 == 0 { 3.0e38 } else { -1.5e38 })
-            .collect(),
-        (0..64).map(|i| (i as f32 - 30.0) * 1e-40).collect(),
-        (0..64)
-            .map(|i| [448.0, 17.0, 19.0, 21.0, -23.0, 0.0][i % 6])
-            .collect(),
-    ];
+    let groups = codec_edge_tiles();
     let values: Vec<f32> = groups
         .iter()
         .flatten()

@@ -413,7 +413,10 @@ impl Backend for GpuBackend {
                 shape.num_heads as c_int,
                 // 0 bf16, 1 FP8 pool rows, 2 FP8 rows of a foreign layout
                 // (their 64-head blocks take the in-place mma.sync kernel).
-                match (shape.kv_dtype.fp8_format().is_some(), shape.kv_layout == KvLayout::Pool) {
+                match (
+                    shape.kv_dtype.fp8_format().is_some(),
+                    shape.kv_layout == KvLayout::Pool,
+                ) {
                     (false, _) => 0,
                     (true, true) => 1,
                     (true, false) => 2,
