@@ -202,12 +202,15 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     }
     // 128-head FP8 blocks whose tokens run one split: the token's two head
     // blocks convert half of every tile each and share it (a cluster of two,
-    // attention_wgmma_pair_kernel; bench/notes/v31.md).
+    // attention_wgmma_pair_kernel; bench/notes/v31.md). NVIDIA only: HIP
+    // plans never name a wgmma kernel.
+#if defined(UKV_NVIDIA_KERNELS)
     if (pl.kv_fp8 != 0 && pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && sm90 &&
         !g_no_cluster) {
       pl.pair = 1;
       if (int r = configure(kWgmmaFp8Pair)) return r;
     }
+#endif
     const size_t records =
         pl.cluster == 0 && pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
     pl.workspace_bytes = (int64_t)(records * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
