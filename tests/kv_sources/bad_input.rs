@@ -64,6 +64,12 @@ fn bad_key_sources_are_refused_before_any_write() {
     let extra = scaled.desc();
     let extra_lists = StreamBufs::new(&ctx, &lists);
     let (ei, ep) = (extra_lists.indices(), extra_lists.indptr());
+    // Index buffers naming rows past the sources (owned here, so none leaks).
+    let (mut past_cache_idx, mut negative_idx, mut past_rows_idx) =
+        (vec![192i32; 256], vec![-1i32; 256], vec![100i32; 256]);
+    let past_cache = past_cache_idx.as_mut_ptr();
+    let negative = negative_idx.as_mut_ptr();
+    let past_rows = past_rows_idx.as_mut_ptr();
 
     // (what, plan, source, status, name, edit)
     let cases: Vec<(&str, &Plan, &Stream, unikv_status, &str, Edit)> = vec![
@@ -215,7 +221,7 @@ fn bad_key_sources_are_refused_before_any_write() {
             &flash,
             UNIKV_OUT_OF_RANGE,
             "indices[",
-            Box::new(|a| a.indices.data = bad_indices(192).cast()),
+            Box::new(move |a| a.indices.data = past_cache.cast()),
         ),
         (
             "-1 in decode",
@@ -223,7 +229,7 @@ fn bad_key_sources_are_refused_before_any_write() {
             &flash,
             UNIKV_OUT_OF_RANGE,
             "indices[",
-            Box::new(|a| a.indices.data = bad_indices(-1).cast()),
+            Box::new(move |a| a.indices.data = negative.cast()),
         ),
         (
             "extra indices without indptr",
@@ -269,7 +275,7 @@ fn bad_key_sources_are_refused_before_any_write() {
             "extra_indices[",
             Box::new(move |a| {
                 (a.extra_kv, a.extra_indices, a.extra_indptr) = (extra, ei, ep);
-                a.extra_indices.data = bad_indices(100).cast();
+                a.extra_indices.data = past_rows.cast();
             }),
         ),
         (
@@ -369,12 +375,6 @@ fn bad_key_sources_are_refused_before_any_write() {
         },
     );
     assert_eq!(cache_before, flashmla.data.read(), "the cache was written");
-}
-
-/// A 1 KiB host buffer of int32 `value`s (an indices tensor of the tests'
-/// lengths reads at most 18 of them), leaked for the test's lifetime.
-fn bad_indices(value: i32) -> *mut i32 {
-    Box::leak(vec![value; 256].into_boxed_slice()).as_mut_ptr()
 }
 
 #[test]
