@@ -468,6 +468,35 @@ typedef uint32_t unikv_kv_layout;
 #endif // __cplusplus
 
 /**
+ * Which compressor of a compressed layer (docs/compressor.md §1).
+ */
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+enum unikv_compressor : uint32_t
+#else
+enum
+#endif
+{
+  /**
+   * The attention compressor of ratio-4 and ratio-128 layers: 512
+   * channels, stored as latent rows (pool rows or a FlashMLA cache).
+   */
+  UNIKV_COMPRESSOR_KV = 0,
+  /**
+   * The indexer compressor of ratio-4 layers: 128 channels, Hadamard
+   * transform, stored as indexer keys.
+   */
+  UNIKV_COMPRESSOR_INDEXER = 1,
+};
+/** The C type of `unikv_compressor` values: uint32_t before C23, the enum in C23 and C++. */
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum unikv_compressor unikv_compressor;
+#else
+typedef uint32_t unikv_compressor;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Opaque context handle: one backend bound to one device. Thread-safe: any
  * number of threads may use one context (and the pools and plans made from it)
  * concurrently.
@@ -726,6 +755,42 @@ typedef struct unikv_pool_params {
    * otherwise (required NULL for bf16 pools).
    */
   void *const *rope_buffers;
+  /**
+   * 1: the pool keeps the KV compressor state of its compressed layers
+   * (docs/compressor.md §3): per request slot and layer a ring of raw fp32
+   * `kv_score` rows for `unikv_compress_decode` / `_prefill`. 0: none,
+   * and the ring and buffer fields below must be 0 / NULL. This field and
+   * the ones below are an extension: a `struct_size` that ends before it
+   * (a caller built against a header without it) is accepted and reads
+   * as 0 / NULL for all of them.
+   */
+  uint32_t compressor_state;
+  /**
+   * Rows per slot of each ratio-4 layer's rings: 8, or 16 with speculative
+   * decoding (draft tokens can then be rolled back, docs/compressor.md
+   * §4). Required when the pool has ratio-4 layers; otherwise 0 or one of
+   * those values.
+   */
+  uint32_t c4_state_ring;
+  /**
+   * Rows per slot of each ratio-128 layer's ring: 128, or 256 with
+   * speculative decoding. Required when the pool has ratio-128 layers;
+   * otherwise 0 or one of those values.
+   */
+  uint32_t c128_state_ring;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * NULL: the pool allocates the state in the context's memory (with
+   * `compressor_state`). Otherwise a host array of `num_layers`
+   * caller-owned buffers (device memory for GPU backends) that must
+   * outlive the pool: NULL for dense layers, else 16-byte aligned and at
+   * least `state_bytes` of `unikv_pool_params_get_layer`. The pool clears
+   * every row (values 0, scores -inf) when it is created.
+   */
+  void *const *state_buffers;
 } unikv_pool_params;
 
 /**
@@ -777,6 +842,16 @@ typedef struct unikv_pool_info {
    * 1 when the pool allocated (and will free) its buffers, 0 when adopted.
    */
   uint32_t owns_memory;
+  /**
+   * Ring rows per slot of the ratio-4 compressor states (0 without
+   * compressor state).
+   */
+  uint32_t c4_state_ring;
+  /**
+   * Ring rows per slot of the ratio-128 compressor states (0 without
+   * compressor state).
+   */
+  uint32_t c128_state_ring;
 } unikv_pool_info;
 
 /**
@@ -824,6 +899,19 @@ typedef struct unikv_pool_layer_info {
    * Bytes of `rope_data`: rows * 128 (FP8) or 0.
    */
   uint64_t rope_bytes;
+  /**
+   * The layer's compressor state buffer (device memory for GPU backends):
+   * NULL for dense layers and pools without state (and, from
+   * `unikv_pool_params_get_layer`, unless `params` adopts one).
+   * `unikv_pool_get_compressor` describes its parts.
+   */
+  void *state_data;
+  /**
+   * Bytes of the layer's compressor state (what an adopted
+   * `state_buffers[layer]` needs): 0 for dense layers and pools without
+   * state.
+   */
+  uint64_t state_bytes;
 } unikv_pool_layer_info;
 
 /**
@@ -1298,6 +1386,188 @@ typedef struct unikv_store_scaled_fp8_args {
    */
   uint32_t reserved;
 } unikv_store_scaled_fp8_args;
+
+/**
+ * Arguments of `unikv_compress_decode` and `unikv_compress_prefill`
+ * (docs/compressor.md §2). The layer's compress ratio picks the pooling: 4
+ * (overlapping windows) or 128. D is 512 for the attention compressor and 128
+ * for the indexer's; V = 2 D for ratio 4 and D for ratio 128.
+ *
+ * Every token appends its `kv_score` row to its request's ring (the state
+ * keeps each request's last `ring` rows, position-addressed: row `slot *
+ * ring + p % ring`). A token at position p with `(p + 1) % ratio == 0`
+ * closes group `n = (p + 1) / ratio - 1`, which is pooled per channel d:
+ *
+ * * ratio 4: candidates j = 0..3 are the overlap values of positions
+ *   `4n - 4 + j` (`kv_overlap`) with logits `score_overlap + ape[j][d]`,
+ *   masked (weight 0) for n = 0; candidates j = 4..7 are the own values of
+ *   positions `4n + j - 4` (`kv`) with logits `score + ape[j - 4][D + d]`;
+ * * ratio 128: candidates j = 0..127 are positions `128n + j`, logits
+ *   `score + ape[j][d]`;
+ * * `c[d] = sum_j softmax_j(logit_j[d]) value_j[d]`, an independent softmax
+ *   per channel, computed in f32 in blocks of 8 candidates with a fixed
+ *   exp (`compressor::pool_channel` in the Rust sources): bit-identical on
+ *   every backend.
+ *
+ * Then RMSNorm with `norm_weight` and `eps` (the sum of squares in double,
+ * the factor rounded to f32 once), RoPE of the last 64 dims at the group's
+ * first position `ratio * n`, and:
+ *
+ * * attention compressor: one rounding to bf16, then stored as
+ *   `unikv_store_compressed` (pool row `swa_rows + loc[t]`, quantized for FP8
+ *   pools: the same bytes) or, with `cache`, as `unikv_store_flashmla` at
+ *   location `loc[t]`;
+ * * indexer compressor: the 128-point Hadamard transform and FP8 with one
+ *   f32 scale, into the indexer key cache at `loc[t]` (what
+ *   `unikv_indexer_prepare_k` stores for the pooled f32 key).
+ *
+ * Backends agree bit for bit on the pooled values; the norm's sum may round
+ * differently in rare rows (1 bf16 ulp, 1 FP8 code).
+ */
+typedef struct unikv_compress_args {
+  /**
+   * sizeof(unikv_compress_args).
+   */
+  size_t struct_size;
+  /**
+   * `[>= num_tokens, 2 V]` f32 or bf16: each token's raw row, the
+   * compressor's `wkv_gate` GEMM output, laid out `| kv_overlap | kv |
+   * score_overlap | score |` (ratio 4) or `| kv | score |` (ratio 128);
+   * rows 16-byte aligned, any row stride.
+   */
+  struct unikv_tensor kv_score;
+  /**
+   * `[ratio, V]` f32: the learned position bias (the checkpoint's `ape`).
+   */
+  struct unikv_tensor ape;
+  /**
+   * `[D]` bf16 or f32: the compressor's RMSNorm weight.
+   */
+  struct unikv_tensor norm_weight;
+  /**
+   * `[max_pos, 64]` f32 RoPE table of the layer (`unikv_rope_table`).
+   */
+  struct unikv_tensor rope_table;
+  /**
+   * `[>= num_tokens]` i32: each token's request; negative = padding
+   * (nothing read or written for it).
+   */
+  struct unikv_tensor batch_id;
+  /**
+   * `[requests]` i32: each request's pool slot (its rings).
+   */
+  struct unikv_tensor req_slots;
+  /**
+   * `[>= num_tokens]` i32 or i64: each token's absolute position.
+   */
+  struct unikv_tensor positions;
+  /**
+   * `[>= num_tokens]` i32 or i64: where the group a token closes is
+   * stored (a compressed page index for the pool, a cache location with
+   * `cache`); negative = not stored; ignored for tokens that close no group.
+   */
+  struct unikv_tensor loc;
+  /**
+   * Optional for the attention compressor (absent: the pool's rows of
+   * `layer`): a FlashMLA cache `[num_pages, bytes_per_page]` UNIKV_DTYPE_U8
+   * (`unikv_store_flashmla_args.cache`). Required for the indexer
+   * compressor: the indexer key cache (`unikv_store_indexer_args.cache`).
+   */
+  struct unikv_tensor cache;
+  /**
+   * Pool layer: its ratio (4 or 128) and its compressor state.
+   */
+  uint32_t layer;
+  /**
+   * A `unikv_compressor`; UNIKV_COMPRESSOR_INDEXER only on ratio-4 layers.
+   */
+  uint32_t compressor;
+  /**
+   * Tokens of this call.
+   */
+  uint32_t num_tokens;
+  /**
+   * With `cache`: UNIKV_DTYPE_FP8_E4M3FN or UNIKV_DTYPE_FP8_E4M3FNUZ;
+   * without: 0.
+   */
+  uint32_t cache_dtype;
+  /**
+   * With `cache`: tokens per page (FlashMLA: 256, 64 or 2; indexer: 64);
+   * without: 0.
+   */
+  uint32_t page_size;
+  /**
+   * RMSNorm epsilon (`rms_norm_eps`, 1e-6), finite and > 0.
+   */
+  float eps;
+} unikv_compress_args;
+
+/**
+ * One compressor's state in a layer (`unikv_pool_get_compressor`). The raw
+ * row of slot s at position p is the `row_floats` f32 at
+ * `state + (s * ring + p % ring) * row_floats * 4` bytes: values first,
+ * scores from float `score_offset` on. Empty rows hold values 0 and scores
+ * -inf.
+ */
+typedef struct unikv_compressor_info {
+  /**
+   * sizeof(unikv_compressor_info), set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * The state's first row (device memory for GPU backends): inside the
+   * layer's `state_data`, `offset_bytes` from its start. NULL from
+   * `unikv_pool_params_get_compressor` unless `params` adopts the buffer.
+   */
+  void *state;
+  /**
+   * Offset of this compressor's state in the layer's state buffer (the
+   * indexer state follows the attention one on ratio-4 layers).
+   */
+  uint64_t offset_bytes;
+  /**
+   * Bytes of this compressor's state: num_slots * slot_bytes.
+   */
+  uint64_t bytes;
+  /**
+   * Bytes of one slot's ring: ring * row_floats * 4.
+   */
+  uint64_t slot_bytes;
+  /**
+   * f32 per raw row: 4 D (ratio 4) or 2 D (ratio 128).
+   */
+  uint32_t row_floats;
+  /**
+   * Float offset of the scores in a row: 2 D or D.
+   */
+  uint32_t score_offset;
+  /**
+   * Rows per slot's ring (8 or 16; 128 or 256).
+   */
+  uint32_t ring;
+  /**
+   * Channels D: 512 (attention) or 128 (indexer).
+   */
+  uint32_t head_dim;
+  /**
+   * The layer's ratio, 4 or 128.
+   */
+  uint32_t compress_ratio;
+  /**
+   * Slots (rings): max_requests + 1, slot 0 included.
+   */
+  uint32_t num_slots;
+  /**
+   * Tokens a caller may append and then roll back by length (speculative
+   * decoding, docs/compressor.md §4): ring - 7 (ratio 4) or ring - 127
+   * (ratio 128).
+   */
+  uint32_t max_rollback;
+  /**
+   * Written as 0.
+   */
+  uint32_t reserved;
+} unikv_compressor_info;
 
 /**
  * Arguments of `unikv_build_decode_streams` (docs/index-streams.md §3). All tensors
@@ -2245,10 +2515,26 @@ UNIKV_NODISCARD unikv_status unikv_pool_acquire_slot(const struct unikv_pool *po
 
 /**
  * Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
- * INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
- * cleared. Thread-safe.
+ * INVALID_STATE for a slot that is not acquired. The slot's SWA ring rows are
+ * not cleared. A pool with compressor state clears the slot's compressor
+ * rings in every layer (values 0, scores -inf) before the slot is released:
+ * on the CPU backend at once; on GPU backends by a launch on the legacy
+ * default stream (NULL) that this call waits for (host-synchronous; serving
+ * loops on other streams use `unikv_pool_release_slot_async`). Thread-safe.
  */
 unikv_status unikv_pool_release_slot(const struct unikv_pool *pool, uint32_t slot);
+
+/**
+ * `unikv_pool_release_slot` for pools with compressor state on a stream:
+ * the clearing of the slot's compressor rings is queued on `stream` and the
+ * call returns without waiting; work that later uses the slot (it may be
+ * acquired again at once) must run on `stream` or after it. The same as
+ * `unikv_pool_release_slot` for pools without compressor state (nothing is
+ * queued). Thread-safe.
+ */
+unikv_status unikv_pool_release_slot_async(const struct unikv_pool *pool,
+                                           uint32_t slot,
+                                           void *stream);
 
 /**
  * Fills `info` (host memory; set `info->struct_size` first) with the
@@ -2271,9 +2557,11 @@ unikv_status unikv_pool_params_get_info(const struct unikv_pool_params *params,
  * `unikv_pool_get_layer`: its row count, SWA and compressed rows, and the
  * sizes of every buffer a caller adopting its own memory must supply —
  * `bytes` for `params->layer_buffers[layer]` (rows * 1024 for bf16, rows *
- * 512 for FP8) and `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
- * for FP8 pools, 0 for bf16). `data` and `rope_data` are the caller's
- * buffers when `params` adopts them, NULL otherwise. No pool is created and
+ * 512 for FP8), `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
+ * for FP8 pools, 0 for bf16) and `state_bytes` for
+ * `params->state_buffers[layer]` (0 without compressor state). `data`,
+ * `rope_data` and `state_data` are the caller's buffers when `params` adopts
+ * them, NULL otherwise. No pool is created and
  * nothing is allocated. `params` is checked exactly as `unikv_pool_create`
  * checks it; then OUT_OF_RANGE for a `layer` past `params->num_layers`.
  * Thread-safe.
@@ -2440,6 +2728,83 @@ UNIKV_NODISCARD
 unikv_status unikv_store_scaled_fp8(const struct unikv_context *ctx,
                                     const struct unikv_store_scaled_fp8_args *args,
                                     void *stream);
+
+/**
+ * The compressor for decode: at most one token per request (math in
+ * `unikv_compress_args`). Each token's raw row goes into its ring, and a
+ * token that closes a group pools it from the ring and its own row, then
+ * stores it. One kernel launch on GPUs, its configuration from
+ * `num_tokens` only, no allocation or host synchronization: capturable in
+ * a CUDA graph and replayable with new tensor contents. Tensors are in the
+ * context's memory; `args` is host memory read during the call; runs on
+ * `stream` (ignored by the CPU backend). The pool needs compressor state
+ * (INVALID_STATE otherwise). Device values: the CPU backend (and GPU
+ * backends in `validate` mode) checks batch ids against `req_slots`, slots
+ * (0..=max_requests, no two requests on one), positions (non-negative; a
+ * closing token's group start below the RoPE table's rows), one token per
+ * request, and the location of every closing token (below the pool's
+ * compressed rows or the cache's slots, none twice): OUT_OF_RANGE or
+ * INVALID_ARGUMENT, nothing written. Otherwise GPU backends skip a token
+ * whose batch id, slot or position is invalid and the store of a location
+ * past the target. The ring must hold the request's earlier rows of the
+ * group (and for ratio 4 the previous group's): a request decodes after
+ * its prefill. Overlap: no tensor may overlap the pool's compressor state,
+ * the target (pool rows or cache) or another output
+ * (UNIKV_OVERLAPPING_BUFFERS). Externally synchronized per (pool, layer):
+ * calls writing one layer's state must not run concurrently.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_compress_decode(const struct unikv_pool *pool,
+                                   const struct unikv_compress_args *args,
+                                   void *stream);
+
+/**
+ * The compressor for prefill and extend: a chunk of tokens per request
+ * (math in `unikv_compress_args`), each request's tokens contiguous in the
+ * call with consecutive positions, continuing from whatever its rings hold.
+ * Every group that closes inside a chunk is stored, including one that
+ * started in an earlier chunk (its first rows come from the ring); each
+ * request's last `ring` raw rows stay in its ring (the trailing partial
+ * group and, for ratio 4, the overlap rows the next group needs).
+ * Speculative verify forwards (several tokens per request) use this call
+ * too. Two kernel launches on GPUs (pool and store, then the ring writes),
+ * graph-safe as `unikv_compress_decode`. Memory, stream, device-value,
+ * overlap and thread-safety rules as `unikv_compress_decode`, except that a
+ * request may have several tokens, which must be contiguous with
+ * consecutive positions (INVALID_ARGUMENT on the CPU backend and in
+ * `validate` mode; otherwise GPU backends read a wrong row for such a
+ * request, never out of bounds).
+ */
+UNIKV_NODISCARD
+unikv_status unikv_compress_prefill(const struct unikv_pool *pool,
+                                    const struct unikv_compress_args *args,
+                                    void *stream);
+
+/**
+ * Fills `info` (host memory; set `info->struct_size` first) with the state
+ * geometry of one compressor (`compressor`, a `unikv_compressor`) of
+ * `layer`. OUT_OF_RANGE for a layer past the pool's, UNIKV_BAD_ENUM for an
+ * unknown compressor, INVALID_STATE for a pool without compressor state,
+ * INVALID_ARGUMENT for a dense layer or the indexer compressor of a
+ * ratio-128 layer. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_get_compressor(const struct unikv_pool *pool,
+                                       uint32_t layer,
+                                       uint32_t compressor,
+                                       struct unikv_compressor_info *info);
+
+/**
+ * `unikv_pool_get_compressor` for the pool `params` would create, without
+ * creating it: `params` is read and checked exactly as `unikv_pool_create`
+ * checks it; `state` is inside the caller's `params->state_buffers[layer]`
+ * when `params` adopts state buffers, NULL otherwise. Thread-safe.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_pool_params_get_compressor(const struct unikv_pool_params *params,
+                                              uint32_t layer,
+                                              uint32_t compressor,
+                                              struct unikv_compressor_info *info);
 
 /**
  * Builds the SWA, HCA and CSA decode streams once per forward: the three

@@ -36,9 +36,11 @@
 //   rope_table / get_capabilities / set_log_callback
 //                                       -> unikv::status_string(), ... (free;
 //                                          also scoped_log_callback)
-//   unikv_pool_params_get_info / _get_layer
+//   unikv_pool_params_get_info / _get_layer / _get_compressor
 //                                       -> unikv::pool_params_get_info(params),
-//                                          pool_params_get_layer(params, layer)
+//                                          pool_params_get_layer(params, layer),
+//                                          pool_params_get_compressor(params,
+//                                          layer, compressor)
 //   unikv_context_create / _destroy     -> context::create, ~context
 //   unikv_context_get_info              -> context::get_info
 //   unikv_memory_alloc/free/copy/set    -> context::memory_alloc, ... (and `buffer`)
@@ -48,11 +50,12 @@
 //   unikv_indexer_prepare_q/_k, unikv_indexer_topk(_from_logits),
 //   unikv_inverse_rope, unikv_hash_topk -> context::attention_merge, ...
 //   unikv_pool_create / _destroy        -> pool::create, ~pool
-//   unikv_pool_get_info / get_layer / acquire_slot / release_slot
-//                                       -> pool::get_info, ...
+//   unikv_pool_get_info / get_layer / get_compressor / acquire_slot /
+//   release_slot / release_slot_async   -> pool::get_info, ...
 //   unikv_build_decode_streams, unikv_fill_csa_tail,
 //   unikv_build_prefill_streams, unikv_prepare_qkv, unikv_store_swa,
-//   unikv_store_compressed              -> pool::build_decode_streams, ...
+//   unikv_store_compressed, unikv_compress_decode,
+//   unikv_compress_prefill              -> pool::build_decode_streams, ...
 //   unikv_decode_plan_create / _destroy / _workspace_size / _get_info /
 //   _describe, unikv_sparse_decode      -> decode_plan::create, ~decode_plan,
 //                                          workspace_size, get_info, describe
@@ -282,6 +285,8 @@ using inverse_rope_args = unikv_inverse_rope_args;
 using hash_topk_args = unikv_hash_topk_args;
 using store_swa_args = unikv_store_swa_args;
 using store_compressed_args = unikv_store_compressed_args;
+using compress_args = unikv_compress_args;
+using compressor_info = unikv_compressor_info;
 using plan_info = unikv_plan_info;
 // unikv_capabilities has no short alias: `unikv::capabilities()` would then
 // compile to an empty struct instead of the query, get_capabilities().
@@ -478,6 +483,16 @@ inline unikv_pool_info pool_params_get_info(const unikv_pool_params& params) {
 inline unikv_pool_layer_info pool_params_get_layer(const unikv_pool_params& params, std::uint32_t layer) {
     unikv_pool_layer_info info = make_struct<unikv_pool_layer_info>();
     detail::check(unikv_pool_params_get_layer(&params, layer, &info), "unikv_pool_params_get_layer");
+    return info;
+}
+
+// One compressor's state geometry in a pool created from `params`
+// (`pool::get_compressor`; `compressor` a unikv_compressor).
+inline unikv_compressor_info pool_params_get_compressor(const unikv_pool_params& params, std::uint32_t layer,
+                                                        std::uint32_t compressor) {
+    unikv_compressor_info info = make_struct<unikv_compressor_info>();
+    detail::check(unikv_pool_params_get_compressor(&params, layer, compressor, &info),
+                  "unikv_pool_params_get_compressor");
     return info;
 }
 
@@ -743,8 +758,19 @@ public:
         if (!s) return s;
         return slot;
     }
+    // Clears the slot's compressor rings first (host-synchronous on GPUs).
     void release_slot(std::uint32_t slot) const {
         detail::check(unikv_pool_release_slot(get(), slot), "unikv_pool_release_slot");
+    }
+    // Queues the clearing of the slot's compressor rings on `stream`.
+    void release_slot_async(std::uint32_t slot, void* stream = nullptr) const {
+        detail::check(unikv_pool_release_slot_async(get(), slot, stream), "unikv_pool_release_slot_async");
+    }
+    // A compressor's state geometry (`compressor` a unikv_compressor).
+    unikv_compressor_info get_compressor(std::uint32_t layer, std::uint32_t compressor) const {
+        unikv_compressor_info info = make_struct<unikv_compressor_info>();
+        detail::check(unikv_pool_get_compressor(get(), layer, compressor, &info), "unikv_pool_get_compressor");
+        return info;
     }
 
     void build_decode_streams(const unikv_decode_streams_args& args, void* stream = nullptr) const {
@@ -764,6 +790,12 @@ public:
     }
     void store_compressed(const unikv_store_compressed_args& args, void* stream = nullptr) const {
         detail::check(unikv_store_compressed(get(), &args, stream), "unikv_store_compressed");
+    }
+    void compress_decode(const unikv_compress_args& args, void* stream = nullptr) const {
+        detail::check(unikv_compress_decode(get(), &args, stream), "unikv_compress_decode");
+    }
+    void compress_prefill(const unikv_compress_args& args, void* stream = nullptr) const {
+        detail::check(unikv_compress_prefill(get(), &args, stream), "unikv_compress_prefill");
     }
 };
 

@@ -368,3 +368,57 @@ typedef struct ukv_indexer_topk_params {
   uint32_t format;          /* 0 e4m3fn, 1 e4m3fnuz (score only) */
   int32_t score;            /* 1: compute the logits, then select */
 } ukv_indexer_topk_params;
+
+/* The KV compressor (docs/compressor.md; kernels/compressor.cu). Decode: one
+ * launch, every token appends its raw row to its ring and a token closing a
+ * group pools and stores it. Prefill (prefill != 0): the groups first, then
+ * the ring writes (the rows a later token of the same request in the call
+ * does not overwrite). target: 0 the pool's compressed rows (row swa_rows +
+ * loc), 1 a FlashMLA cache, 2 an indexer key cache. A token whose batch id,
+ * slot or position is invalid is skipped; a group whose first position is
+ * past the table or whose location is negative or >= capacity is not stored. */
+typedef struct ukv_compress_params {
+  const void* kv_score;     /* [num_tokens, row_floats] f32 or bf16 (kv_f32), row stride kv_stride */
+  const float* ape;         /* [ratio, value_floats] f32, row stride ape_stride */
+  const void* norm_weight;  /* [dim] bf16 or f32 (weight_f32) */
+  const float* rope_table;  /* [max_pos, 64] f32, row stride table_stride */
+  const int32_t* batch_id;  /* [num_tokens], < 0 = padding */
+  const int32_t* req_slots; /* [num_requests] */
+  const void* positions;    /* [num_tokens] int32 or int64 (positions_i64) */
+  const void* loc;          /* [num_tokens] int32 or int64 (loc_i64) */
+  float* state;             /* [num_slots * ring, row_floats] f32 rings */
+  uint8_t* cache;           /* targets 1, 2: [pages, bytes_per_page] */
+  ukv_pool_rows pool;       /* target 0 */
+  int64_t kv_stride;        /* elements */
+  int64_t ape_stride;
+  int64_t table_stride;
+  int64_t max_pos;
+  int64_t capacity;         /* locations of the target */
+  int64_t swa_rows;         /* target 0 */
+  int64_t bytes_per_page;   /* targets 1, 2 */
+  int32_t page_shift;       /* targets 1, 2: log2(page size) */
+  int32_t num_tokens;
+  int32_t num_requests;
+  int32_t num_slots;
+  int32_t ring;
+  int32_t ratio;            /* 4 or 128 */
+  int32_t dim;              /* 512 or 128 */
+  int32_t target;
+  int32_t prefill;
+  int32_t kv_f32;
+  int32_t weight_f32;
+  int32_t positions_i64;
+  int32_t loc_i64;
+  uint32_t format;          /* targets 1, 2: ukv_fp8_format */
+  float eps;
+  int32_t reserved;
+} ukv_compress_params;
+
+/* Empties `num_rows` raw rows of `row_floats` f32 each: the first half of
+ * every row (values) 0, the second (scores) -inf. */
+typedef struct ukv_compress_clear_params {
+  float* rows;
+  int64_t num_rows;
+  int32_t row_floats;
+  int32_t reserved;
+} ukv_compress_clear_params;

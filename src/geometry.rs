@@ -68,6 +68,54 @@ impl Ratio {
     }
 }
 
+/// Ring sizes a ratio-4 state may have: 8 rows, or 16 for speculative decoding.
+pub const C4_RINGS: [usize; 2] = [8, 16];
+/// Ring sizes a ratio-128 state may have: 128 rows, or 256 for speculative decoding.
+pub const C128_RINGS: [usize; 2] = [128, 256];
+/// Ring sizes of a pool's compressor state, as the caller chose them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateRings {
+    /// Rows per slot of every ratio-4 state (8 or 16).
+    pub c4: usize,
+    /// Rows per slot of every ratio-128 state (128 or 256).
+    pub c128: usize,
+}
+
+impl StateRings {
+    /// Checks the ring sizes for a pool whose layers have `ratios`: a ring is
+    /// required (and must be one of the allowed sizes) when a layer of its
+    /// ratio exists; otherwise it must be 0 or an allowed size.
+    pub fn check(self, ratios: &[Ratio]) -> Result<Self> {
+        for (name, ring, allowed, ratio) in [
+            ("params.c4_state_ring", self.c4, C4_RINGS, Ratio::Csa),
+            ("params.c128_state_ring", self.c128, C128_RINGS, Ratio::Hca),
+        ] {
+            let needed = ratios.contains(&ratio);
+            ensure!(
+                allowed.contains(&ring) || (ring == 0 && !needed),
+                InvalidArgument,
+                "{name}: {ring} rows, expected {} or {} (the second for speculative decoding){}",
+                allowed[0],
+                allowed[1],
+                if needed {
+                    format!(" for the pool's ratio-{} layers", ratio.value())
+                } else {
+                    ", or 0 (the pool has no layer of that ratio)".into()
+                }
+            );
+        }
+        Ok(self)
+    }
+
+    pub fn ring(self, ratio: Ratio) -> usize {
+        match ratio {
+            Ratio::Dense => 0,
+            Ratio::Csa => self.c4,
+            Ratio::Hca => self.c128,
+        }
+    }
+}
+
 /// Everything needed to size a pool, as given by the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
@@ -76,6 +124,9 @@ pub struct PoolConfig {
     pub window: usize,
     pub spec_extra: usize,
     pub c128_blocks: usize,
+    /// Compressor state (docs/compressor.md §3): its ring sizes, or None for
+    /// a pool without it.
+    pub state: Option<StateRings>,
 }
 
 /// Derived pool geometry. Row counts are per layer; all offsets fit in 64 bits.
@@ -120,6 +171,9 @@ impl Geometry {
         let swa_rows = num_slots
             .checked_mul(ring)
             .ok_or_else(|| too_big("params.max_requests"))?;
+        if let Some(rings) = config.state {
+            rings.check(&config.ratios)?;
+        }
         let geometry = Geometry {
             config,
             ring,

@@ -11,8 +11,8 @@
 //! - `args`: the contract between `ops` and the backends (`*Args`,
 //!   `PlanShape`, `LayerRows`);
 //! - domain types and math: `geometry`, `tensor`, `dtype`, `error`, `slots`,
-//!   `overlap`, `cache_layouts`, `rope`, `indexer`, `routing`, and `fp8`, the
-//!   bit-exact FP8/UE8M0 codec the GPU codec must match.
+//!   `overlap`, `cache_layouts`, `compressor`, `rope`, `indexer`, `routing`,
+//!   and `fp8`, the bit-exact FP8/UE8M0 codec the GPU codec must match.
 //!
 //! See ARCHITECTURE.md.
 
@@ -20,6 +20,8 @@ pub mod args;
 pub mod backend;
 /// FlashMLA FP8 KV cache and indexer key cache byte layouts (docs/fp8.md §5, §6).
 pub mod cache_layouts;
+/// The KV compressor: state geometry and gated pooling (docs/compressor.md).
+pub mod compressor;
 pub mod context;
 pub mod dtype;
 pub mod error;

@@ -8,8 +8,11 @@ use std::sync::Arc;
 
 use half::bf16;
 
+use crate::args::compressor::StateView;
 use crate::args::LayerRows;
+use crate::backend::Stream;
 use crate::cache_layouts::unified::{NOPE_ROW_BYTES, ROPE_DIMS};
+use crate::compressor::{self, Compressor};
 use crate::context::Context;
 use crate::dtype::DType;
 use crate::error::{ensure, err, Error, Result};
@@ -36,13 +39,21 @@ pub fn layer_bytes(dtype: DType, rows: usize) -> (usize, usize) {
     }
 }
 
+/// Bytes of a layer's compressor state buffer (0 for dense layers and pools
+/// without state).
+pub fn state_bytes(geometry: &Geometry, layer: usize) -> usize {
+    compressor::state_floats(geometry, layer).expect("checked by check_pool") * 4
+}
+
 /// Checks a pool's parameters exactly as `Pool::new` does (same statuses and
 /// messages) without a context or any memory, and returns the geometry such a
-/// pool has: `unikv_pool_create` and the size queries share it.
+/// pool has: `unikv_pool_create` and the size queries share it. `adopt_state`
+/// holds the caller's compressor state buffers, one per layer.
 pub fn check_pool(
     config: PoolConfig,
     dtype: DType,
     adopt: Option<&[LayerBuffers]>,
+    adopt_state: Option<&[*mut u8]>,
 ) -> Result<Geometry> {
     ensure!(
         dtype == DType::Bf16 || dtype.fp8_format().is_some(),
@@ -61,6 +72,13 @@ pub fn check_pool(
             geometry.swa_rows
         );
     }
+    for layer in 0..geometry.num_layers() {
+        ensure!(
+            compressor::state_floats(&geometry, layer).is_some_and(|f| f <= isize::MAX as usize / 4),
+            InvalidArgument,
+            "params.max_requests: layer {layer}'s compressor state ((max_requests + 1) rings) would exceed the address space"
+        );
+    }
     u32::try_from(geometry.config.max_requests).map_err(|_| {
         err!(
             InvalidArgument,
@@ -68,6 +86,9 @@ pub fn check_pool(
             geometry.config.max_requests
         )
     })?;
+    if let Some(state) = adopt_state {
+        check_state_buffers(&geometry, state)?;
+    }
     let Some(buffers) = adopt else {
         return Ok(geometry);
     };
@@ -103,6 +124,44 @@ pub fn check_pool(
     Ok(geometry)
 }
 
+/// Adopted state buffers: one per layer, NULL exactly for the layers without
+/// state, 16-byte aligned.
+fn check_state_buffers(geometry: &Geometry, state: &[*mut u8]) -> Result<()> {
+    ensure!(
+        geometry.config.state.is_some(),
+        InvalidArgument,
+        "params.state_buffers: only for pools with compressor_state"
+    );
+    ensure!(
+        state.len() == geometry.num_layers(),
+        BadShape,
+        "params.state_buffers: {} buffers for {} layers",
+        state.len(),
+        geometry.num_layers()
+    );
+    for (layer, &ptr) in state.iter().enumerate() {
+        if state_bytes(geometry, layer) == 0 {
+            ensure!(
+                ptr.is_null(),
+                InvalidArgument,
+                "params.state_buffers[{layer}]: must be NULL for a dense (ratio 0) layer"
+            );
+            continue;
+        }
+        ensure!(
+            !ptr.is_null(),
+            NullArgument,
+            "params.state_buffers[{layer}]"
+        );
+        ensure!(
+            (ptr as usize) % ROW_ALIGN == 0,
+            BadAlignment,
+            "params.state_buffers[{layer}] {ptr:p} is not {ROW_ALIGN}-byte aligned"
+        );
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct Pool {
     ctx: Arc<Context>,
@@ -110,6 +169,9 @@ pub struct Pool {
     dtype: DType,
     layers: Vec<LayerBuffers>,
     owned: bool,
+    /// Per layer its compressor state buffer (null without one).
+    state: Vec<*mut u8>,
+    state_owned: bool,
     slots: SlotAllocator,
 }
 
@@ -121,15 +183,18 @@ unsafe impl Sync for Pool {}
 impl Pool {
     /// Creates a pool of `dtype` rows (bf16 or an FP8 flavour); `adopt` holds
     /// caller-owned buffers per layer (`rope` null for bf16), or is None to
-    /// allocate zeroed buffers through the backend.
+    /// allocate zeroed buffers through the backend; `adopt_state` likewise
+    /// for the compressor state, which is cleared (every row empty) before
+    /// the pool is returned.
     pub fn new(
         ctx: Arc<Context>,
         config: PoolConfig,
         dtype: DType,
         adopt: Option<&[LayerBuffers]>,
+        adopt_state: Option<&[*mut u8]>,
     ) -> Result<Self> {
         ctx.check_usable()?;
-        let geometry = check_pool(config, dtype, adopt)?;
+        let geometry = check_pool(config, dtype, adopt, adopt_state)?;
         let max_requests = geometry.config.max_requests as u32;
         let slots = SlotAllocator::new(max_requests);
         let mut layers = Vec::new();
@@ -141,15 +206,19 @@ impl Pool {
                     "params.num_layers: cannot allocate the layer table"
                 )
             })?;
-        let Some(buffers) = adopt else {
-            let mut pool = Pool {
-                ctx,
-                geometry,
-                dtype,
-                layers,
-                owned: true,
-                slots,
-            };
+        let mut pool = Pool {
+            ctx,
+            geometry,
+            dtype,
+            layers,
+            owned: adopt.is_none(),
+            state: Vec::new(),
+            state_owned: adopt_state.is_none(),
+            slots,
+        };
+        if let Some(buffers) = adopt {
+            pool.layers.extend_from_slice(buffers);
+        } else {
             for layer in 0..pool.geometry.num_layers() {
                 let (data, rope) = layer_bytes(dtype, pool.geometry.rows(layer));
                 // On failure `pool` drops and frees the buffers allocated so far.
@@ -162,17 +231,94 @@ impl Pool {
                     pool.layers[layer].rope = pool.alloc_layer(layer, rope)?;
                 }
             }
-            return Ok(pool);
-        };
-        layers.extend_from_slice(buffers);
-        Ok(Pool {
-            ctx,
-            geometry,
-            dtype,
-            layers,
-            owned: false,
-            slots,
+        }
+        if pool.geometry.config.state.is_some() {
+            pool.state = table_of(pool.geometry.num_layers())?;
+            for layer in 0..pool.geometry.num_layers() {
+                let bytes = state_bytes(&pool.geometry, layer);
+                let ptr = match adopt_state {
+                    Some(buffers) => buffers[layer],
+                    None if bytes > 0 => pool.alloc_state(layer, bytes)?,
+                    None => std::ptr::null_mut(),
+                };
+                pool.state.push(ptr);
+            }
+            // Host-synchronous, as the allocation itself: the first call on
+            // any stream sees empty rings.
+            let stream = Stream(std::ptr::null_mut());
+            for layer in 0..pool.geometry.num_layers() {
+                for view in pool.state_views(layer) {
+                    pool.ctx.backend().clear_state(&view, None, stream)?;
+                }
+            }
+            pool.ctx.backend().synchronize(stream)?;
+        }
+        Ok(pool)
+    }
+
+    /// A layer's compressor state buffer; an allocation failure names the
+    /// pool's parameters.
+    fn alloc_state(&self, layer: usize, bytes: usize) -> Result<*mut u8> {
+        self.ctx.backend().alloc(bytes).map_err(|e| match e {
+            Error::OutOfMemory(_) => err!(
+                OutOfMemory,
+                "params: cannot allocate the {bytes} bytes of layer {layer}'s compressor state"
+            ),
+            e => e,
         })
+    }
+
+    /// A compressor's state as operations see it, or None (see
+    /// `Geometry::state`).
+    pub fn state_view(&self, layer: usize, compressor: Compressor) -> Option<StateView> {
+        let geometry = compressor::layer_state(&self.geometry, layer, compressor)?;
+        let base = *self.state.get(layer)? as *mut f32;
+        // SAFETY: the offset lies inside the layer's state buffer (its size
+        // is the sum of its compressors' states).
+        let data = unsafe { base.add(geometry.offset_floats) };
+        Some(StateView { data, geometry })
+    }
+
+    /// Every compressor state of a layer (none, one or two).
+    fn state_views(&self, layer: usize) -> impl Iterator<Item = StateView> + '_ {
+        [Compressor::Kv, Compressor::Indexer]
+            .into_iter()
+            .filter_map(move |c| self.state_view(layer, c))
+    }
+
+    /// A layer's compressor state buffer (null without one).
+    pub fn state_buffer(&self, layer: usize) -> *mut u8 {
+        self.state
+            .get(layer)
+            .copied()
+            .unwrap_or(std::ptr::null_mut())
+    }
+
+    /// Whether the pool keeps compressor state.
+    pub fn has_state(&self) -> bool {
+        self.geometry.config.state.is_some()
+    }
+
+    /// Releases an acquired slot; a pool with compressor state first clears
+    /// the slot's rings in every layer on `stream` and, with `wait`,
+    /// synchronizes it. A slot that is not acquired fails before anything
+    /// is written.
+    pub fn release_slot(&self, slot: u32, stream: Stream, wait: bool) -> Result<()> {
+        if self.has_state() {
+            self.ctx.check_usable()?;
+            self.slots.check_acquired(slot)?;
+            for layer in 0..self.geometry.num_layers() {
+                for view in self.state_views(layer) {
+                    self.ctx
+                        .backend()
+                        .clear_state(&view, Some(slot as usize), stream)?;
+                }
+            }
+            if wait {
+                self.ctx.backend().synchronize(stream)?;
+            }
+        }
+        self.slots.release(slot)
     }
 
     /// One of a layer's buffers; an allocation failure names the pool's
@@ -228,16 +374,32 @@ impl Pool {
     }
 }
 
+/// An empty per-layer table with room for `layers` entries (OUT_OF_MEMORY,
+/// not an abort, when the caller's layer count cannot be met).
+fn table_of<T>(layers: usize) -> Result<Vec<T>> {
+    let mut table = Vec::new();
+    table.try_reserve_exact(layers).map_err(|_| {
+        err!(
+            OutOfMemory,
+            "params.num_layers: cannot allocate the layer table"
+        )
+    })?;
+    Ok(table)
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
+        let mut owned: Vec<*mut u8> = Vec::new();
         if self.owned {
-            for b in self.layers.drain(..) {
-                for ptr in [b.data, b.rope].into_iter().filter(|p| !p.is_null()) {
-                    // SAFETY: allocated by this backend in `new` and never handed
-                    // out as owned. A failing free has nowhere to report to in drop.
-                    let _ = unsafe { self.ctx.backend().free(ptr) };
-                }
-            }
+            owned.extend(self.layers.drain(..).flat_map(|b| [b.data, b.rope]));
+        }
+        if self.state_owned {
+            owned.append(&mut self.state);
+        }
+        for ptr in owned.into_iter().filter(|p| !p.is_null()) {
+            // SAFETY: allocated by this backend in `new` and never handed
+            // out as owned. A failing free has nowhere to report to in drop.
+            let _ = unsafe { self.ctx.backend().free(ptr) };
         }
     }
 }

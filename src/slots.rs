@@ -59,8 +59,13 @@ impl SlotAllocator {
         Ok(slot as u32)
     }
 
-    pub fn release(&self, slot: u32) -> Result<()> {
-        let mut state = self.state.lock();
+    /// Fails as `release` would for a slot that is not acquired, without
+    /// releasing it.
+    pub fn check_acquired(&self, slot: u32) -> Result<()> {
+        self.acquired(&self.state.lock(), slot)
+    }
+
+    fn acquired(&self, state: &SlotState, slot: u32) -> Result<()> {
         let s = u64::from(slot);
         ensure!(
             s >= 1 && s <= self.max,
@@ -73,6 +78,13 @@ impl SlotAllocator {
             InvalidState,
             "slot: {slot} is not acquired"
         );
+        Ok(())
+    }
+
+    pub fn release(&self, slot: u32) -> Result<()> {
+        let mut state = self.state.lock();
+        self.acquired(&state, slot)?;
+        let s = u64::from(slot);
         if s + 1 == state.fresh {
             // Give the top back to the never-used range, with any released
             // slots directly below it, so `free` stays as small as the gaps.

@@ -35,6 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "domain",
         &[
             "cache_layouts",
+            "compressor",
             "dtype",
             "error",
             "fp8",

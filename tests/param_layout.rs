@@ -432,6 +432,54 @@ fn rust_layouts() -> Vec<Layout> {
                 score
             }
         ),
+        mirror!(
+            "ukv_compress_params",
+            CompressParams {
+                kv_score,
+                ape,
+                norm_weight,
+                rope_table,
+                batch_id,
+                req_slots,
+                positions,
+                loc,
+                state,
+                cache,
+                pool,
+                kv_stride,
+                ape_stride,
+                table_stride,
+                max_pos,
+                capacity,
+                swa_rows,
+                bytes_per_page,
+                page_shift,
+                num_tokens,
+                num_requests,
+                num_slots,
+                ring,
+                ratio,
+                dim,
+                target,
+                prefill,
+                kv_f32,
+                weight_f32,
+                positions_i64,
+                loc_i64,
+                format,
+                eps,
+                reserved
+            }
+        ),
+        mirror!(
+            "ukv_compress_clear_params",
+            CompressClearParams {
+                rows,
+                num_rows,
+                row_floats,
+                reserved
+            }
+        ),
     ]
 }
 

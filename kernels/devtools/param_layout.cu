@@ -302,7 +302,45 @@
   X(ukv_indexer_topk_params, topk)                \
   X(ukv_indexer_topk_params, positions_i64)       \
   X(ukv_indexer_topk_params, format)              \
-  X(ukv_indexer_topk_params, score)
+  X(ukv_indexer_topk_params, score)        \
+  X(ukv_compress_params, kv_score)         \
+  X(ukv_compress_params, ape)              \
+  X(ukv_compress_params, norm_weight)      \
+  X(ukv_compress_params, rope_table)       \
+  X(ukv_compress_params, batch_id)         \
+  X(ukv_compress_params, req_slots)        \
+  X(ukv_compress_params, positions)        \
+  X(ukv_compress_params, loc)              \
+  X(ukv_compress_params, state)            \
+  X(ukv_compress_params, cache)            \
+  X(ukv_compress_params, pool)             \
+  X(ukv_compress_params, kv_stride)        \
+  X(ukv_compress_params, ape_stride)       \
+  X(ukv_compress_params, table_stride)     \
+  X(ukv_compress_params, max_pos)          \
+  X(ukv_compress_params, capacity)         \
+  X(ukv_compress_params, swa_rows)         \
+  X(ukv_compress_params, bytes_per_page)   \
+  X(ukv_compress_params, page_shift)       \
+  X(ukv_compress_params, num_tokens)       \
+  X(ukv_compress_params, num_requests)     \
+  X(ukv_compress_params, num_slots)        \
+  X(ukv_compress_params, ring)             \
+  X(ukv_compress_params, ratio)            \
+  X(ukv_compress_params, dim)              \
+  X(ukv_compress_params, target)           \
+  X(ukv_compress_params, prefill)          \
+  X(ukv_compress_params, kv_f32)           \
+  X(ukv_compress_params, weight_f32)       \
+  X(ukv_compress_params, positions_i64)    \
+  X(ukv_compress_params, loc_i64)          \
+  X(ukv_compress_params, format)           \
+  X(ukv_compress_params, eps)              \
+  X(ukv_compress_params, reserved)         \
+  X(ukv_compress_clear_params, rows)       \
+  X(ukv_compress_clear_params, num_rows)   \
+  X(ukv_compress_clear_params, row_floats) \
+  X(ukv_compress_clear_params, reserved)
 
 extern "C" {
 // One row of the table; mirrored by src/backend/gpu/devtools.rs.

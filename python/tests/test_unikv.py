@@ -567,6 +567,66 @@ class Stores(unittest.TestCase):
         self.assertTrue(np.array_equal(self.pool_rows(pool, 1), want))
 
 
+class Compressor(unittest.TestCase):
+    """unikv_compress_prefill / _decode and the compressor state queries."""
+
+    def setUp(self):
+        self.rng = np.random.default_rng(11)
+        self.ctx = unikv.Context("cpu")
+
+    def tearDown(self):
+        self.ctx.close()
+
+    def run_chunks(self, cuts):
+        """Ratio-4 attention compressor over 13 tokens of one request cut
+        into prefill calls at `cuts`; returns the pool rows and the state."""
+        pool = self.ctx.create_pool([0, 4], max_requests=1, window=8, c128_blocks=1, state_rings=(8, 128))
+        slot = pool.acquire_slot()
+        rng = np.random.default_rng(3)
+        n = 13
+        kv_score = rng.uniform(-2, 2, (n, 4 * HEAD_DIM)).astype(np.float32)
+        ape = rng.uniform(-1, 1, (4, 2 * HEAD_DIM)).astype(np.float32)
+        norm = np.ones(HEAD_DIM, np.float32)
+        table = unikv.rope_table(16, 40000.0)
+        loc = np.where((np.arange(n) + 1) % 4 == 0, (np.arange(n) + 1) // 4 - 1, -1).astype(np.int64)
+        for a, b in zip(cuts, cuts[1:]):
+            m = b - a
+            pool.compress_prefill(kv_score=kv_score[a:b], ape=ape, norm_weight=norm, rope_table=table,
+                                  batch_id=np.zeros(m, np.int32), req_slots=np.array([slot], np.int32),
+                                  positions=np.arange(a, b, dtype=np.int64), loc=loc[a:b], layer=1, eps=1e-6)
+        info = pool.layer(1)
+        rows = np.empty((int(info.rows), HEAD_DIM), np.uint16)
+        self.ctx.memory_copy(rows, info.data, rows.nbytes, unikv.COPY_DEVICE_TO_HOST)
+        c = pool.compressor(1, unikv.COMPRESSOR_KV)
+        state = np.empty(int(c.bytes) // 4, np.float32)
+        self.ctx.memory_copy(state, c.state, state.nbytes, unikv.COPY_DEVICE_TO_HOST)
+        self.ctx.synchronize()
+        return rows, state, c
+
+    def test_chunks_give_the_rows_of_one_call(self):
+        rows, state, c = self.run_chunks([0, 13])
+        self.assertEqual((c.ring, c.row_floats, c.head_dim, c.compress_ratio), (8, 4 * HEAD_DIM, HEAD_DIM, 4))
+        for cuts in ([0, 5, 13], [0, 4, 8, 12, 13], [0, 1, 2, 3, 13]):
+            r, s, _ = self.run_chunks(cuts)
+            self.assertTrue(np.array_equal(r, rows), cuts)
+            self.assertTrue(np.array_equal(s, state), cuts)
+
+    def test_sizes_before_creation(self):
+        c = unikv.compressor_sizes(1, unikv.COMPRESSOR_INDEXER, [0, 4], max_requests=2, window=8,
+                                   state_rings=(16, 128))
+        self.assertEqual((c.ring, c.row_floats, c.head_dim, c.max_rollback), (16, 512, 128, 9))
+        self.assertEqual(c.offset_bytes, 3 * 16 * 4 * HEAD_DIM * 4)
+        info, layers = unikv.pool_sizes([0, 4], max_requests=2, window=8, state_rings=(16, 128))
+        self.assertEqual(layers[1].state_bytes, c.offset_bytes + c.bytes)
+        self.assertEqual(info.c4_state_ring, 16)
+        pool = self.ctx.create_pool([0, 4], max_requests=2, window=8, state_rings=(16, 128))
+        slot = pool.acquire_slot()
+        pool.release_slot_async(slot)
+        with self.assertRaises(unikv.Error) as caught:
+            self.ctx.create_pool([0, 4], max_requests=2, window=8, state_rings=(12, 128))
+        self.assertIn("c4_state_ring", caught.exception.message)
+
+
 class Streams(unittest.TestCase):
     """unikv_build_decode_streams and unikv_fill_csa_tail against the slice
     rule: [window rows oldest to newest | compressed rows in table order]."""

@@ -31,6 +31,7 @@ unikv_version, unikv_version_string,            version(), version_string(),
 unikv_rope_table                                rope_table()
 unikv_get_capabilities                          capabilities() -> dict
 unikv_pool_params_get_info / _get_layer         pool_sizes(...) -> (PoolInfo, [PoolLayerInfo])
+unikv_pool_params_get_compressor                compressor_sizes(...) -> CompressorInfo
 unikv_set_log_callback                          set_log_callback(fn), unset_log_callback()
 unikv_context_create / _destroy / _get_info     Context(...), Context.close(), .info()
 unikv_memory_alloc / free / copy / set          Context.alloc() -> Buffer, Buffer.free(),
@@ -43,10 +44,12 @@ unikv_indexer_prepare_k, unikv_indexer_topk,
 unikv_indexer_topk_from_logits,
 unikv_inverse_rope, unikv_hash_topk
 unikv_pool_create / _destroy / _get_info /      Context.create_pool(), Pool.close(),
-_get_layer / _acquire_slot / _release_slot      .info(), .layer(), .acquire_slot(), ...
+_get_layer / _acquire_slot / _release_slot /    .info(), .layer(), .acquire_slot(), ...,
+_release_slot_async / _get_compressor           .release_slot_async(), .compressor()
 unikv_build_decode_streams, unikv_fill_csa_tail,  Pool.build_decode_streams(**fields), ...
 unikv_build_prefill_streams, unikv_prepare_qkv,
-unikv_store_swa, unikv_store_compressed
+unikv_store_swa, unikv_store_compressed,
+unikv_compress_decode, unikv_compress_prefill
 unikv_decode_plan_create / _destroy /           Context.create_decode_plan(), .close(),
 _workspace_size / _get_info / _describe,        .workspace_size, .info(), .describe(),
 unikv_sparse_decode                             .sparse_decode(pool, ...)
@@ -69,6 +72,8 @@ from ._capi import (  # noqa: F401  (re-exported)
     BACKEND_CUDA,
     BACKEND_GPU,
     BACKEND_ROCM,
+    COMPRESSOR_INDEXER,
+    COMPRESSOR_KV,
     COPY_DEVICE_TO_DEVICE,
     COPY_DEVICE_TO_HOST,
     COPY_HOST_TO_DEVICE,
@@ -232,8 +237,10 @@ def capabilities():
 
 
 def _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype, layer_buffers,
-                 rope_buffers):
-    """A PoolParams struct and the ctypes arrays it points into (keep both)."""
+                 rope_buffers, state_rings=None, state_buffers=None):
+    """A PoolParams struct and the ctypes arrays it points into (keep both).
+    ``state_rings``: None (no compressor state) or (c4_state_ring,
+    c128_state_ring)."""
     ratios = (ctypes.c_uint32 * len(compress_ratios))(*compress_ratios)
     params = _capi.PoolParams(
         compress_ratios=ratios,
@@ -251,11 +258,17 @@ def _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks,
     if rope_buffers is not None:
         keep.append((ctypes.c_void_p * len(rope_buffers))(*[_address(b) for b in rope_buffers]))
         params.rope_buffers = keep[-1]
+    if state_rings is not None:
+        params.compressor_state = 1
+        params.c4_state_ring, params.c128_state_ring = state_rings
+    if state_buffers is not None:
+        keep.append((ctypes.c_void_p * len(state_buffers))(*[_address(b) for b in state_buffers]))
+        params.state_buffers = keep[-1]
     return params, keep
 
 
 def pool_sizes(compress_ratios, max_requests, window, spec_extra=0, c128_blocks=0, kv_dtype="bf16",
-               layer_buffers=None, rope_buffers=None):
+               layer_buffers=None, rope_buffers=None, state_rings=None, state_buffers=None):
     """The geometry a pool created with these arguments (those of
     ``Context.create_pool``) would have, without creating it or needing a
     context: ``(PoolInfo, [PoolLayerInfo per layer])`` from
@@ -264,7 +277,7 @@ def pool_sizes(compress_ratios, max_requests, window, spec_extra=0, c128_blocks=
     ``rope_buffers`` entries an adopting pool needs. The arguments are checked
     as ``create_pool`` checks them (the same errors)."""
     params, _keep = _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype,
-                                 layer_buffers, rope_buffers)
+                                 layer_buffers, rope_buffers, state_rings, state_buffers)
     lib = _capi.load()
     info = _capi.PoolInfo()
     _check(lib.unikv_pool_params_get_info(ctypes.byref(params), ctypes.byref(info)), "unikv_pool_params_get_info")
@@ -275,6 +288,21 @@ def pool_sizes(compress_ratios, max_requests, window, spec_extra=0, c128_blocks=
                "unikv_pool_params_get_layer")
         layers.append(layer)
     return info, layers
+
+
+def compressor_sizes(layer, compressor, compress_ratios, max_requests, window, state_rings, spec_extra=0,
+                     c128_blocks=0, kv_dtype="bf16", state_buffers=None):
+    """unikv_pool_params_get_compressor: the state geometry (a CompressorInfo)
+    of compressor ``compressor`` (COMPRESSOR_KV or COMPRESSOR_INDEXER) of
+    ``layer`` in the pool these arguments (those of ``Context.create_pool``)
+    would create."""
+    params, _keep = _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype,
+                                 None, None, state_rings, state_buffers)
+    info = _capi.CompressorInfo()
+    _check(_capi.load().unikv_pool_params_get_compressor(ctypes.byref(params), layer, compressor,
+                                                         ctypes.byref(info)),
+           "unikv_pool_params_get_compressor")
+    return info
 
 
 # The installed log callback (its ctypes thunk must stay alive while the
@@ -597,6 +625,8 @@ _LAUNCHES = {
     "unikv_hash_topk": (_capi.HashTopkArgs, "router_logits", None),
     "unikv_store_swa": (_capi.StoreSwaArgs, "kv", None),
     "unikv_store_compressed": (_capi.StoreCompressedArgs, "kv", None),
+    "unikv_compress_decode": (_capi.CompressArgs, "kv_score", None),
+    "unikv_compress_prefill": (_capi.CompressArgs, "kv_score", None),
 }
 
 
@@ -736,14 +766,17 @@ class Context(_Handle):
     # --- handles --------------------------------------------------------
 
     def create_pool(self, compress_ratios, max_requests, window, spec_extra=0, c128_blocks=0, kv_dtype="bf16",
-                    layer_buffers=None, rope_buffers=None):
+                    layer_buffers=None, rope_buffers=None, state_rings=None, state_buffers=None):
         """unikv_pool_create. ``layer_buffers`` / ``rope_buffers``: None (the
         pool allocates) or one caller-owned buffer per layer (arrays, Buffers
         or addresses), which must outlive the pool (the Pool keeps a
         reference); ``unikv.pool_sizes(...)`` with the same arguments gives
-        their sizes."""
+        their sizes. ``state_rings``: None (no compressor state) or
+        (c4_state_ring, c128_state_ring), e.g. (8, 128); ``state_buffers``
+        adopts the state as ``layer_buffers`` adopts the rows (None entries
+        for dense layers)."""
         return Pool(self, compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype, layer_buffers,
-                    rope_buffers)
+                    rope_buffers, state_rings, state_buffers)
 
     def create_decode_plan(self, max_tokens, num_heads, kv_dtype="bf16", head_dim=512, q_dtype="bf16",
                            out_dtype="bf16", kv_layout="pool"):
@@ -856,10 +889,11 @@ class Pool(_Handle):
     _destroy = "unikv_pool_destroy"
 
     def __init__(self, ctx, compress_ratios, max_requests, window, spec_extra=0, c128_blocks=0, kv_dtype="bf16",
-                 layer_buffers=None, rope_buffers=None):
+                 layer_buffers=None, rope_buffers=None, state_rings=None, state_buffers=None):
         params, _keep = _pool_params(compress_ratios, max_requests, window, spec_extra, c128_blocks, kv_dtype,
-                                     layer_buffers, rope_buffers)
-        self._buffers = (layer_buffers, rope_buffers)  # caller memory must outlive the pool
+                                     layer_buffers, rope_buffers, state_rings, state_buffers)
+        # Caller memory must outlive the pool.
+        self._buffers = (layer_buffers, rope_buffers, state_buffers)
         self.ctx = ctx
         super().__init__(_new_handle("unikv_pool_create", ctx.handle, ctypes.byref(params)))
 
@@ -882,8 +916,29 @@ class Pool(_Handle):
         return slot.value
 
     def release_slot(self, slot):
-        """unikv_pool_release_slot."""
+        """unikv_pool_release_slot (clears the slot's compressor rings)."""
         _check(_capi.load().unikv_pool_release_slot(self.handle, slot), "unikv_pool_release_slot")
+
+    def release_slot_async(self, slot, stream=None):
+        """unikv_pool_release_slot_async: the rings are cleared on ``stream``."""
+        s = _stream_handle(stream, [])
+        _check(_capi.load().unikv_pool_release_slot_async(self.handle, slot, s), "unikv_pool_release_slot_async")
+
+    def compressor(self, layer, compressor=0):
+        """unikv_pool_get_compressor as a CompressorInfo struct
+        (``compressor``: COMPRESSOR_KV or COMPRESSOR_INDEXER)."""
+        info = _capi.CompressorInfo()
+        _check(_capi.load().unikv_pool_get_compressor(self.handle, layer, compressor, ctypes.byref(info)),
+               "unikv_pool_get_compressor")
+        return info
+
+    def compress_decode(self, stream=None, **fields):
+        """unikv_compress_decode; fields of unikv_compress_args."""
+        self._launch("unikv_compress_decode", fields, stream)
+
+    def compress_prefill(self, stream=None, **fields):
+        """unikv_compress_prefill; fields of unikv_compress_args."""
+        self._launch("unikv_compress_prefill", fields, stream)
 
     def build_decode_streams(self, stream=None, **fields):
         """unikv_build_decode_streams; fields of unikv_decode_streams_args.

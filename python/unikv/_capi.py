@@ -1,4 +1,4 @@
-"""The C API of unikv.h through ctypes: the structs, the enums and the 50
+"""The C API of unikv.h through ctypes: the structs, the enums and the 55
 function prototypes, and how the shared library is found.
 
 Layer of record: every struct here mirrors its C twin field by field (the
@@ -92,6 +92,10 @@ KV_LAYOUT_POOL = 0
 KV_LAYOUT_FLASHMLA = 1
 KV_LAYOUT_SCALED_FP8 = 2
 
+# unikv_compressor
+COMPRESSOR_KV = 0
+COMPRESSOR_INDEXER = 1
+
 COPY_HOST_TO_DEVICE = 0
 COPY_DEVICE_TO_HOST = 1
 COPY_DEVICE_TO_DEVICE = 2
@@ -161,6 +165,11 @@ PoolParams = _sized(
         ("c128_blocks", c_uint32),
         ("kv_dtype", c_uint32),
         ("rope_buffers", POINTER(c_void_p)),
+        ("compressor_state", c_uint32),
+        ("c4_state_ring", c_uint32),
+        ("c128_state_ring", c_uint32),
+        ("reserved", c_uint32),
+        ("state_buffers", POINTER(c_void_p)),
     ],
 )
 PoolInfo = _sized(
@@ -176,6 +185,8 @@ PoolInfo = _sized(
         ("slots_in_use", c_uint32),
         ("kv_dtype", c_uint32),
         ("owns_memory", c_uint32),
+        ("c4_state_ring", c_uint32),
+        ("c128_state_ring", c_uint32),
     ],
 )
 PoolLayerInfo = _sized(
@@ -190,6 +201,8 @@ PoolLayerInfo = _sized(
         ("reserved", c_uint32),
         ("rope_data", c_void_p),
         ("rope_bytes", c_uint64),
+        ("state_data", c_void_p),
+        ("state_bytes", c_uint64),
     ],
 )
 AttentionPlanParams = _sized(
@@ -327,6 +340,30 @@ StoreSwaArgs = _sized(
     [("kv", T), ("batch_id", T), ("req_slots", T), ("positions", T), ("final_pos", T)]
     + [("layer", c_uint32), ("num_tokens", c_uint32)],
 )
+CompressArgs = _sized(
+    "unikv_compress_args",
+    [("kv_score", T), ("ape", T), ("norm_weight", T), ("rope_table", T), ("batch_id", T), ("req_slots", T)]
+    + [("positions", T), ("loc", T), ("cache", T)]
+    + [("layer", c_uint32), ("compressor", c_uint32), ("num_tokens", c_uint32), ("cache_dtype", c_uint32)]
+    + [("page_size", c_uint32), ("eps", c_float)],
+)
+CompressorInfo = _sized(
+    "unikv_compressor_info",
+    [
+        ("state", c_void_p),
+        ("offset_bytes", c_uint64),
+        ("bytes", c_uint64),
+        ("slot_bytes", c_uint64),
+        ("row_floats", c_uint32),
+        ("score_offset", c_uint32),
+        ("ring", c_uint32),
+        ("head_dim", c_uint32),
+        ("compress_ratio", c_uint32),
+        ("num_slots", c_uint32),
+        ("max_rollback", c_uint32),
+        ("reserved", c_uint32),
+    ],
+)
 StoreCompressedArgs = _sized(
     "unikv_store_compressed_args",
     [("kv", T), ("loc", T), ("layer", c_uint32), ("num_rows", c_uint32)],
@@ -408,6 +445,8 @@ STRUCTS = [
     HashTopkArgs,
     StoreSwaArgs,
     StoreCompressedArgs,
+    CompressArgs,
+    CompressorInfo,
     Capabilities,
     PlanInfo,
 ]
@@ -476,6 +515,11 @@ FUNCTIONS = {
     "unikv_decode_plan_describe": (_ST, [_H, _P, c_size_t, _p(c_size_t)]),
     "unikv_prefill_plan_describe": (_ST, [_H, _P, c_size_t, _p(c_size_t)]),
     "unikv_set_log_callback": (_ST, [LogFn, c_void_p]),
+    "unikv_pool_release_slot_async": (_ST, [_H, c_uint32, _P]),
+    "unikv_pool_get_compressor": (_ST, [_H, c_uint32, c_uint32, _p(CompressorInfo)]),
+    "unikv_pool_params_get_compressor": (_ST, [_p(PoolParams), c_uint32, c_uint32, _p(CompressorInfo)]),
+    "unikv_compress_decode": (_ST, [_H, _p(CompressArgs), _P]),
+    "unikv_compress_prefill": (_ST, [_H, _p(CompressArgs), _P]),
 }
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod cache_store;
+pub mod compressor;
 pub mod index;
 pub mod indexer;
 pub mod merge;

@@ -18,6 +18,7 @@ use std::fmt::Debug;
 
 use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
 use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
+use crate::args::compressor::{CompressArgs, StateView};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -121,4 +122,11 @@ pub trait Backend: Send + Sync + Debug {
     fn indexer_topk(&self, args: &IndexerTopkArgs, stream: Stream) -> Result<()>;
     /// Hash-routed MoE gating (docs/routing.md §1).
     fn hash_topk(&self, args: &HashTopkArgs, stream: Stream) -> Result<()>;
+    /// Sets compressor state rows to empty (values 0, scores -inf): slot
+    /// `slot`'s ring, or every row (docs/compressor.md §3).
+    fn clear_state(&self, state: &StateView, slot: Option<usize>, stream: Stream) -> Result<()>;
+    /// The KV compressor (docs/compressor.md §2): pools every group a token
+    /// of the call closes into its target and keeps each request's last raw
+    /// rows in the state.
+    fn compress(&self, args: &CompressArgs, stream: Stream) -> Result<()>;
 }

@@ -7,6 +7,7 @@
 
 use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlannedLaunch};
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
+use crate::args::compressor::{CompressArgs, StateView};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
 use crate::args::merge::MergeArgs;
@@ -336,5 +337,25 @@ impl<B: Backend> Backend for Validating<B> {
         };
         rules::routing::row_experts(&host, rules::routing::real_rows(&host)?)?;
         self.inner.hash_topk(a, stream)
+    }
+
+    fn clear_state(&self, state: &StateView, slot: Option<usize>, stream: Stream) -> Result<()> {
+        self.inner.clear_state(state, slot, stream)
+    }
+
+    fn compress(&self, a: &CompressArgs, stream: Stream) -> Result<()> {
+        let (_b, batch_id) = self.mirror(&a.batch_id, stream)?;
+        let (_s, req_slots) = self.mirror(&a.req_slots, stream)?;
+        let (_p, positions) = self.mirror_ints(&a.positions, stream)?;
+        let (_l, loc) = self.mirror_ints(&a.loc, stream)?;
+        self.inner.synchronize(stream)?;
+        rules::compressor::compress_plan(&CompressArgs {
+            batch_id,
+            req_slots,
+            positions,
+            loc,
+            ..*a
+        })?;
+        self.inner.compress(a, stream)
     }
 }

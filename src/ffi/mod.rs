@@ -24,6 +24,7 @@ pub mod sizes;
 // Operations of one serving step.
 pub mod attention;
 pub mod cache_store;
+pub mod compressor;
 pub mod index;
 pub mod indexer;
 pub mod introspect;

@@ -2,7 +2,9 @@
 
 use std::os::raw::c_void;
 
+use crate::backend::Stream;
 use crate::cache_layouts::unified;
+
 use crate::dtype::DType;
 use crate::error::{ensure, err, Result};
 use crate::ffi::boundary::{
@@ -11,8 +13,8 @@ use crate::ffi::boundary::{
 use crate::ffi::context::{context, unikv_context};
 use crate::ffi::handles::{destroy_handle, handle, new_handle, Handle};
 use crate::ffi::status::unikv_status;
-use crate::geometry::{Geometry, PoolConfig, Ratio};
-use crate::pool::{layer_bytes, LayerBuffers, Pool, ROW_BYTES};
+use crate::geometry::{Geometry, PoolConfig, Ratio, StateRings};
+use crate::pool::{layer_bytes, state_bytes, LayerBuffers, Pool, ROW_BYTES};
 
 /// Opaque pool handle. Slot acquire/release and all accessors are thread-safe.
 /// Operations that write pool rows may run concurrently only on disjoint rows
@@ -70,10 +72,37 @@ pub struct unikv_pool_params {
     /// rope buffers, each `rows(layer) * 128` bytes, 16-byte aligned. NULL
     /// otherwise (required NULL for bf16 pools).
     pub rope_buffers: *const *mut c_void,
+    /// 1: the pool keeps the KV compressor state of its compressed layers
+    /// (docs/compressor.md §3): per request slot and layer a ring of raw fp32
+    /// `kv_score` rows for `unikv_compress_decode` / `_prefill`. 0: none,
+    /// and the ring and buffer fields below must be 0 / NULL. This field and
+    /// the ones below are an extension: a `struct_size` that ends before it
+    /// (a caller built against a header without it) is accepted and reads
+    /// as 0 / NULL for all of them.
+    pub compressor_state: u32,
+    /// Rows per slot of each ratio-4 layer's rings: 8, or 16 with speculative
+    /// decoding (draft tokens can then be rolled back, docs/compressor.md
+    /// §4). Required when the pool has ratio-4 layers; otherwise 0 or one of
+    /// those values.
+    pub c4_state_ring: u32,
+    /// Rows per slot of each ratio-128 layer's ring: 128, or 256 with
+    /// speculative decoding. Required when the pool has ratio-128 layers;
+    /// otherwise 0 or one of those values.
+    pub c128_state_ring: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// NULL: the pool allocates the state in the context's memory (with
+    /// `compressor_state`). Otherwise a host array of `num_layers`
+    /// caller-owned buffers (device memory for GPU backends) that must
+    /// outlive the pool: NULL for dense layers, else 16-byte aligned and at
+    /// least `state_bytes` of `unikv_pool_params_get_layer`. The pool clears
+    /// every row (values 0, scores -inf) when it is created.
+    pub state_buffers: *const *mut c_void,
 }
 
 unsafe impl Versioned for unikv_pool_params {
     const NAME: &'static str = "params";
+    const MIN_SIZE: usize = std::mem::offset_of!(unikv_pool_params, compressor_state);
 }
 
 /// Pool-wide geometry (`unikv_pool_get_info`).
@@ -104,6 +133,12 @@ pub struct unikv_pool_info {
     pub kv_dtype: u32,
     /// 1 when the pool allocated (and will free) its buffers, 0 when adopted.
     pub owns_memory: u32,
+    /// Ring rows per slot of the ratio-4 compressor states (0 without
+    /// compressor state).
+    pub c4_state_ring: u32,
+    /// Ring rows per slot of the ratio-128 compressor states (0 without
+    /// compressor state).
+    pub c128_state_ring: u32,
 }
 
 unsafe impl Versioned for unikv_pool_info {
@@ -136,6 +171,15 @@ pub struct unikv_pool_layer_info {
     pub rope_data: *mut c_void,
     /// Bytes of `rope_data`: rows * 128 (FP8) or 0.
     pub rope_bytes: u64,
+    /// The layer's compressor state buffer (device memory for GPU backends):
+    /// NULL for dense layers and pools without state (and, from
+    /// `unikv_pool_params_get_layer`, unless `params` adopts one).
+    /// `unikv_pool_get_compressor` describes its parts.
+    pub state_data: *mut c_void,
+    /// Bytes of the layer's compressor state (what an adopted
+    /// `state_buffers[layer]` needs): 0 for dense layers and pools without
+    /// state.
+    pub state_bytes: u64,
 }
 
 unsafe impl Versioned for unikv_pool_layer_info {
@@ -179,7 +223,13 @@ pub unsafe extern "C" fn unikv_pool_create(
         let ctx = context(ctx)?;
         ensure!(!out.is_null(), NullArgument, "out");
         let r = read_pool_params(params)?;
-        let inner = Pool::new(ctx.clone(), r.config, r.dtype, r.adopt.as_deref())?;
+        let inner = Pool::new(
+            ctx.clone(),
+            r.config,
+            r.dtype,
+            r.adopt.as_deref(),
+            r.adopt_state.as_deref(),
+        )?;
         out.write(new_handle(unikv_pool { inner }));
         Ok(())
     })
@@ -234,6 +284,35 @@ pub(crate) fn pool_info(
         slots_in_use: slots_in_use as u32,
         kv_dtype: dtype.to_raw(),
         owns_memory: owns_memory as u32,
+        c4_state_ring: g.config.state.map_or(0, |r| r.c4) as u32,
+        c128_state_ring: g.config.state.map_or(0, |r| r.c128) as u32,
+    }
+}
+
+/// What `unikv_pool_get_layer` reports for layer `layer` of geometry `g`,
+/// with the buffers given.
+pub(crate) fn layer_info(
+    g: &Geometry,
+    dtype: DType,
+    layer: usize,
+    buffers: LayerBuffers,
+    state: *mut u8,
+) -> unikv_pool_layer_info {
+    let rows = g.rows(layer);
+    let (bytes, rope_bytes) = layer_bytes(dtype, rows);
+    unikv_pool_layer_info {
+        struct_size: 0,
+        data: buffers.data as *mut c_void,
+        rows: rows as u64,
+        swa_rows: g.swa_rows as u64,
+        compressed_rows: g.compressed_rows(g.ratio(layer)) as u64,
+        bytes: bytes as u64,
+        compress_ratio: g.ratio(layer).value() as u32,
+        reserved: 0,
+        rope_data: buffers.rope as *mut c_void,
+        rope_bytes: rope_bytes as u64,
+        state_data: state as *mut c_void,
+        state_bytes: state_bytes(g, layer) as u64,
     }
 }
 
@@ -251,23 +330,15 @@ pub unsafe extern "C" fn unikv_pool_get_layer(
         let p = pool_of(pool)?;
         let g = p.geometry();
         let layer = g.check_layer(layer)?;
-        let rows = g.rows(layer);
-        let buffers = p.layer_buffers(layer);
-        let (bytes, rope_bytes) = layer_bytes(p.dtype(), rows);
         write_info(
             info,
-            unikv_pool_layer_info {
-                struct_size: 0,
-                data: buffers.data as *mut c_void,
-                rows: rows as u64,
-                swa_rows: g.swa_rows as u64,
-                compressed_rows: g.compressed_rows(g.ratio(layer)) as u64,
-                bytes: bytes as u64,
-                compress_ratio: g.ratio(layer).value() as u32,
-                reserved: 0,
-                rope_data: buffers.rope as *mut c_void,
-                rope_bytes: rope_bytes as u64,
-            },
+            layer_info(
+                g,
+                p.dtype(),
+                layer,
+                p.layer_buffers(layer),
+                p.state_buffer(layer),
+            ),
         )
     })
 }
@@ -288,14 +359,33 @@ pub unsafe extern "C" fn unikv_pool_acquire_slot(
 }
 
 /// Releases an acquired slot. OUT_OF_RANGE for 0 or a slot past max_requests,
-/// INVALID_STATE for a slot that is not acquired. The slot's ring rows are not
-/// cleared. Thread-safe.
+/// INVALID_STATE for a slot that is not acquired. The slot's SWA ring rows are
+/// not cleared. A pool with compressor state clears the slot's compressor
+/// rings in every layer (values 0, scores -inf) before the slot is released:
+/// on the CPU backend at once; on GPU backends by a launch on the legacy
+/// default stream (NULL) that this call waits for (host-synchronous; serving
+/// loops on other streams use `unikv_pool_release_slot_async`). Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn unikv_pool_release_slot(
     pool: *const unikv_pool,
     slot: u32,
 ) -> unikv_status {
-    boundary(|| pool_of(pool)?.slots().release(slot))
+    boundary(|| pool_of(pool)?.release_slot(slot, Stream(std::ptr::null_mut()), true))
+}
+
+/// `unikv_pool_release_slot` for pools with compressor state on a stream:
+/// the clearing of the slot's compressor rings is queued on `stream` and the
+/// call returns without waiting; work that later uses the slot (it may be
+/// acquired again at once) must run on `stream` or after it. The same as
+/// `unikv_pool_release_slot` for pools without compressor state (nothing is
+/// queued). Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn unikv_pool_release_slot_async(
+    pool: *const unikv_pool,
+    slot: u32,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| pool_of(pool)?.release_slot(slot, Stream(stream), false))
 }
 
 /// A pool's parameters read from the caller's struct: `unikv_pool_create` and
@@ -305,6 +395,8 @@ pub(crate) struct PoolRequest {
     pub dtype: DType,
     /// The caller's buffers when it adopts them.
     pub adopt: Option<Vec<LayerBuffers>>,
+    /// The caller's compressor state buffers when it adopts them.
+    pub adopt_state: Option<Vec<*mut u8>>,
 }
 
 /// Reads and checks `unikv_pool_params` up to the geometry (which
@@ -325,6 +417,11 @@ pub(crate) unsafe fn read_pool_params(params: *const unikv_pool_params) -> Resul
         c128_blocks: 0,
         kv_dtype: 0,
         rope_buffers: std::ptr::null(),
+        compressor_state: 0,
+        c4_state_ring: 0,
+        c128_state_ring: 0,
+        reserved: 0,
+        state_buffers: std::ptr::null(),
     };
     let p = read_params(params, defaults)?;
     let dtype = DType::from_raw("params.kv_dtype", p.kv_dtype)?;
@@ -373,16 +470,61 @@ pub(crate) unsafe fn read_pool_params(params: *const unikv_pool_params) -> Resul
         }));
         Some(adopt)
     };
+    ensure!(
+        p.reserved == 0,
+        InvalidArgument,
+        "params.reserved: must be 0"
+    );
+    let state = match p.compressor_state {
+        0 => {
+            for (name, value) in [
+                ("c4_state_ring", p.c4_state_ring),
+                ("c128_state_ring", p.c128_state_ring),
+            ] {
+                ensure!(
+                    value == 0,
+                    InvalidArgument,
+                    "params.{name}: must be 0 without compressor_state"
+                );
+            }
+            ensure!(
+                p.state_buffers.is_null(),
+                InvalidArgument,
+                "params.state_buffers: must be NULL without compressor_state"
+            );
+            None
+        }
+        1 => Some(StateRings {
+            c4: p.c4_state_ring as usize,
+            c128: p.c128_state_ring as usize,
+        }),
+        v => {
+            return Err(err!(
+                BadEnum,
+                "params.compressor_state: {v}, expected 0 (none) or 1 (kept by the pool)"
+            ))
+        }
+    };
+    let adopt_state = if p.state_buffers.is_null() {
+        None
+    } else {
+        let buffers = std::slice::from_raw_parts(p.state_buffers as *const *mut u8, layers);
+        let mut table = table_for(layers)?;
+        table.extend_from_slice(buffers);
+        Some(table)
+    };
     let config = PoolConfig {
         ratios,
         max_requests: p.max_requests as usize,
         window: p.window as usize,
         spec_extra: p.spec_extra as usize,
         c128_blocks: p.c128_blocks as usize,
+        state,
     };
     Ok(PoolRequest {
         config,
         dtype,
         adopt,
+        adopt_state,
     })
 }

@@ -2,19 +2,18 @@
 //! from the parameters alone, so a caller adopting its own buffers can size
 //! them without restating the row formula.
 
-use std::os::raw::c_void;
-
 use crate::error::Result;
 use crate::ffi::boundary::{boundary, write_info};
 use crate::ffi::pool::{
-    pool_info, read_pool_params, unikv_pool_info, unikv_pool_layer_info, unikv_pool_params,
+    layer_info, pool_info, read_pool_params, unikv_pool_info, unikv_pool_layer_info,
+    unikv_pool_params,
 };
 use crate::ffi::status::unikv_status;
 use crate::geometry::Geometry;
-use crate::pool::{check_pool, layer_bytes};
+use crate::pool::{check_pool, LayerBuffers};
 
 /// Reads and checks `params` exactly as `unikv_pool_create` does.
-unsafe fn geometry_of(
+pub(crate) unsafe fn geometry_of(
     params: *const unikv_pool_params,
 ) -> Result<(Geometry, crate::ffi::pool::PoolRequest)> {
     let request = read_pool_params(params)?;
@@ -22,6 +21,7 @@ unsafe fn geometry_of(
         request.config.clone(),
         request.dtype,
         request.adopt.as_deref(),
+        request.adopt_state.as_deref(),
     )?;
     Ok((geometry, request))
 }
@@ -55,9 +55,11 @@ pub unsafe extern "C" fn unikv_pool_params_get_info(
 /// `unikv_pool_get_layer`: its row count, SWA and compressed rows, and the
 /// sizes of every buffer a caller adopting its own memory must supply —
 /// `bytes` for `params->layer_buffers[layer]` (rows * 1024 for bf16, rows *
-/// 512 for FP8) and `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
-/// for FP8 pools, 0 for bf16). `data` and `rope_data` are the caller's
-/// buffers when `params` adopts them, NULL otherwise. No pool is created and
+/// 512 for FP8), `rope_bytes` for `params->rope_buffers[layer]` (rows * 128
+/// for FP8 pools, 0 for bf16) and `state_bytes` for
+/// `params->state_buffers[layer]` (0 without compressor state). `data`,
+/// `rope_data` and `state_data` are the caller's buffers when `params` adopts
+/// them, NULL otherwise. No pool is created and
 /// nothing is allocated. `params` is checked exactly as `unikv_pool_create`
 /// checks it; then OUT_OF_RANGE for a `layer` past `params->num_layers`.
 /// Thread-safe.
@@ -71,28 +73,17 @@ pub unsafe extern "C" fn unikv_pool_params_get_layer(
     boundary(|| {
         let (g, request) = geometry_of(params)?;
         let layer = g.check_layer(layer)?;
-        let rows = g.rows(layer);
-        let (bytes, rope_bytes) = layer_bytes(request.dtype, rows);
-        let (data, rope) = request
-            .adopt
-            .as_ref()
-            .map_or((std::ptr::null_mut(), std::ptr::null_mut()), |a| {
-                (a[layer].data, a[layer].rope)
-            });
-        write_info(
-            info,
-            unikv_pool_layer_info {
-                struct_size: 0,
-                data: data as *mut c_void,
-                rows: rows as u64,
-                swa_rows: g.swa_rows as u64,
-                compressed_rows: g.compressed_rows(g.ratio(layer)) as u64,
-                bytes: bytes as u64,
-                compress_ratio: g.ratio(layer).value() as u32,
-                reserved: 0,
-                rope_data: rope as *mut c_void,
-                rope_bytes: rope_bytes as u64,
+        let buffers = request.adopt.as_ref().map_or(
+            LayerBuffers {
+                data: std::ptr::null_mut(),
+                rope: std::ptr::null_mut(),
             },
-        )
+            |a| a[layer],
+        );
+        let state = request
+            .adopt_state
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |s| s[layer]);
+        write_info(info, layer_info(&g, request.dtype, layer, buffers, state))
     })
 }

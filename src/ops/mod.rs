@@ -5,6 +5,7 @@
 pub(crate) mod aliasing;
 pub mod attention;
 pub mod cache_store;
+pub mod compressor;
 pub mod index;
 pub mod indexer;
 pub mod merge;

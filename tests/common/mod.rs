@@ -201,6 +201,11 @@ impl PoolSpec {
             c128_blocks: self.c128_blocks,
             kv_dtype: kv_dtype as u32,
             rope_buffers: ptr::null(),
+            compressor_state: 0,
+            c4_state_ring: 0,
+            c128_state_ring: 0,
+            reserved: 0,
+            state_buffers: ptr::null(),
         }
     }
 }

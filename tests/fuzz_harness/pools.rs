@@ -192,6 +192,11 @@ pub fn pool_create(w: &mut World, c: &mut Cursor) {
         } else {
             rope_ptrs.as_ptr().cast()
         },
+        compressor_state: 0,
+        c4_state_ring: 0,
+        c128_state_ring: 0,
+        reserved: 0,
+        state_buffers: ptr::null(),
     };
     let null_out = c.chance(6);
     if null_out {
@@ -425,6 +430,11 @@ pub fn default_pool(w: &mut World, c: &mut Cursor) {
         c128_blocks: c128,
         kv_dtype: dtype,
         rope_buffers: ptr::null(),
+        compressor_state: 0,
+        c4_state_ring: 0,
+        c128_state_ring: 0,
+        reserved: 0,
+        state_buffers: ptr::null(),
     };
     let ctx = w.ctxs[0].h;
     let mut out = ptr::null_mut();

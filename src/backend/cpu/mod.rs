@@ -4,6 +4,7 @@
 
 mod attention;
 mod cache_store;
+mod compressor;
 mod index;
 mod indexer;
 mod memory;
@@ -15,6 +16,7 @@ mod store;
 
 use crate::args::attention::{AttentionArgs, PlanShape, PlannedLaunch};
 use crate::args::cache_store::{FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
+use crate::args::compressor::{CompressArgs, StateView};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -171,5 +173,14 @@ impl Backend for CpuBackend {
 
     fn hash_topk(&self, args: &HashTopkArgs, _stream: Stream) -> Result<()> {
         routing::hash_topk(args)
+    }
+
+    fn clear_state(&self, state: &StateView, slot: Option<usize>, _stream: Stream) -> Result<()> {
+        compressor::clear_state(state, slot);
+        Ok(())
+    }
+
+    fn compress(&self, args: &CompressArgs, _stream: Stream) -> Result<()> {
+        compressor::compress(&self.threads, args)
     }
 }

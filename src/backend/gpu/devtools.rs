@@ -181,10 +181,11 @@ impl Drop for Event {
 /// crate-private module), for tests/param_layout.rs.
 pub mod params {
     pub use super::super::shim::{
-        AttentionParams, AttentionPlan, CacheStoreParams, CsaTailParams, DecodeStreamsParams,
-        Fp8CheckParams, HashTopkParams, IndexerKParams, IndexerQParams, IndexerTopkParams,
-        InverseRopeParams, KvSource, MergeParams, PoolRows, PrefillStreamsParams, PrepareQkvParams,
-        ScaledStoreParams, StoreCompressedParams, StoreSwaParams, StreamOut,
+        AttentionParams, AttentionPlan, CacheStoreParams, CompressClearParams, CompressParams,
+        CsaTailParams, DecodeStreamsParams, Fp8CheckParams, HashTopkParams, IndexerKParams,
+        IndexerQParams, IndexerTopkParams, InverseRopeParams, KvSource, MergeParams, PoolRows,
+        PrefillStreamsParams, PrepareQkvParams, ScaledStoreParams, StoreCompressedParams,
+        StoreSwaParams, StreamOut,
     };
 }
 

@@ -9,6 +9,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod cache_store;
+pub(crate) mod compressor;
 pub(crate) mod index;
 pub(crate) mod indexer;
 pub(crate) mod prepare;
