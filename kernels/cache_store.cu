@@ -10,131 +10,29 @@
 // four indexer keys per warp; no shared memory. Byte offsets are 64-bit
 // (caches pass 4 GiB). A location that is negative or past the cache is
 // skipped: nothing is written.
-#include "fp8.cuh"
+#include "cache_rows.cuh"
 #include "shim.cuh"
 
 namespace {
+
+using namespace ukv_cache_rows;
 
 // Threads per block: the FlashMLA store at 256, the indexer store at 128
 // (bench/notes/v23.md and v24.md); the scaled store like the FlashMLA one.
 constexpr int kFlashThreads = 256;
 constexpr int kIndexerThreads = 128;
 constexpr int kScaledThreads = 256;
-constexpr int kDimsPerLane = 16;
-
-// FlashMLA value slot: 448 codes (lanes 0..27), then 64 bf16 RoPE dims copied
-// by lanes 28..31 (32 bytes each); scale slot: 7 UE8M0 bytes and a pad byte.
-constexpr int kNopeDims = 448;
-constexpr int kNopeLanes = kNopeDims / kDimsPerLane;
-constexpr int64_t kValueSlotBytes = 576;
-constexpr int64_t kScaleSlotBytes = 8;
-constexpr int kTileLanes = 64 / kDimsPerLane;
-static_assert(kNopeLanes == 28 && kNopeLanes + 4 == UKV_WARP, "one warp per 512-dim token");
-
-// Indexer: 128 codes per key (8 lanes), then one fp32 scale per key.
-constexpr int kKeyDims = 128;
-constexpr int kKeyLanes = kKeyDims / kDimsPerLane;
-static_assert(UKV_WARP % kKeyLanes == 0, "whole keys per warp");
-
-// A bf16 pair's two values (little-endian: the first in the low half); the
-// widening is exact.
-__device__ __forceinline__ void unpack_bf16x2(uint32_t w, float& lo, float& hi) {
-  lo = ukv_fp8_bits_float(w << 16);
-  hi = ukv_fp8_bits_float(w & 0xFFFF0000u);
-}
-
-// 16 consecutive bf16 dims held in two 16-byte vectors.
-__device__ __forceinline__ void unpack16(const uint4& a, const uint4& b, float (&x)[kDimsPerLane]) {
-  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) unpack_bf16x2(w[i], x[2 * i], x[2 * i + 1]);
-}
-
-// 16 consecutive dims from two 16-byte loads (bf16) or four (f32).
-__device__ __forceinline__ void load16(const ukv_bf16* src, float (&x)[kDimsPerLane]) {
-  const uint4* v = reinterpret_cast<const uint4*>(src);
-  unpack16(v[0], v[1], x);
-}
-__device__ __forceinline__ void load16(const float* src, float (&x)[kDimsPerLane]) {
-  const float4* v = reinterpret_cast<const float4*>(src);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float4 q = v[i];
-    x[4 * i] = q.x;
-    x[4 * i + 1] = q.y;
-    x[4 * i + 2] = q.z;
-    x[4 * i + 3] = q.w;
-  }
-}
-
-// NaN-ignoring max of |x| over this lane's dims and the `Lanes` lanes of its
-// group (fmaxf drops a NaN operand, like Rust's f32::max).
-template <int Lanes>
-__device__ __forceinline__ float group_amax(const float (&x)[kDimsPerLane]) {
-  float m = 0.f;
-#pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) m = fmaxf(m, fabsf(x[i]));
-  m = ukv_xor_max<1, Lanes / 2>(m);
-  return m;
-}
-
-// The 16 codes of x * inv, dim order = byte order.
-template <ukv_fp8_format F>
-__device__ __forceinline__ uint4 encode16(const float (&x)[kDimsPerLane], float inv) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float* q = x + 4 * i;
-    if (F == UKV_FP8_E4M3FN) {
-      w[i] = (uint32_t)ukv_fp8x2_encode_e4m3fn(q[0] * inv, q[1] * inv) |
-             ((uint32_t)ukv_fp8x2_encode_e4m3fn(q[2] * inv, q[3] * inv) << 16);
-    } else {
-      w[i] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w[i] |= (uint32_t)ukv_fp8_encode_sw(q[j] * inv, F) << (8 * j);
-    }
-  }
-  uint4 out;
-  out.x = w[0];
-  out.y = w[1];
-  out.z = w[2];
-  out.w = w[3];
-  return out;
-}
-
 // Tokens per warp of store_flashmla_kernel. At one token per warp the kernel
 // needed 38 registers per thread, room for 48 warps per SM, so a batch of 8192
 // tokens took 1.3 waves; at two it needs 59 (32 warps per SM) and 4096 warps
 // fit in one (bench/notes/v18.md).
 constexpr int kFlashTokensPerWarp = 2;
 
-// One token (its row as two 16-byte vectors per lane, `loc` already
-// checked). Tile k is lanes 4k..4k+3; its scale is the UE8M0 byte of the tile
-// amax and codes are encode(x * 2^(127-byte)), which rounds like the CPU's
-// x / 2^(byte-127).
+// One token: the shared row store (cache_rows.cuh) at the params' cache.
 template <ukv_fp8_format F>
 __device__ __forceinline__ void store_flashmla_token(const ukv_cache_store_params& p, int64_t loc, const uint4& a,
                                                      const uint4& b, int lane) {
-  float x[kDimsPerLane];
-  unpack16(a, b, x);
-  // Lanes 28..31 reduce among themselves too (the RoPE dims); unused.
-  const float amax = group_amax<kTileLanes>(x);
-
-  const int64_t page = loc >> p.page_shift, slot = loc & ((1 << p.page_shift) - 1);
-  uint8_t* page_base = p.cache + page * p.bytes_per_page;
-  uint8_t* value = page_base + slot * kValueSlotBytes;
-  if (lane < kNopeLanes) {
-    const uint8_t byte = ukv_ue8m0_scale_byte(amax, F);
-    *reinterpret_cast<uint4*>(value + lane * kDimsPerLane) = encode16<F>(x, ukv_ue8m0_inverse(byte));
-    if (lane % kTileLanes == 0) {
-      page_base[(kValueSlotBytes << p.page_shift) + slot * kScaleSlotBytes + lane / kTileLanes] = byte;
-    }
-  } else {
-    // The RoPE dims' bf16 bits as loaded: 32 bytes per lane, 16-byte aligned.
-    uint4* dst = reinterpret_cast<uint4*>(value + kNopeDims + (lane - kNopeLanes) * 2 * kDimsPerLane);
-    dst[0] = a;
-    dst[1] = b;
-  }
+  ukv_cache_rows::store_flashmla_row<F>(p.cache, p.bytes_per_page, p.page_shift, loc, a, b, lane);
 }
 
 // kFlashTokensPerWarp consecutive tokens per warp; Loc: the location type

@@ -125,6 +125,8 @@ size_t unikv_gpu_params_size(int which) {
     case 14: return sizeof(ukv_indexer_k_params);
     case 15: return sizeof(ukv_indexer_topk_params);
     case 16: return sizeof(ukv_scaled_store_params);
+    case 17: return sizeof(ukv_compress_params);
+    case 18: return sizeof(ukv_compress_clear_params);
     default: return 0;
   }
 }

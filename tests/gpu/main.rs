@@ -16,6 +16,7 @@ mod run;
 
 mod attention;
 mod cache_stores;
+mod compressor;
 mod context;
 mod fp8_codec;
 mod graph;

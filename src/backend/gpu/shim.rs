@@ -456,7 +456,61 @@ pub const MIRRORS: &[(c_int, usize, &str)] = &[
         std::mem::size_of::<ScaledStoreParams>(),
         "ScaledStoreParams",
     ),
+    (17, std::mem::size_of::<CompressParams>(), "CompressParams"),
+    (
+        18,
+        std::mem::size_of::<CompressClearParams>(),
+        "CompressClearParams",
+    ),
 ];
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CompressParams {
+    pub kv_score: *const c_void,
+    pub ape: *const f32,
+    pub norm_weight: *const c_void,
+    pub rope_table: *const f32,
+    pub batch_id: *const i32,
+    pub req_slots: *const i32,
+    pub positions: *const c_void,
+    pub loc: *const c_void,
+    pub state: *mut f32,
+    pub cache: *mut u8,
+    pub pool: PoolRows,
+    pub kv_stride: i64,
+    pub ape_stride: i64,
+    pub table_stride: i64,
+    pub max_pos: i64,
+    pub capacity: i64,
+    pub swa_rows: i64,
+    pub bytes_per_page: i64,
+    pub page_shift: i32,
+    pub num_tokens: i32,
+    pub num_requests: i32,
+    pub num_slots: i32,
+    pub ring: i32,
+    pub ratio: i32,
+    pub dim: i32,
+    pub target: i32,
+    pub prefill: i32,
+    pub kv_f32: i32,
+    pub weight_f32: i32,
+    pub positions_i64: i32,
+    pub loc_i64: i32,
+    pub format: u32,
+    pub eps: f32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CompressClearParams {
+    pub rows: *mut f32,
+    pub num_rows: i64,
+    pub row_floats: i32,
+    pub reserved: i32,
+}
 
 extern "C" {
     pub fn unikv_gpu_last_error() -> *const c_char;
@@ -520,6 +574,16 @@ extern "C" {
     pub fn unikv_gpu_indexer_prepare_k(
         device: c_int,
         p: *const IndexerKParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_compress(
+        device: c_int,
+        p: *const CompressParams,
+        stream: *mut c_void,
+    ) -> c_int;
+    pub fn unikv_gpu_compress_clear(
+        device: c_int,
+        p: *const CompressClearParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_indexer_topk(

@@ -1,0 +1,370 @@
+// The KV compressor (docs/compressor.md): gated pooling of each closed group
+// of raw `kv_score` rows, RMSNorm, RoPE (and for the indexer compressor the
+// Hadamard transform), then the store, the operations of src/compressor.rs,
+// src/rope.rs and src/indexer.rs in the same order.
+//
+// One block per token. A token appends its raw row to its request's ring
+// (decode: in this kernel; prefill: in compress_write_kernel, launched after
+// it, so that no group reads a ring row the same call overwrites). A token
+// whose position closes a group gathers the group's window rows (its own and
+// its request's earlier rows in the call from `kv_score`, older ones from
+// the ring), pools every channel with one thread per channel, in blocks of 8
+// candidates with the fixed exp of src/compressor.rs (`exp_f32`), and with
+// ukv_mul_rn / ukv_add_rn / ukv_sub_rn so nothing is contracted into an FMA:
+// the pooled values are the CPU backend's bit for bit. Warp 0 then normalizes
+// (the sum of squares in double, row_math.cuh: almost always the host's
+// factor) and rotates; the stores are pool_rows.cuh (pool rows), cache_rows.cuh
+// (FlashMLA) and indexer_rows.cuh (indexer keys), the writers every other
+// operation uses.
+//
+// Launch configuration depends on num_tokens only; no allocation or host
+// synchronization (graph-safe). Device values are never trusted: a token with
+// an invalid batch id, slot or negative position is skipped; a group whose
+// first position is past the RoPE table or whose location is negative or past
+// the target is not stored; every read and write stays inside the state,
+// `kv_score` and the target.
+#include "cache_rows.cuh"
+#include "indexer_rows.cuh"
+#include "pool_rows.cuh"
+#include "row_math.cuh"
+#include "shim.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+// Candidates per pooling block (src/compressor.rs POOL_BLOCK).
+constexpr int kBlock = 8;
+
+// src/compressor.rs exp_f32, operation for operation.
+__device__ __forceinline__ float pool_exp(float x) {
+  if (!(x > -86.0f)) return 0.0f;
+  x = fminf(x, 88.0f);
+  const float k = rintf(ukv_mul_rn(x, ukv_fp8_bits_float(0x3FB8AA3Bu)));
+  const float r = ukv_sub_rn(ukv_sub_rn(x, ukv_mul_rn(k, ukv_fp8_bits_float(0x3F317200u))),
+                             ukv_mul_rn(k, ukv_fp8_bits_float(0x35BFBE8Eu)));
+  float q = ukv_fp8_bits_float(0x3AB60B61u);                        // 1/720
+  q = ukv_add_rn(ukv_mul_rn(q, r), ukv_fp8_bits_float(0x3C088889u));  // 1/120
+  q = ukv_add_rn(ukv_mul_rn(q, r), ukv_fp8_bits_float(0x3D2AAAABu));  // 1/24
+  q = ukv_add_rn(ukv_mul_rn(q, r), ukv_fp8_bits_float(0x3E2AAAABu));  // 1/6
+  q = ukv_add_rn(ukv_mul_rn(q, r), ukv_fp8_bits_float(0x3F000000u));  // 1/2
+  q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
+  q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
+  return ukv_mul_rn(q, ukv_fp8_bits_float((uint32_t)((int)k + 127) << 23));
+}
+
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(ukv_bf16 x) { return ukv_bf16_to_float(x); }
+
+// Element i of a window row: a caller row of type In, or a ring row (f32).
+template <typename In>
+__device__ __forceinline__ float raw_at(const void* row, int input, int64_t i) {
+  return input ? widen(static_cast<const In*>(row)[i]) : static_cast<const float*>(row)[i];
+}
+
+// Four consecutive values of a caller row (16-byte aligned f32, 8-byte bf16).
+__device__ __forceinline__ float4 load_quad(const float* row, int64_t i) {
+  return reinterpret_cast<const float4*>(row)[i];
+}
+__device__ __forceinline__ float4 load_quad(const ukv_bf16* row, int64_t i) {
+  const uint2 v = reinterpret_cast<const uint2*>(row)[i];
+  return make_float4(ukv_fp8_bits_float(v.x << 16), ukv_fp8_bits_float(v.x & 0xFFFF0000u),
+                     ukv_fp8_bits_float(v.y << 16), ukv_fp8_bits_float(v.y & 0xFFFF0000u));
+}
+
+// Floats of one raw row.
+__device__ __forceinline__ int row_floats(const ukv_compress_params& p) {
+  return 2 * (p.ratio == 4 ? 2 : 1) * p.dim;
+}
+
+// Copies a caller row into ring row `slot * ring + pos % ring` (whole block).
+template <typename In>
+__device__ __forceinline__ void write_row(const ukv_compress_params& p, const In* src, int slot, int64_t pos) {
+  const int floats = row_floats(p);
+  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * floats);
+  for (int i = threadIdx.x; i < floats / 4; i += blockDim.x) dst[i] = load_quad(src, i);
+}
+
+// A token's request slot and position; false for padding and for a batch id,
+// slot or position outside the call.
+__device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, int& b, int& slot, int64_t& pos) {
+  b = p.batch_id[t];
+  if (b < 0 || b >= p.num_requests) return false;
+  slot = p.req_slots[b];
+  if (slot < 0 || slot >= p.num_slots) return false;
+  pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  return pos >= 0;
+}
+
+// One channel's pooled value (src/compressor.rs pool_channel / pool_group):
+// window row i's candidate, masked below `first_valid` (ratio 4, group 0).
+template <int Ratio, int Dim, typename In>
+__device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, int first_valid,
+                                              const float* ape, int64_t ape_stride, int d) {
+  constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
+  constexpr int kValues = (Ratio == 4 ? 2 : 1) * Dim;
+  constexpr int kBlocks = kWindow / kBlock;
+  float bm[kBlocks], bs[kBlocks], ba[kBlocks];
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) {
+    float l[kBlock], v[kBlock];
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) {
+      const int i = k * kBlock + j;
+      l[j] = v[j] = 0.f;
+      if (i < first_valid) continue;
+      int64_t ch, bias;
+      if (Ratio == 4) {
+        // Candidates 0..3: the previous group's overlap channel; 4..7: the
+        // own channel (offset Dim in the row and in ape's row).
+        const bool own = i >= 4;
+        ch = own ? Dim + d : d;
+        bias = (i & 3) * ape_stride + (own ? Dim : 0) + d;
+      } else {
+        ch = d;
+        bias = i * ape_stride + d;
+      }
+      v[j] = raw_at<In>(rows[i], input[i], ch);
+      l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), ape[bias]);
+    }
+    // Only block 0 of ratio 4 can have masked candidates, never all of them.
+    // Compile-time indices with a predicate keep l and v in registers.
+    float m = 0.f;
+    bool seen = false;
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) {
+      if (k * kBlock + j < first_valid) continue;
+      m = !seen || l[j] > m ? l[j] : m;
+      seen = true;
+    }
+    float s = 0.f, a = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) {
+      if (k * kBlock + j < first_valid) continue;
+      const float e = pool_exp(ukv_sub_rn(l[j], m));
+      s = ukv_add_rn(s, e);
+      a = ukv_add_rn(a, ukv_mul_rn(e, v[j]));
+    }
+    bm[k] = m, bs[k] = s, ba[k] = a;
+  }
+  float big = bm[0];
+#pragma unroll
+  for (int k = 1; k < kBlocks; ++k) big = bm[k] > big ? bm[k] : big;
+  float s = 0.f, a = 0.f;
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) {
+    const float e = pool_exp(ukv_sub_rn(bm[k], big));
+    s = ukv_add_rn(s, ukv_mul_rn(bs[k], e));
+    a = ukv_add_rn(a, ukv_mul_rn(ba[k], e));
+  }
+  return a / s;
+}
+
+// The norm weight of dim d.
+__device__ __forceinline__ float weight_at(const ukv_compress_params& p, int d) {
+  return p.weight_f32 ? static_cast<const float*>(p.norm_weight)[d]
+                      : ukv_bf16_to_float(static_cast<const ukv_bf16*>(p.norm_weight)[d]);
+}
+
+// Indexer keys (warp 0): RMSNorm, RoPE, Hadamard, FP8, as indexer_k_kernel.
+__device__ __forceinline__ void store_key(const ukv_compress_params& p, const float* pooled, const float* table_row,
+                                          int64_t loc) {
+  using namespace ukv_indexer_rows;
+  const int lane = threadIdx.x;
+  float x[4], w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) x[e] = pooled[4 * lane + e];
+  if (p.weight_f32) {
+    load4(static_cast<const float*>(p.norm_weight), lane, w);
+  } else {
+    load4(static_cast<const ukv_bf16*>(p.norm_weight), lane, w);
+  }
+  double sum = 0.0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) sum += (double)x[e] * (double)x[e];
+  const float f = ukv_rms_factor(ukv_xor_sum<16, 1>(sum), kDims, p.eps);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) x[e] = ukv_mul_rn(ukv_mul_rn(x[e], f), w[e]);
+  rope4(x, table_row, lane);
+  hadamard4(x, lane);
+  uint32_t codes;
+  const float scale = quantize4(x, (ukv_fp8_format)p.format, &codes);
+  const int64_t page = loc >> p.page_shift, slot = loc & ((1 << p.page_shift) - 1);
+  uint8_t* page_base = p.cache + page * p.bytes_per_page;
+  reinterpret_cast<uint32_t*>(page_base + slot * kDims)[lane] = codes;
+  if (lane == 0) *reinterpret_cast<float*>(page_base + ((int64_t)kDims << p.page_shift) + slot * 4) = scale;
+}
+
+// Latent rows, step 1 (warp 0, lane l: dims 16l..16l+15): RMSNorm with the
+// weight and RoPE of dims 448..511 in f32, in place in `pooled`.
+__device__ __forceinline__ void norm_rope_latent(const ukv_compress_params& p, float* pooled, const float* table_row) {
+  constexpr int kPer = 16, kRopeLane = 28;  // lanes 28..31: dims 448..511
+  const int lane = threadIdx.x;
+  float x[kPer];
+  double sum = 0.0;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    x[e] = pooled[kPer * lane + e];
+    sum += (double)x[e] * (double)x[e];
+  }
+  const float f = ukv_rms_factor(ukv_xor_sum<16, 1>(sum), 512, p.eps);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) x[e] = ukv_mul_rn(ukv_mul_rn(x[e], f), weight_at(p, kPer * lane + e));
+  if (lane >= kRopeLane) {
+    const float* cs = table_row + kPer * (lane - kRopeLane);
+#pragma unroll
+    for (int i = 0; i < kPer / 2; ++i) ukv_rope_rotate(x[2 * i], x[2 * i + 1], cs[2 * i], cs[2 * i + 1]);
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) pooled[kPer * lane + e] = x[e];
+}
+
+// Latent rows, step 2: one bf16 rounding, then the pool row (warps 0 and 1,
+// 8 dims per lane, as ukv_store_pool_row needs) or the FlashMLA slot (warp 0,
+// 16 dims per lane).
+__device__ __forceinline__ void store_latent(const ukv_compress_params& p, const float* pooled, int64_t loc) {
+  const int warp = threadIdx.x / UKV_WARP, lane = threadIdx.x % UKV_WARP;
+  if (p.target == 0) {
+    if (warp >= 2) return;
+    const int dim = 256 * warp + 8 * lane;
+    uint32_t bits[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bits[i] = ukv_pack_bf16x2(pooled[dim + 2 * i], pooled[dim + 2 * i + 1]);
+    ukv_store_pool_row<8>(p.pool, p.swa_rows + loc, dim, bits);
+    return;
+  }
+  if (warp != 0) return;
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = ukv_pack_bf16x2(pooled[16 * lane + 2 * i], pooled[16 * lane + 2 * i + 1]);
+  const uint4 a = make_uint4(w[0], w[1], w[2], w[3]), b = make_uint4(w[4], w[5], w[6], w[7]);
+  if (p.format == UKV_FP8_E4M3FNUZ) {
+    ukv_cache_rows::store_flashmla_row<UKV_FP8_E4M3FNUZ>(p.cache, p.bytes_per_page, p.page_shift, loc, a, b, lane);
+  } else {
+    ukv_cache_rows::store_flashmla_row<UKV_FP8_E4M3FN>(p.cache, p.bytes_per_page, p.page_shift, loc, a, b, lane);
+  }
+}
+
+// One token per block: decode appends its row; a closing token stores its group.
+template <int Ratio, int Dim, typename In>
+__global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params p) {
+  constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
+  constexpr int kRow = 2 * (Ratio == 4 ? 2 : 1) * Dim;
+  __shared__ const void* rows[kWindow];
+  __shared__ int input[kWindow];
+  __shared__ float pooled[Dim];
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int64_t t = blockIdx.x;
+  int b, slot;
+  int64_t pos;
+  if (!token(p, t, b, slot, pos)) return;  // uniform: one token per block
+  const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
+  // Decode: the ring row of `pos` held position pos - ring, which no group
+  // of this token reads (its window starts at pos + 1 - kWindow >= pos - ring).
+  if (!p.prefill) write_row(p, own, slot, pos);
+  if ((pos + 1) % Ratio != 0) return;
+  const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
+  const int64_t loc = ukv_index_at(p.loc, p.loc_i64 != 0, t);
+  if (first >= p.max_pos || loc < 0 || loc >= p.capacity) return;
+  const int64_t start = first - (kWindow - Ratio);
+  for (int i = threadIdx.x; i < kWindow; i += kThreads) {
+    const int64_t q = start + i;
+    const void* row = nullptr;
+    int from_input = 0;
+    if (q >= 0) {
+      // Prefill: the request's earlier tokens in this call sit right before
+      // this one with consecutive positions; anything else is in the ring.
+      const int64_t back = pos - q, u = t - back;
+      from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
+                                 ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
+      row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
+                       : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
+    }
+    rows[i] = row;
+    input[i] = from_input;
+  }
+  __syncthreads();
+  const int first_valid = start < 0 ? (int)-start : 0;
+  for (int d = threadIdx.x; d < Dim; d += kThreads) {
+    pooled[d] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
+  }
+  __syncthreads();
+  const float* table_row = p.rope_table + first * p.table_stride;
+  if (p.target == 2) {
+    if (threadIdx.x < UKV_WARP) store_key(p, pooled, table_row, loc);
+    return;
+  }
+  if (threadIdx.x < UKV_WARP) norm_rope_latent(p, pooled, table_row);
+  __syncthreads();
+  store_latent(p, pooled, loc);
+}
+
+// Prefill's ring writes, after compress_kernel: each request's rows that no
+// later token of the same request in the call overwrites (its last `ring`).
+template <typename In>
+__global__ void __launch_bounds__(kThreads) compress_write_kernel(ukv_compress_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();  // the groups have read the ring
+  const int64_t t = blockIdx.x;
+  int b, slot;
+  int64_t pos;
+  if (!token(p, t, b, slot, pos)) return;
+  const int64_t u = t + p.ring;
+  if (u < p.num_tokens && p.batch_id[u] == b &&
+      ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring) {
+    return;
+  }
+  write_row(p, static_cast<const In*>(p.kv_score) + t * p.kv_stride, slot, pos);
+}
+
+__global__ void __launch_bounds__(kThreads) compress_clear_kernel(ukv_compress_clear_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int64_t total = p.num_rows * p.row_floats;
+  for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < total; i += (int64_t)gridDim.x * kThreads) {
+    p.rows[i] = i % p.row_floats < p.row_floats / 2 ? 0.0f : -INFINITY;
+  }
+}
+
+using Kernel = void (*)(ukv_compress_params);
+
+template <int Ratio, int Dim>
+Kernel pick(bool f32) {
+  return f32 ? compress_kernel<Ratio, Dim, float> : compress_kernel<Ratio, Dim, ukv_bf16>;
+}
+
+}  // namespace
+
+extern "C" {
+
+int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    Kernel kernel = nullptr;
+    if (p->ratio == 4 && p->dim == 512) kernel = pick<4, 512>(p->kv_f32 != 0);
+    if (p->ratio == 4 && p->dim == 128) kernel = pick<4, 128>(p->kv_f32 != 0);
+    if (p->ratio == 128 && p->dim == 512) kernel = pick<128, 512>(p->kv_f32 != 0);
+    if (kernel == nullptr || (p->target == 2) != (p->dim == 128)) {
+      ukv::set_error("compress: no kernel for this ratio, dim and target");
+      return UKV_SHIM_INVALID;
+    }
+    const dim3 grid((unsigned)p->num_tokens), block(kThreads);
+    if (int r = ukv::launch_early(device, kernel, grid, block, stream, "compress_kernel", *p)) return r;
+    if (!p->prefill) return UKV_SHIM_OK;
+    return ukv::launch_early(device, p->kv_f32 ? compress_write_kernel<float> : compress_write_kernel<ukv_bf16>,
+                             grid, block, stream, "compress_write_kernel", *p);
+  })
+}
+
+int unikv_gpu_compress_clear(int device, const ukv_compress_clear_params* p, void* stream) {
+  UKV_ENTRY(device, {
+    const int64_t total = p->num_rows * p->row_floats;
+    if (total <= 0) return UKV_SHIM_OK;
+    const int64_t needed = ukv::cdiv(total, kThreads);
+    const unsigned blocks = (unsigned)(needed < (1 << 16) ? needed : (1 << 16));
+    return ukv::launch_early(device, compress_clear_kernel, dim3(blocks), dim3(kThreads), stream,
+                             "compress_clear_kernel", *p);
+  })
+}
+
+}  // extern "C"
