@@ -25,6 +25,7 @@ use unikv::ffi::store::*;
 use unikv::ffi::types::unikv_tensor;
 use unikv::fp8::Fp8Format;
 
+mod compressor;
 mod indexer;
 mod reference;
 
@@ -247,6 +248,11 @@ fn main() {
         c128_blocks: 0,
         kv_dtype: 1,
         rope_buffers: ptr::null(),
+        compressor_state: 0,
+        c4_state_ring: 0,
+        c128_state_ring: 0,
+        reserved: 0,
+        state_buffers: ptr::null(),
     };
     let mut pool = ptr::null_mut();
     ok(
@@ -569,6 +575,9 @@ fn main() {
     if only.is_empty() || only == "indexer" {
         indexer::bench_indexer_topk(ctx, &stream, &c, &mut rng);
         indexer::bench_hash_topk(ctx, &stream, &c, &mut rng);
+    }
+    if only.is_empty() || only == "compressor" {
+        compressor::bench_compressor(ctx, &stream, &c, &mut rng);
     }
     // Last, so that it is what scripts/gpu-check.sh's summary shows.
     let us_of = |op: &str, t, h, keys| {
@@ -999,6 +1008,11 @@ fn bench_prepare(
         c128_blocks: 0,
         kv_dtype: 7,
         rope_buffers: ptr::null(),
+        compressor_state: 0,
+        c4_state_ring: 0,
+        c128_state_ring: 0,
+        reserved: 0,
+        state_buffers: ptr::null(),
     };
     let mut pool = ptr::null_mut();
     ok(

@@ -3,27 +3,32 @@
 // What a serving engine does with unikv, in call order (docs/serving-step.md §2):
 //
 //   startup  unikv_context_create              AUTO: the GPU backend when present
-//            unikv_pool_create                 per layer one [rows, 512] bf16 buffer
+//            unikv_pool_create                 per layer one [rows, 512] bf16 buffer, and
+//                                              the compressor state (compressor_state)
 //            unikv_*_plan_create               capture-time shapes; workspace sizes
 //   admit    unikv_pool_acquire_slot           one SWA ring per request; compressed
 //                                              rows are addressed by the engine's
 //                                              own KV page table
 //   prefill  per layer:
-//              unikv_store_compressed          groups the chunk closes: BEFORE attention
+//              unikv_compress_prefill          groups the chunk closes, from the layer's
+//                                              kv_score projection: BEFORE attention
 //              unikv_build_prefill_streams     prefix (pool rows) + extend (chunk rows)
 //              unikv_sparse_prefill
 //              unikv_store_swa + final_pos     the chunk's last window: AFTER attention
 //   decode   unikv_build_decode_streams        once per step, shared by all layers
 //            per layer:
-//              unikv_store_compressed          groups this step closes
+//              unikv_compress_decode           groups this step closes
 //              unikv_store_swa                 this step's rows: BEFORE attention
 //              unikv_fill_csa_tail             ratio-4 layers: this layer's top-k
 //              unikv_sparse_decode
-//   finish   unikv_pool_release_slot
+//   finish   unikv_pool_release_slot           also clears the slot's compressor rings
 //
-// The model is a stand-in: latent rows, compressed rows and queries are
-// pseudo-random, and the CSA "indexer" picks the most recent groups. The program
-// keeps a host copy of every row it stores and checks each output against a
+// The model is a stand-in: latent rows, the compressors' kv_score projections
+// and queries are pseudo-random, and the CSA "indexer" picks the most recent
+// groups. The library computes the compressed rows (gated pooling, RMSNorm,
+// RoPE, the store: docs/compressor.md), so the engine keeps only its GEMM
+// output. The program keeps a host copy of every row in the pool (compressed
+// rows read back after each compress call) and checks each output against a
 // dense float64 attention over the keys the token must see.
 //
 // Every tensor lives in the context's memory (unikv_memory_alloc) and results
@@ -68,6 +73,7 @@ constexpr int kPromptLens[kNumRequests] = {100, 300, 200};
 constexpr int kDecodeSteps = 4;
 constexpr int kDecodeGraphTokens = 4;  // decode batch size the CUDA graph is captured for
 constexpr int kPrefillTokens = kPromptLens[0] + kPromptLens[1] + kPromptLens[2];  // one chunk each
+constexpr int64_t kMaxPos = 512;  // RoPE table rows: every position of the session
 const float kSoftmaxScale = 1.0f / std::sqrt(512.0f);
 constexpr double kTolerance = 1e-2;  // relative L2 error per (token, head) output row
 
@@ -339,6 +345,9 @@ private:
         params.spec_extra = 0;  // no speculative decoding
         params.c128_blocks = kC128Blocks;
         params.kv_dtype = UNIKV_DTYPE_BF16;
+        params.compressor_state = 1;  // the pool keeps each request's raw compressor rows
+        params.c4_state_ring = 8;     // 16 / 256 with speculative decoding
+        params.c128_state_ring = 128;
         pool_ = unikv::pool::create(ctx_, params);
         const unikv_pool_info info = pool_info();
         std::printf("pool: %u layers (ratios 0/4/128), window %u, ring %u, %u request slots\n",
@@ -363,8 +372,25 @@ private:
         q_ = bf16_buffer(ctx, T * kHeads);
         out_ = bf16_buffer(ctx, T * kHeads);
         kv_ = bf16_buffer(ctx, T);
-        compressed_kv_ = bf16_buffer(ctx, T);
-        compressed_loc_ = i32_buffer(ctx, T);
+        kv_score_ = Buffer(ctx, size_t(T) * 4 * kHeadDim * sizeof(float));  // widest: ratio 4
+        compress_loc_ = i32_buffer(ctx, T);
+        // The compressors' parameters (the checkpoint's ape and norm weight)
+        // and the compressed layers' RoPE table (base 40000, as DeepSeek-V4).
+        auto rope = unikv::make_struct<unikv::rope_params>();
+        rope.base = 40000.0;
+        rope_table_ = Buffer(ctx, kMaxPos * 64 * sizeof(float));
+        rope_table_.upload(unikv::rope_table(rope, static_cast<uint32_t>(kMaxPos)));
+        for (uint32_t l = 0; l < kNumLayers; ++l) {
+            if (kRatios[l] == 0) continue;
+            std::vector<float> ape(kRatios[l] * values(kRatios[l]));
+            for (float& v : ape) v = rng_.uniform(-1.0f, 1.0f);
+            std::vector<uint16_t> norm(kHeadDim);
+            for (uint16_t& w : norm) w = float_to_bf16(rng_.uniform(0.5f, 1.5f));
+            ape_[l] = Buffer(ctx, ape.size() * sizeof(float));
+            ape_[l].upload(ape);
+            norm_[l] = Buffer(ctx, norm.size() * sizeof(uint16_t));
+            norm_[l].upload(norm);
+        }
         sink_ = Buffer(ctx, kHeads * sizeof(float));
         batch_id_ = i32_buffer(ctx, T);
         positions_ = i32_buffer(ctx, T);
@@ -428,11 +454,13 @@ private:
     }
 
     // The model's outputs for one layer: the tokens' latent rows into `kv_`,
-    // queries into `q_`, the layer's sink into `sink_`, and the compressor's
-    // rows of the groups this forward closes into the pool.
-    LayerQueries run_model_layer(const Forward& f, uint32_t layer) {
+    // queries into `q_`, the layer's sink into `sink_`; on compressed layers the
+    // compressor's kv_score projection, from which the library stores the rows
+    // of the groups this forward closes into the pool.
+    LayerQueries run_model_layer(const Forward& f, uint32_t layer, bool decode) {
         const uint32_t ratio = kRatios[layer];
-        std::vector<uint16_t> kv, q, compressed;
+        std::vector<uint16_t> kv, q;
+        std::vector<float> kv_score;
         std::vector<int32_t> loc;
         for (int t = 0; t < f.tokens(); ++t) {
             const Row row = rng_.row(1.0f);
@@ -441,39 +469,70 @@ private:
                 const Row qh = rng_.row(3.0f);
                 q.insert(q.end(), qh.begin(), qh.end());
             }
-            const int r = f.batch_id[t];
-            if (r < 0) continue;  // padding: its rows are never stored
-            const int pos = f.positions[t];
-            history_.latent[layer][r].push_back(row);
-            if (ratio != 0 && (pos + 1) % ratio == 0) {  // this token closes a group
-                const int group = (pos + 1) / static_cast<int>(ratio) - 1;
-                const Row c = rng_.row(1.0f);
-                history_.compressed[layer][r].push_back(c);
-                compressed.insert(compressed.end(), c.begin(), c.end());
-                loc.push_back(page_index(requests_[r], ratio, group));
+            if (ratio != 0) {
+                // kv_score = x . wkv_gate^T: values in [-2, 2], scores in [-4, 4].
+                const int n = 2 * values(ratio);
+                for (int i = 0; i < n; ++i)
+                    kv_score.push_back(i < n / 2 ? rng_.uniform(-2.0f, 2.0f) : rng_.uniform(-4.0f, 4.0f));
             }
+            const int r = f.batch_id[t];
+            int32_t where = -1;
+            if (r >= 0) {  // padding: its rows are never stored
+                const int pos = f.positions[t];
+                history_.latent[layer][r].push_back(row);
+                if (ratio != 0 && (pos + 1) % ratio == 0)  // this token closes a group
+                    where = page_index(requests_[r], ratio, (pos + 1) / static_cast<int>(ratio) - 1);
+            }
+            loc.push_back(where);
         }
         std::vector<float> sink;
         for (int h = 0; h < kHeads; ++h) sink.push_back(rng_.uniform(-1.0f, 1.0f));
         kv_.upload(kv);
         q_.upload(q);
         sink_.upload(sink);
-        if (!loc.empty()) store_compressed(compressed, loc, layer);
+        if (ratio != 0) compress(f, layer, kv_score, loc, decode);
         return {std::move(q), std::move(sink)};
     }
 
-    // Compressed rows go to pool row swa_rows + page index; they must be in the
-    // pool before the attention of the tokens that see them.
-    void store_compressed(const std::vector<uint16_t>& compressed, const std::vector<int32_t>& loc,
-                          uint32_t layer) {
-        compressed_kv_.upload(compressed);
-        compressed_loc_.upload(loc);
-        auto a = unikv::make_struct<unikv::store_compressed_args>();
-        a.kv = compressed_kv_.tensor(UNIKV_DTYPE_BF16, {int64_t(loc.size()), kHeadDim});
-        a.loc = compressed_loc_.tensor(UNIKV_DTYPE_I32, {int64_t(loc.size())});
+    // Floats of a compressor's kv_score half (values, then as many scores).
+    static int values(uint32_t ratio) { return ratio == 4 ? 2 * kHeadDim : kHeadDim; }
+
+    // The layer's compressor: every token's raw row into its request's ring,
+    // the groups the forward closes into pool rows swa_rows + loc, before the
+    // attention of the tokens that see them. The stored rows are read back for
+    // the reference.
+    void compress(const Forward& f, uint32_t layer, const std::vector<float>& kv_score,
+                  const std::vector<int32_t>& loc, bool decode) {
+        const uint32_t ratio = kRatios[layer];
+        const int64_t T = f.tokens(), R = int64_t(f.req_slots.size());
+        kv_score_.upload(kv_score);
+        compress_loc_.upload(loc);
+        auto a = unikv::make_struct<unikv::compress_args>();
+        a.kv_score = kv_score_.tensor(UNIKV_DTYPE_F32, {T, 2 * values(ratio)});
+        a.ape = ape_[layer].tensor(UNIKV_DTYPE_F32, {int64_t(ratio), values(ratio)});
+        a.norm_weight = norm_[layer].tensor(UNIKV_DTYPE_BF16, {kHeadDim});
+        a.rope_table = rope_table_.tensor(UNIKV_DTYPE_F32, {kMaxPos, 64});
+        a.batch_id = batch_id_.tensor(UNIKV_DTYPE_I32, {T});
+        a.req_slots = req_slots_.tensor(UNIKV_DTYPE_I32, {R});
+        a.positions = positions_.tensor(UNIKV_DTYPE_I32, {T});
+        a.loc = compress_loc_.tensor(UNIKV_DTYPE_I32, {T});
         a.layer = layer;
-        a.num_rows = static_cast<uint32_t>(loc.size());
-        pool_.store_compressed(a);
+        a.compressor = UNIKV_COMPRESSOR_KV;
+        a.num_tokens = static_cast<uint32_t>(T);
+        a.eps = 1e-6f;
+        if (decode)
+            pool_.compress_decode(a);
+        else
+            pool_.compress_prefill(a);
+        const unikv::pool_layer_info info = pool_.get_layer(layer);
+        for (int t = 0; t < T; ++t) {
+            if (loc[t] < 0) continue;
+            Row row(kHeadDim);
+            ctx_.memory_copy(row.data(), static_cast<const uint16_t*>(info.data) + (info.swa_rows + loc[t]) * kHeadDim,
+                             kHeadDim * sizeof(uint16_t), UNIKV_COPY_DEVICE_TO_HOST);
+            ctx_.stream_synchronize();
+            history_.compressed[layer][f.batch_id[t]].push_back(row);
+        }
     }
 
     // Writes the forward's latent rows into the requests' SWA rings. With
@@ -495,7 +554,7 @@ private:
     void prefill_layer(const Forward& f, uint32_t layer) {
         const uint32_t ratio = kRatios[layer];
         const int64_t T = f.tokens(), R = int64_t(f.req_slots.size());
-        const LayerQueries model = run_model_layer(f, layer);
+        const LayerQueries model = run_model_layer(f, layer, /*decode=*/false);
 
         // Index streams for this layer's kind: prefix = earlier ring rows +
         // compressed rows, extend = rows of this chunk's own K tensor.
@@ -562,7 +621,7 @@ private:
         const uint32_t ratio = kRatios[layer];
         const int64_t T = f.tokens();
         const unikv_decode_streams_args& s = decode_streams_;
-        const LayerQueries model = run_model_layer(f, layer);
+        const LayerQueries model = run_model_layer(f, layer, /*decode=*/true);
         store_swa(f, layer, /*final_window_only=*/false);  // before attention: the token sees itself
 
         if (ratio == 4) {  // this layer's indexer ran: write its top-k into the CSA slices
@@ -639,7 +698,8 @@ private:
     unikv::prefill_plan prefill_plan_;
     unikv::decode_plan decode_plan_;
     Buffer prefill_workspace_, decode_workspace_;
-    Buffer q_, out_, kv_, compressed_kv_, compressed_loc_, sink_;
+    Buffer q_, out_, kv_, kv_score_, compress_loc_, sink_;
+    Buffer rope_table_, ape_[kNumLayers], norm_[kNumLayers];
     Buffer batch_id_, positions_, req_slots_, chunk_start_, extend_start_, final_pos_;
     Buffer c128_table_, csa_table_;
     Buffer prefix_indptr_, prefix_indices_, extend_indptr_, extend_indices_;
