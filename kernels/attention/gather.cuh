@@ -156,15 +156,22 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   const int lane = threadIdx.x % UKV_WARP;
   const bool mine = lane < kRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
   const int job = mine ? lane : kRows * kJobsPerRow - 1;
+  // Scaled rows first, each by the whole warp (valid[r] is the same for every lane).
+#pragma unroll 1
+  for (int k = 0; k < kRows; ++k)
+    if (valid[row0 + k] == kRowScaled) dequantize_scaled_row<AtomTile>(tile, row0 + k, fmt);
   const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
-  const bool fp8 = mine && valid[r] == kRowFp8;
+  const int kind = valid[r];
+  const bool fp8 = mine && (kind == kRowFp8 || kind == kRowFlashMla);
+  // A pool row doubles its scale bytes, a FlashMLA token's are consecutive.
+  const int scale_step = kind == kRowFlashMla ? 1 : 2;
   char* row = tile + (uint32_t)r * 128u;
   const uint32_t swizzle = (uint32_t)r & 7u;
   const auto chunk = [&](int c) { return row + (uint32_t)(c >> 3) * AtomTile::kAtomBytes + ((((uint32_t)c & 7u) ^ swizzle) << 4); };
   uint4 raw[kJobChunks];
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(first + q));
-  const uint32_t s = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + 2 * (first / 4));
+  const uint32_t s = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + scale_step * (first / 4));
   ukv_syncwarp();  // every raw chunk read before any lane writes
   bool fast = fmt == UKV_FP8_E4M3FN;
 #pragma unroll

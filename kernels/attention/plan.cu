@@ -138,12 +138,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // 16-head blocks of batches past one CTA per SM take the one-stage variant
     // at two CTAs per SM (bench/notes/v12.md).
     const bool swap = num_heads <= 32;
-    // kv_fp8 == 2 (a FlashMLA cache or scaled FP8 rows): the 64-head FP8
-    // wgmma kernel's producers read pool rows only, so those blocks take the
-    // in-place mma.sync kernel, which dequantizes every layout.
-    const bool foreign = kv_fp8 == 2;
-    const bool wgmma =
-        (swap || (pl.block_m_tiles == 4 && !foreign)) && facts.wgmma && !g_no_wgmma && pl.portable == 0;
+    const bool wgmma = (swap || pl.block_m_tiles == 4) && facts.wgmma && !g_no_wgmma && pl.portable == 0;
     pl.wgmma = !wgmma ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
     // FP8 pools: the heads-on-N kernels dequantize on producer warps and keep
     // three stages at any batch (bench/notes/v15.md).

@@ -153,7 +153,19 @@ struct WgProducer {
     int kind = kRowInvalid;
     const char* lo = static_cast<const char*>(p.src[0].kv.data);
     const char* hi = lo;
-    if (ok && src.kv.fp8) {
+    int scale_delta = 0;  // FlashMLA: the scale slot's offset from the value slot
+    if (ok && src.layout == kLayoutFlashMla) {
+      // Chunks 0..27 the 448 codes, 28 the 8-byte scale slot, 56..63 the rope dims.
+      kind = kRowFlashMla;
+      lo = flashmla_value(src, mine.raw);
+      hi = lo + kFlashCodeBytes - kFp8RopeChunk * 16;
+      scale_delta = flashmla_scale_delta(src, mine.raw);
+    } else if (ok && src.layout == kLayoutScaled) {
+      // Chunks 0..31 the 512 codes, 32..33 the 8 fp32 scales.
+      kind = kRowScaled;
+      lo = scaled_codes(src, mine.raw);
+      hi = reinterpret_cast<const char*>(scaled_scales(src, mine.raw)) - kScaledCodeBytes;
+    } else if (ok && src.kv.fp8) {
       kind = kRowFp8;
       lo = static_cast<const char*>(src.kv.data) + (int64_t)mine.raw * kFp8NopeBytes;
       hi = static_cast<const char*>(src.kv.rope) + (int64_t)mine.raw * kFp8RopeBytes - kFp8RopeChunk * 16;
@@ -175,16 +187,22 @@ struct WgProducer {
     char* row = tile(stage) + (uint32_t)key * 128u;
     const uint32_t swizzle = (uint32_t)key & 7u;
     const uint32_t col0 = ((uint32_t)sub ^ swizzle) << 4, col4 = (((uint32_t)sub + 4u) ^ swizzle) << 4;
-    const bool fp8 = kind == kRowFp8, fill = kind != kRowInvalid;
-    lo += sub * 16;
-    hi += sub * 16;
+    const bool fill = kind != kRowInvalid;
+    // The chunks an FP8 row's kind stores; the rest are written by the conversion.
+    const int copy_end = kind == kRowFp8 ? kFp8NopeBytes / 16 : kind == kRowFlashMla ? kFlashCodeBytes / 16
+                         : kind == kRowScaled ? (kScaledCodeBytes + kScaledScaleBytes) / 16 : kChunks;
+    const int rope_begin = kind == kRowFp8 || kind == kRowFlashMla ? kFp8RopeChunk : kChunks;
+    const char* scale_slot = lo + scale_delta;
 #pragma unroll
     for (int i = 0; i < kChunks / kLanesPerKey; ++i) {
       const int first = kLanesPerKey * i;  // the chunk of lane sub = 0
-      // The FP8 row's gap (chunks 32..55) is uniform per i: 32 and 56 are multiples of kLanesPerKey.
-      if (fp8 && first >= kFp8NopeBytes / 16 && first < kFp8RopeChunk) continue;
-      ukv_cp_async16(row + (first >> 3) * AtomTile::kAtomBytes + ((first & 7) != 0 ? col4 : col0),
-                     (first < kFp8NopeBytes / 16 ? lo : hi) + first * 16, fill);
+      const int c = first + sub;
+      char* dst = row + (first >> 3) * AtomTile::kAtomBytes + ((first & 7) != 0 ? col4 : col0);
+      if (kind == kRowFlashMla && c == kFlashCodeBytes / 16) {
+        ukv_cp_async8(dst, scale_slot);  // the 8-byte scale slot where a pool row has its scale bytes
+      } else if (c < copy_end || c >= rope_begin) {
+        ukv_cp_async16(dst, (first < kFp8NopeBytes / 16 ? lo + sub * 16 : hi + sub * 16) + first * 16, fill);
+      }
     }
     ukv_cp_async_commit();
   }

@@ -412,16 +412,7 @@ impl Backend for GpuBackend {
                 self.device,
                 shape.max_tokens as c_int,
                 shape.num_heads as c_int,
-                // 0 bf16, 1 FP8 pool rows, 2 FP8 rows of a foreign layout
-                // (their 64-head blocks take the in-place mma.sync kernel).
-                match (
-                    shape.kv_dtype.fp8_format().is_some(),
-                    shape.kv_layout == KvLayout::Pool,
-                ) {
-                    (false, _) => 0,
-                    (true, true) => 1,
-                    (true, false) => 2,
-                },
+                shape.kv_dtype.fp8_format().is_some() as c_int,
                 &mut plan,
             )
         };
