@@ -156,10 +156,6 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   const int lane = threadIdx.x % UKV_WARP;
   const bool mine = lane < kRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
   const int job = mine ? lane : kRows * kJobsPerRow - 1;
-  // Scaled rows first, each by the whole warp (valid[r] is the same for every lane).
-#pragma unroll 1
-  for (int k = 0; k < kRows; ++k)
-    if (valid[row0 + k] == kRowScaled) dequantize_scaled_row<AtomTile>(tile, row0 + k, fmt);
   const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
   const int kind = valid[r];
   const bool fp8 = mine && (kind == kRowFp8 || kind == kRowFlashMla);

@@ -105,6 +105,7 @@ extern "C" {
 
 // Chooses the launch configuration for capture-time shapes, configures the
 // kernels, and reports the workspace every launch through the plan needs.
+// kv_fp8: 0 bf16 rows, 1 FP8 pool rows, 2 FlashMLA tokens, 3 scaled FP8 rows.
 int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_fp8, ukv_attention_plan* plan) {
   UKV_ENTRY(device, {
     int smem_optin = 0;
@@ -138,7 +139,12 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // 16-head blocks of batches past one CTA per SM take the one-stage variant
     // at two CTAs per SM (bench/notes/v12.md).
     const bool swap = num_heads <= 32;
-    const bool wgmma = (swap || pl.block_m_tiles == 4) && facts.wgmma && !g_no_wgmma && pl.portable == 0;
+    // kv_fp8 == 3 (scaled FP8 rows): the 64-head FP8 wgmma kernels' producers
+    // read pool rows and FlashMLA tokens only, so those blocks take the
+    // in-place mma.sync kernel, which dequantizes every layout.
+    const bool scaled = kv_fp8 == 3;
+    const bool wgmma =
+        (swap || (pl.block_m_tiles == 4 && !scaled)) && facts.wgmma && !g_no_wgmma && pl.portable == 0;
     pl.wgmma = !wgmma ? 0 : (swap ? 16 * pl.block_m_tiles : 64);
     // FP8 pools: the heads-on-N kernels dequantize on producer warps and keep
     // three stages at any batch (bench/notes/v15.md).

@@ -138,7 +138,10 @@ struct WgProducer {
   // kKeysPerWarp holds key key_of(warp, l)). Lanes kLanesPerKey k .. of the
   // warp copy key k, each every kLanesPerKey-th 16-byte chunk: of a bf16 row
   // all 64, of an FP8 row the 32 chunks of its nope bytes (into chunks 0..31,
-  // where the conversion reads them) and the 8 rope chunks (56..63). A key
+  // where the conversion reads them) and the 8 rope chunks (56..63), of a
+  // FlashMLA token its 28 code chunks, its 8-byte scale slot (into chunk 28,
+  // where a pool row has its scale bytes) and the 8 rope chunks. Scaled rows
+  // never come here: plan.cu gives their plans the mma.sync kernel. A key
   // without a row is zero-filled, so its P = 0 meets no NaN in PV. Every lane
   // resolves its own addresses: no shuffle per key.
   __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp,
@@ -160,11 +163,6 @@ struct WgProducer {
       lo = flashmla_value(src, mine.raw);
       hi = lo + kFlashCodeBytes - kFp8RopeChunk * 16;
       scale_delta = flashmla_scale_delta(src, mine.raw);
-    } else if (ok && src.layout == kLayoutScaled) {
-      // Chunks 0..31 the 512 codes, 32..33 the 8 fp32 scales.
-      kind = kRowScaled;
-      lo = scaled_codes(src, mine.raw);
-      hi = reinterpret_cast<const char*>(scaled_scales(src, mine.raw)) - kScaledCodeBytes;
     } else if (ok && src.kv.fp8) {
       kind = kRowFp8;
       lo = static_cast<const char*>(src.kv.data) + (int64_t)mine.raw * kFp8NopeBytes;
@@ -189,20 +187,20 @@ struct WgProducer {
     const uint32_t col0 = ((uint32_t)sub ^ swizzle) << 4, col4 = (((uint32_t)sub + 4u) ^ swizzle) << 4;
     const bool fill = kind != kRowInvalid;
     // The chunks an FP8 row's kind stores; the rest are written by the conversion.
-    const int copy_end = kind == kRowFp8 ? kFp8NopeBytes / 16 : kind == kRowFlashMla ? kFlashCodeBytes / 16
-                         : kind == kRowScaled ? (kScaledCodeBytes + kScaledScaleBytes) / 16 : kChunks;
+    const int copy_end = kind == kRowFp8 ? kFp8NopeBytes / 16 : kind == kRowFlashMla ? kFlashCodeBytes / 16 : kChunks;
     const int rope_begin = kind == kRowFp8 || kind == kRowFlashMla ? kFp8RopeChunk : kChunks;
-    const char* scale_slot = lo + scale_delta;
+    if (kind == kRowFlashMla && sub == kFlashCodeBytes / 16 % kLanesPerKey) {
+      // The 8-byte scale slot into chunk 28, where a pool row has its scale bytes.
+      constexpr uint32_t c = kFlashCodeBytes / 16;
+      ukv_cp_async8(row + (c >> 3) * AtomTile::kAtomBytes + (((c & 7u) ^ swizzle) << 4), lo + scale_delta);
+    }
 #pragma unroll
     for (int i = 0; i < kChunks / kLanesPerKey; ++i) {
       const int first = kLanesPerKey * i;  // the chunk of lane sub = 0
       const int c = first + sub;
-      char* dst = row + (first >> 3) * AtomTile::kAtomBytes + ((first & 7) != 0 ? col4 : col0);
-      if (kind == kRowFlashMla && c == kFlashCodeBytes / 16) {
-        ukv_cp_async8(dst, scale_slot);  // the 8-byte scale slot where a pool row has its scale bytes
-      } else if (c < copy_end || c >= rope_begin) {
-        ukv_cp_async16(dst, (first < kFp8NopeBytes / 16 ? lo + sub * 16 : hi + sub * 16) + first * 16, fill);
-      }
+      if (c < copy_end || c >= rope_begin)
+        ukv_cp_async16(row + (first >> 3) * AtomTile::kAtomBytes + ((first & 7) != 0 ? col4 : col0),
+                       (first < kFp8NopeBytes / 16 ? lo + sub * 16 : hi + sub * 16) + first * 16, fill);
     }
     ukv_cp_async_commit();
   }

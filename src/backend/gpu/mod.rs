@@ -412,7 +412,14 @@ impl Backend for GpuBackend {
                 self.device,
                 shape.max_tokens as c_int,
                 shape.num_heads as c_int,
-                shape.kv_dtype.fp8_format().is_some() as c_int,
+                // 0 bf16, 1 FP8 pool rows, 2 FlashMLA tokens, 3 scaled FP8
+                // rows (whose 64-head blocks take the mma.sync kernel).
+                match (shape.kv_dtype.fp8_format().is_some(), shape.kv_layout) {
+                    (false, _) => 0,
+                    (true, KvLayout::Pool) => 1,
+                    (true, KvLayout::FlashMla) => 2,
+                    (true, KvLayout::ScaledFp8) => 3,
+                },
                 &mut plan,
             )
         };
