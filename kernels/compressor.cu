@@ -3,9 +3,11 @@
 // Hadamard transform), then the store, the operations of src/compressor.rs,
 // src/rope.rs and src/indexer.rs in the same order.
 //
-// One block per token. A token appends its raw row to its request's ring
-// (decode: in this kernel; prefill: in compress_write_kernel, launched after
-// it, so that no group reads a ring row the same call overwrites). A token
+// One block per token (ratio 128 decode on sm_90: a cluster of 8 blocks per
+// token, compress_c128_cluster_kernel). A token appends its raw row to its
+// request's ring (decode: in this kernel; prefill: in compress_write_kernel,
+// launched after it, so that no group reads a ring row the same call
+// overwrites). A token
 // whose position closes a group gathers the group's window rows (its own and
 // its request's earlier rows in the call from `kv_score`, older ones from
 // the ring), pools every channel with one thread per channel, in blocks of 8
@@ -84,15 +86,58 @@ __device__ __forceinline__ void write_row(const ukv_compress_params& p, const In
   for (int i = threadIdx.x; i < floats / 4; i += blockDim.x) dst[i] = load_quad(src, i);
 }
 
-// A token's request slot and position; false for padding and for a batch id,
-// slot or position outside the call.
-__device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, int& b, int& slot, int64_t& pos) {
+// A token's request slot, position and group location; false for padding and
+// for a batch id, slot or position outside the call. The three per-token
+// loads are issued together (none depends on another), then the slot.
+__device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, int& b, int& slot, int64_t& pos,
+                                      int64_t& loc) {
   b = p.batch_id[t];
+  pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  loc = ukv_index_at(p.loc, p.loc_i64 != 0, t);
   if (b < 0 || b >= p.num_requests) return false;
   slot = p.req_slots[b];
-  if (slot < 0 || slot >= p.num_slots) return false;
-  pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
-  return pos >= 0;
+  return slot >= 0 && slot < p.num_slots && pos >= 0;
+}
+
+// One pooling block of kBlock candidates (src/compressor.rs pool_block):
+// the block's max m (over candidates from `first_valid` on; never all
+// masked), the sum s of exp(l - m) and the weighted sum a.
+__device__ __forceinline__ void pool_block(const float (&l)[kBlock], const float (&v)[kBlock], int first_valid,
+                                           float& m, float& s, float& a) {
+  // Compile-time indices with a predicate keep l and v in registers.
+  m = 0.f;
+  bool seen = false;
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) {
+    if (j < first_valid) continue;
+    m = !seen || l[j] > m ? l[j] : m;
+    seen = true;
+  }
+  s = 0.f, a = 0.f;
+#pragma unroll
+  for (int j = 0; j < kBlock; ++j) {
+    if (j < first_valid) continue;
+    const float e = pool_exp(ukv_sub_rn(l[j], m));
+    s = ukv_add_rn(s, e);
+    a = ukv_add_rn(a, ukv_mul_rn(e, v[j]));
+  }
+}
+
+// The blocks' partial results combined in block order (pool_group).
+template <int kBlocks>
+__device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], const float (&bs)[kBlocks],
+                                                const float (&ba)[kBlocks]) {
+  float big = bm[0];
+#pragma unroll
+  for (int k = 1; k < kBlocks; ++k) big = bm[k] > big ? bm[k] : big;
+  float s = 0.f, a = 0.f;
+#pragma unroll
+  for (int k = 0; k < kBlocks; ++k) {
+    const float e = pool_exp(ukv_sub_rn(bm[k], big));
+    s = ukv_add_rn(s, ukv_mul_rn(bs[k], e));
+    a = ukv_add_rn(a, ukv_mul_rn(ba[k], e));
+  }
+  return a / s;
 }
 
 // One channel's pooled value (src/compressor.rs pool_channel / pool_group):
@@ -127,36 +172,9 @@ __device__ __forceinline__ float pool_channel(const void* const* rows, const int
       l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), ape[bias]);
     }
     // Only block 0 of ratio 4 can have masked candidates, never all of them.
-    // Compile-time indices with a predicate keep l and v in registers.
-    float m = 0.f;
-    bool seen = false;
-#pragma unroll
-    for (int j = 0; j < kBlock; ++j) {
-      if (k * kBlock + j < first_valid) continue;
-      m = !seen || l[j] > m ? l[j] : m;
-      seen = true;
-    }
-    float s = 0.f, a = 0.f;
-#pragma unroll
-    for (int j = 0; j < kBlock; ++j) {
-      if (k * kBlock + j < first_valid) continue;
-      const float e = pool_exp(ukv_sub_rn(l[j], m));
-      s = ukv_add_rn(s, e);
-      a = ukv_add_rn(a, ukv_mul_rn(e, v[j]));
-    }
-    bm[k] = m, bs[k] = s, ba[k] = a;
+    pool_block(l, v, first_valid - k * kBlock, bm[k], bs[k], ba[k]);
   }
-  float big = bm[0];
-#pragma unroll
-  for (int k = 1; k < kBlocks; ++k) big = bm[k] > big ? bm[k] : big;
-  float s = 0.f, a = 0.f;
-#pragma unroll
-  for (int k = 0; k < kBlocks; ++k) {
-    const float e = pool_exp(ukv_sub_rn(bm[k], big));
-    s = ukv_add_rn(s, ukv_mul_rn(bs[k], e));
-    a = ukv_add_rn(a, ukv_mul_rn(ba[k], e));
-  }
-  return a / s;
+  return combine_blocks(bm, bs, ba);
 }
 
 // The norm weight of dim d.
@@ -244,6 +262,39 @@ __device__ __forceinline__ void store_latent(const ukv_compress_params& p, const
   }
 }
 
+// Warms L1 with the lines the epilogue reads after the pooling (warp 0): the
+// norm weight and the group's RoPE table row. No-op on HIP.
+__device__ __forceinline__ void prefetch_epilogue(const ukv_compress_params& p, int64_t first) {
+#if !defined(__HIPCC__)
+  const int lane = threadIdx.x % UKV_WARP;
+  const int weight_lines = p.dim * (p.weight_f32 ? 4 : 2) / 128, table_lines = 64 * 4 / 128;
+  const char* line = nullptr;
+  if (lane < weight_lines) {
+    line = static_cast<const char*>(p.norm_weight) + 128 * lane;
+  } else if (lane < weight_lines + table_lines) {
+    line = reinterpret_cast<const char*>(p.rope_table + first * p.table_stride) + 128 * (lane - weight_lines);
+  }
+  if (line != nullptr) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(line));
+#else
+  (void)p;
+  (void)first;
+#endif
+}
+
+// A pooled group (block-shared `pooled`, whole block): indexer keys by warp 0,
+// latent rows normalized and rotated by warp 0, then stored.
+__device__ __forceinline__ void finish_group(const ukv_compress_params& p, float* pooled, int64_t first,
+                                             int64_t loc) {
+  const float* table_row = p.rope_table + first * p.table_stride;
+  if (p.target == 2) {
+    if (threadIdx.x < UKV_WARP) store_key(p, pooled, table_row, loc);
+    return;
+  }
+  if (threadIdx.x < UKV_WARP) norm_rope_latent(p, pooled, table_row);
+  __syncthreads();
+  store_latent(p, pooled, loc);
+}
+
 // One token per block: decode appends its row; a closing token stores its group.
 template <int Ratio, int Dim, typename In>
 __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params p) {
@@ -256,16 +307,16 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   ukv_pdl_wait();
   const int64_t t = blockIdx.x;
   int b, slot;
-  int64_t pos;
-  if (!token(p, t, b, slot, pos)) return;  // uniform: one token per block
+  int64_t pos, loc;
+  if (!token(p, t, b, slot, pos, loc)) return;  // uniform: one token per block
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
   // Decode: the ring row of `pos` held position pos - ring, which no group
   // of this token reads (its window starts at pos + 1 - kWindow >= pos - ring).
   if (!p.prefill) write_row(p, own, slot, pos);
   if ((pos + 1) % Ratio != 0) return;
   const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
-  const int64_t loc = ukv_index_at(p.loc, p.loc_i64 != 0, t);
   if (first >= p.max_pos || loc < 0 || loc >= p.capacity) return;
+  if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
   const int64_t start = first - (kWindow - Ratio);
   for (int i = threadIdx.x; i < kWindow; i += kThreads) {
     const int64_t q = start + i;
@@ -285,19 +336,107 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   }
   __syncthreads();
   const int first_valid = start < 0 ? (int)-start : 0;
-  for (int d = threadIdx.x; d < Dim; d += kThreads) {
-    pooled[d] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
+  // A thread's channels unrolled, so the loads of all of them are in flight at once.
+  constexpr int kPer = (Dim + kThreads - 1) / kThreads;
+  float out[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d < Dim) out[j] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int d = threadIdx.x + j * kThreads;
+    if (d < Dim) pooled[d] = out[j];
   }
   __syncthreads();
-  const float* table_row = p.rope_table + first * p.table_stride;
-  if (p.target == 2) {
-    if (threadIdx.x < UKV_WARP) store_key(p, pooled, table_row, loc);
-    return;
-  }
-  if (threadIdx.x < UKV_WARP) norm_rope_latent(p, pooled, table_row);
-  __syncthreads();
-  store_latent(p, pooled, loc);
+  finish_group(p, pooled, first, loc);
 }
+
+#if !defined(__HIPCC__)
+// Ratio 128 decode on sm_90 (compress_c128_cluster): a token's group pooled by
+// a cluster of kSlices blocks, block `rank` (blockIdx.z) channels
+// kSliceDims rank ..; 4 threads per channel, each with 4 pooling blocks (32
+// candidates, all loads in flight), so the group's 512 KB of ring rows load on
+// 8 SMs at once instead of one. The channel's block results are combined in
+// block order as in pool_channel (the same bits); block 0 then gathers the
+// pooled row through distributed shared memory and finishes the group.
+constexpr int kSlices = 8, kSliceDims = 512 / kSlices;
+template <typename In>
+__global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_compress_params p) {
+  constexpr int kRatio = 128, kDim = 512, kRow = 2 * kDim, kBlocks = kRatio / kBlock;
+  constexpr int kQuarters = kThreads / kSliceDims, kBlocksPer = kBlocks / kQuarters;
+  static_assert(kQuarters * kSliceDims == kThreads && kBlocksPer * kQuarters == kBlocks, "whole blocks per thread");
+  __shared__ float part[3][kBlocks][kSliceDims];
+  __shared__ float pooled[kDim];
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int64_t t = blockIdx.x;
+  const int rank = (int)blockIdx.z;
+  int b, slot;
+  int64_t pos, loc;
+  // Uniform over the cluster: its blocks read the same token.
+  if (!token(p, t, b, slot, pos, loc)) return;
+  const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
+  {
+    // Block `rank` appends its share of the row (see compress_kernel).
+    float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
+    constexpr int kQuads = kRow / 4 / kSlices;
+    for (int i = rank * kQuads + threadIdx.x; i < (rank + 1) * kQuads; i += kThreads) dst[i] = load_quad(own, i);
+  }
+  if ((pos + 1) % kRatio != 0) return;
+  const int64_t first = pos + 1 - kRatio;
+  if (first >= p.max_pos || loc < 0 || loc >= p.capacity) return;
+  if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
+  const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
+  const int d = rank * kSliceDims + ch;
+  const int i0 = quarter * kBlocksPer * kBlock;
+  // Ring row of candidate i0; the next ones follow it, wrapping at most once
+  // (the ring holds at least a window).
+  const int r0 = (int)((first + i0) % p.ring);
+  const float* ring = p.state + (int64_t)slot * p.ring * kRow;
+  float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
+#pragma unroll
+  for (int k = 0; k < kBlocksPer; ++k) {
+#pragma unroll
+    for (int j = 0; j < kBlock; ++j) {
+      // Candidate i is position first + i: the token's own row last, the
+      // earlier ones from the ring.
+      const int i = i0 + k * kBlock + j;
+      if (i == kRatio - 1) {
+        v[k][j] = widen(own[d]);
+        l[k][j] = widen(own[kDim + d]);
+      } else {
+        const int n = r0 + (i - i0);
+        const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
+        v[k][j] = row[d];
+        l[k][j] = row[kDim + d];
+      }
+      l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kBlocksPer; ++k) {
+    const int blk = quarter * kBlocksPer + k;
+    pool_block(l[k], v[k], 0, part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
+  }
+  __syncthreads();
+  if (threadIdx.x < kSliceDims) {
+    float bm[kBlocks], bs[kBlocks], ba[kBlocks];
+#pragma unroll
+    for (int k = 0; k < kBlocks; ++k) bm[k] = part[0][k][ch], bs[k] = part[1][k][ch], ba[k] = part[2][k][ch];
+    pooled[d] = combine_blocks(bm, bs, ba);
+  }
+  ukv_cluster_sync();  // every block's slice pooled
+  if (rank == 0) {
+    for (int i = threadIdx.x; i < kDim; i += kThreads) {
+      if (i >= kSliceDims) pooled[i] = *ukv_cluster_map(&pooled[i], i / kSliceDims);
+    }
+  }
+  ukv_cluster_sync();  // block 0 has read every slice; the others may exit
+  if (rank == 0) finish_group(p, pooled, first, loc);
+}
+#endif
 
 // Prefill's ring writes, after compress_kernel: each request's rows that no
 // later token of the same request in the call overwrites (its last `ring`).
@@ -307,8 +446,8 @@ __global__ void __launch_bounds__(kThreads) compress_write_kernel(ukv_compress_p
   ukv_pdl_wait();  // the groups have read the ring
   const int64_t t = blockIdx.x;
   int b, slot;
-  int64_t pos;
-  if (!token(p, t, b, slot, pos)) return;
+  int64_t pos, loc;
+  if (!token(p, t, b, slot, pos, loc)) return;
   const int64_t u = t + p.ring;
   if (u < p.num_tokens && p.batch_id[u] == b &&
       ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring) {
@@ -349,6 +488,22 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       return UKV_SHIM_INVALID;
     }
     const dim3 grid((unsigned)p->num_tokens), block(kThreads);
+#if !defined(__HIPCC__)
+    // Ratio 128 decode: one cluster of kSlices blocks per token where the
+    // loaded image has clusters (DeviceFacts::sm90_code).
+    ukv::DeviceFacts facts;
+    if (int r = ukv::device_facts(device, &facts)) return r;
+    if (p->ratio == 128 && !p->prefill && facts.sm90_code()) {
+      bool pdl = false;
+      if (int r = ukv::pdl_supported(device, &pdl)) return r;
+      const ukv_error_t e = ukv_launch_dependent(
+          p->kv_f32 ? compress_c128_cluster_kernel<float> : compress_c128_cluster_kernel<ukv_bf16>,
+          dim3((unsigned)p->num_tokens, 1, kSlices), block, 0, (ukv_stream_t)stream, pdl, kSlices, *p);
+      if (e == UKV_SUCCESS) return UKV_SHIM_OK;
+      (void)ukv_get_last_error();
+      return ukv::report(e, "compress_c128_cluster_kernel");
+    }
+#endif
     if (int r = ukv::launch_early(device, kernel, grid, block, stream, "compress_kernel", *p)) return r;
     if (!p->prefill) return UKV_SHIM_OK;
     return ukv::launch_early(device, p->kv_f32 ? compress_write_kernel<float> : compress_write_kernel<ukv_bf16>,
