@@ -18,33 +18,63 @@ const HEADS: usize = 64;
 const DIM: usize = 128;
 const PAGE: usize = 64;
 const PAGE_BYTES: usize = 132 * PAGE;
+/// DeepSeek-V4-Flash's top-k (Pro selects 1024).
 const TOPK: usize = 512;
 
+/// `pages` indexer cache pages of random finite codes (below 0x70: no NaN)
+/// and scales in [0.01, 1).
+pub fn random_pages(rng: &mut impl Rng, pages: usize) -> Vec<u8> {
+    let mut cache = vec![0u8; pages * PAGE_BYTES];
+    for page in cache.chunks_exact_mut(PAGE_BYTES) {
+        page[..PAGE * DIM]
+            .iter_mut()
+            .for_each(|b| *b = rng.random_range(0u8..0x70) | (rng.random::<u8>() & 0x80));
+        for s in 0..PAGE {
+            page[PAGE * DIM + 4 * s..][..4]
+                .copy_from_slice(&rng.random_range(0.01f32..1.0).to_le_bytes());
+        }
+    }
+    cache
+}
+
 /// One `unikv_indexer_topk` shape: `tokens` query tokens over `requests`
-/// requests with `keys` compressed keys each; decode tokens see all of them,
-/// a prefill chunk's tokens the causal prefix ending at their position.
+/// requests with `keys` compressed keys each, selecting `topk`; decode tokens
+/// see all of them, a prefill chunk's tokens the causal prefix ending at their
+/// position.
+struct TopkCase<'a> {
+    op: &'a str,
+    tokens: usize,
+    requests: usize,
+    keys: usize,
+    topk: usize,
+    /// Every cache page drawn on its own; otherwise one random page repeated,
+    /// so each score recurs once per page (the rows before issue 24).
+    distinct_pages: bool,
+}
+
+/// Times `case`'s scores + top-k, then its selection alone.
 fn bench_topk_case(
     ctx: *mut unikv_context,
     stream: &unikv::backend::gpu::devtools::OwnedStream,
     c: &Ceilings,
     rng: &mut rand::rngs::ThreadRng,
-    (op, tokens, requests, keys): (&str, usize, usize, usize),
+    case: TopkCase,
 ) {
+    let TopkCase {
+        op,
+        tokens,
+        requests,
+        keys,
+        topk,
+        distinct_pages,
+    } = case;
     let pages_per_request = keys.div_ceil(PAGE);
     let cache_bytes_per_set = requests * pages_per_request * PAGE_BYTES;
     let sets = (3 * L2_BYTES).div_ceil(cache_bytes_per_set).clamp(1, 16);
     let cache_pages = sets * requests * pages_per_request;
-    // Random finite codes (below 0x70: no NaN) and unit scales.
-    let mut page = vec![0u8; PAGE_BYTES];
-    page[..PAGE * DIM]
-        .iter_mut()
-        .for_each(|b| *b = rng.random_range(0u8..0x70) | (rng.random::<u8>() & 0x80));
-    for s in 0..PAGE {
-        page[PAGE * DIM + 4 * s..][..4]
-            .copy_from_slice(&rng.random_range(0.01f32..1.0).to_le_bytes());
-    }
+    let pattern = random_pages(rng, if distinct_pages { cache_pages } else { 1 });
     let cache = Dev::new(ctx, cache_pages * PAGE_BYTES);
-    crate::fill_repeating(ctx, cache.ptr, &page, cache_pages * PAGE_BYTES);
+    crate::fill_repeating(ctx, cache.ptr, &pattern, cache_pages * PAGE_BYTES);
     let mut ids: Vec<i32> = (0..cache_pages as i32).collect();
     ids.shuffle(rng);
     let tables: Vec<Dev> = ids
@@ -78,7 +108,7 @@ fn bench_topk_case(
         Dev::upload(ctx, &positions),
     );
     let logits = Dev::new(ctx, tokens * keys * 4);
-    let out = Dev::new(ctx, tokens * TOPK * 4);
+    let out = Dev::new(ctx, tokens * topk * 4);
     let args_of = |i: usize| unikv_indexer_topk_args {
         struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
         q_fp8: qd.t(6, 1, &[tokens, HEADS, DIM]),
@@ -88,11 +118,11 @@ fn bench_topk_case(
         batch_id: bd.i32s(&[tokens]),
         positions: pd.i32s(&[tokens]),
         logits: logits.t(3, 4, &[tokens, keys]),
-        topk_indices: out.i32s(&[tokens, TOPK]),
+        topk_indices: out.i32s(&[tokens, topk]),
         cache_dtype: 7,
         num_tokens: tokens as u32,
         num_heads: HEADS as u32,
-        topk: TOPK as u32,
+        topk: topk as u32,
     };
     let us = per_call_us(stream, sets, |i, s| {
         ok(unsafe { unikv_indexer_topk(ctx, &args_of(i), s) }, op);
@@ -106,7 +136,7 @@ fn bench_topk_case(
         bytes: (requests * keys * 132
             + tokens * HEADS * (DIM + 4)
             + 2 * scored * 4
-            + tokens * TOPK * 4) as f64,
+            + tokens * topk * 4) as f64,
         flops: (2 * scored * HEADS * DIM) as f64,
     }
     .print(c);
@@ -123,7 +153,7 @@ fn bench_topk_case(
         h: 0,
         keys,
         us,
-        bytes: (scored * 4 + tokens * TOPK * 4) as f64,
+        bytes: (scored * 4 + tokens * topk * 4) as f64,
         flops: 0.0,
     }
     .print(c);
@@ -137,10 +167,45 @@ pub fn bench_indexer_topk(
 ) {
     for &keys in &[1024usize, 8192, 32768] {
         for &t in &[1usize, 64, 256] {
-            bench_topk_case(ctx, stream, c, rng, ("indexer_topk", t, t, keys));
+            let case = TopkCase {
+                op: "indexer_topk",
+                tokens: t,
+                requests: t,
+                keys,
+                topk: TOPK,
+                distinct_pages: false,
+            };
+            bench_topk_case(ctx, stream, c, rng, case);
         }
     }
-    bench_topk_case(ctx, stream, c, rng, ("indexer_topk pf", 4096, 1, 8192));
+    let prefill = TopkCase {
+        op: "indexer_topk pf",
+        tokens: 4096,
+        requests: 1,
+        keys: 8192,
+        topk: TOPK,
+        distinct_pages: false,
+    };
+    bench_topk_case(ctx, stream, c, rng, prefill);
+    // The latency shape (issue 24): decode at T <= 4 with DeepSeek-V4's two
+    // top-k sizes, up to N = 131072 keys (a 512k-token context), over
+    // distinct random keys as a real cache holds.
+    for topk in [512usize, 1024] {
+        let op = format!("indexer_topk k{topk}");
+        for keys in [1024usize, 8192, 32768, 131072] {
+            for t in [1usize, 4] {
+                let case = TopkCase {
+                    op: &op,
+                    tokens: t,
+                    requests: t,
+                    keys,
+                    topk,
+                    distinct_pages: true,
+                };
+                bench_topk_case(ctx, stream, c, rng, case);
+            }
+        }
+    }
 }
 
 /// hash_topk with DeepSeek-V4 Flash's routing (E = 256, K = 6, one shared

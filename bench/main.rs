@@ -27,6 +27,7 @@ use unikv::fp8::Fp8Format;
 
 mod compressor;
 mod indexer;
+mod layer_step;
 mod reference;
 
 const L2_BYTES: usize = 60 << 20;
@@ -274,7 +275,7 @@ fn main() {
         },
         "fp8 pool",
     );
-    let layer = layer_info(pool);
+    let layer = layer_info(pool, 0);
     let rows = layer.rows as usize;
     fill_repeating(
         ctx,
@@ -579,6 +580,9 @@ fn main() {
     if only.is_empty() || only == "compressor" {
         compressor::bench_compressor(ctx, &stream, &c, &mut rng);
     }
+    if only.is_empty() || only == "layer_step" {
+        layer_step::bench_layer_steps(ctx, &stream, &c, &mut rng);
+    }
     // Last, so that it is what scripts/gpu-check.sh's summary shows.
     let us_of = |op: &str, t, h, keys| {
         measured
@@ -865,12 +869,12 @@ fn bench_cache_stores(
     }
 }
 
-/// Layer 0 of a pool.
-fn layer_info(pool: *mut unikv_pool) -> unikv_pool_layer_info {
+/// Layer `index` of a pool.
+fn layer_info(pool: *mut unikv_pool, index: u32) -> unikv_pool_layer_info {
     let mut layer: unikv_pool_layer_info = unsafe { std::mem::zeroed() };
     layer.struct_size = std::mem::size_of::<unikv_pool_layer_info>();
     ok(
-        unsafe { unikv_pool_get_layer(pool, 0, &mut layer) },
+        unsafe { unikv_pool_get_layer(pool, index, &mut layer) },
         "layer",
     );
     layer
@@ -907,10 +911,16 @@ fn bytes_of<T>(v: &[T]) -> &[u8] {
 /// Fills an FP8 pool with quantized random rows: one block of rows quantized on
 /// the host, repeated over the pool.
 fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl Rng) {
-    const BLOCK: usize = 1 << 16;
-    let (mut nope, mut rope) = (vec![0u8; BLOCK * 512], vec![bf16::ZERO; BLOCK * 64]);
-    let rows = random_bf16(rng, BLOCK * 512);
-    for r in 0..BLOCK {
+    let (nope, rope) = fp8_rows(rng, 1 << 16);
+    fill_fp8_layer(ctx, &layer_info(pool, 0), &nope, &rope);
+}
+
+/// `n` random rows quantized as an FP8 (e4m3fn) pool stores them: the
+/// 512-byte nope rows and the bf16 rope rows.
+fn fp8_rows(rng: &mut impl Rng, n: usize) -> (Vec<u8>, Vec<bf16>) {
+    let (mut nope, mut rope) = (vec![0u8; n * 512], vec![bf16::ZERO; n * 64]);
+    let rows = random_bf16(rng, n * 512);
+    for r in 0..n {
         unified::quantize_row(
             &rows[r * 512..(r + 1) * 512],
             Fp8Format::E4m3Fn,
@@ -918,10 +928,19 @@ fn fill_fp8_pool(ctx: *mut unikv_context, pool: *mut unikv_pool, rng: &mut impl 
             (&mut rope[r * 64..(r + 1) * 64]).try_into().unwrap(),
         );
     }
-    let layer = layer_info(pool);
+    (nope, rope)
+}
+
+/// Repeats FP8 rows (`fp8_rows`) over every row of an FP8 pool layer.
+fn fill_fp8_layer(
+    ctx: *mut unikv_context,
+    layer: &unikv_pool_layer_info,
+    nope: &[u8],
+    rope: &[bf16],
+) {
     let total = layer.rows as usize;
-    fill_repeating(ctx, layer.data, &nope, total * 512);
-    fill_repeating(ctx, layer.rope_data, bytes_of(&rope), total * 128);
+    fill_repeating(ctx, layer.data, nope, total * 512);
+    fill_repeating(ctx, layer.rope_data, bytes_of(rope), total * 128);
 }
 
 fn random_bf16(rng: &mut impl Rng, n: usize) -> Vec<bf16> {
