@@ -416,6 +416,22 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
   return x + before;
 }
 
+// Counts key `k` in bin (k >> shift) & 0xFF of this warp's histogram when
+// `take` (whole warp; every lane calls it). The scores of a row share their
+// top bits, so on NVIDIA the lanes of one bin add once, by the lowest of them
+// (match.any): plain atomics serialize up to 32 ways on one bin per
+// instruction, which set the selection's time at small rows (bench/notes/v34.md).
+__device__ __forceinline__ void hist_add(int* hist, bool take, uint32_t k, int shift) {
+  const uint32_t bin = (k >> shift) & 0xFFu;
+#if !defined(__HIPCC__)
+  const uint32_t peers = __match_any_sync(0xFFFFFFFFu, take ? bin : 0xFFFFFFFFu);
+  const uint32_t below = peers & ((1u << (threadIdx.x % UKV_WARP)) - 1u);
+  if (take && below == 0) atomicAdd(&hist[bin], __popc(peers));
+#else
+  if (take) atomicAdd(&hist[bin], 1);
+#endif
+}
+
 // The row's keys as this thread visits them, body(j, i) for key index i:
 // kHeld > 0: thread tid holds keys tid kHeld .. + kHeld - 1 in registers
 // (held[j]; the loop is unrolled so they stay registers); 0: keys
@@ -486,7 +502,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       __syncthreads();
       for_keys<kHeld>(n, [&](int j, int i) {
         const uint32_t k = key_of(j, i);
-        if (i < n && (k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
+        hist_add(hist[tid / UKV_WARP], i < n && (k & mask) == prefix, k, shift);
       });
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
@@ -526,18 +542,45 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
         tie_rank += tie;
       });
     } else {
-      int base = 0, ties_before = 0;
-      for_keys<kHeld>(n, [&](int j, int i) {
-        const uint32_t k = key_of(j, i);
-        const bool tie = i < n && k == prefix;
-        int tie_total;
-        const int tie_rank = block_inclusive_sum(tie ? 1 : 0, scratch, &tie_total) - (tie ? 1 : 0) + ties_before;
-        const bool keep = i < n && (k > prefix || (tie && tie_rank < remaining));
-        int kept;
-        const int slot = block_inclusive_sum(keep ? 1 : 0, scratch, &kept) - 1 + base;
-        if (keep) out[slot] = page_index(p, tk.request, i);
-        base += kept;
-        ties_before += tie_total;
+      // Warp w walks keys [w seg, (w + 1) seg) 32 at a time (coalesced); a
+      // lane's rank among its warp's ties or kept keys is a ballot's popcount
+      // plus the warp's running count, so the block scans twice per row, not
+      // twice per 512 keys (bench/notes/v34.md).
+      const int warp = tid / UKV_WARP, lane = tid % UKV_WARP;
+      const int seg = (n + kSelectWarps - 1) / kSelectWarps;
+      const int begin = min(n, warp * seg), end = min(n, begin + seg);
+      const uint64_t lower = (1ull << lane) - 1ull;
+      const auto walk = [&](auto body) {
+        for (int i0 = begin; i0 < end; i0 += UKV_WARP) {
+          const int i = i0 + lane;
+          body(i, i < end ? order_key(logits[i]) : 0u, i < end);
+        }
+      };
+      int ties = 0;
+      walk([&](int, uint32_t k, bool in) { ties += ukv_popc64(ukv_ballot(in && k == prefix)); });
+      int all;
+      // One value per warp (lane 0's), scanned over the warps.
+      int tie_base = block_inclusive_sum(lane == 0 ? ties : 0, scratch, &all) - (lane == 0 ? ties : 0);
+      tie_base = ukv_shfl(tie_base, 0, UKV_WARP);
+      int keeps = 0, tie_seen = 0;
+      walk([&](int, uint32_t k, bool in) {
+        const bool tie = in && k == prefix;
+        const uint64_t tie_lanes = ukv_ballot(tie);
+        const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
+        keeps += ukv_popc64(ukv_ballot(keep));
+        tie_seen += ukv_popc64(tie_lanes);
+      });
+      int slot = block_inclusive_sum(lane == 0 ? keeps : 0, scratch, &all) - (lane == 0 ? keeps : 0);
+      slot = ukv_shfl(slot, 0, UKV_WARP);
+      tie_seen = 0;
+      walk([&](int i, uint32_t k, bool in) {
+        const bool tie = in && k == prefix;
+        const uint64_t tie_lanes = ukv_ballot(tie);
+        const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
+        const uint64_t keep_lanes = ukv_ballot(keep);
+        if (keep) out[slot + ukv_popc64(keep_lanes & lower)] = page_index(p, tk.request, i);
+        slot += ukv_popc64(keep_lanes);
+        tie_seen += ukv_popc64(tie_lanes);
       });
     }
     written = p.topk;

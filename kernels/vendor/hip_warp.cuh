@@ -35,3 +35,5 @@ __device__ __forceinline__ uint64_t ukv_ballot(bool pred) {
   return UKV_WAVE_SIZE == 64 ? (wave >> (threadIdx.x % 64u / 32u * 32u)) & 0xFFFFFFFFull : wave & 0xFFFFFFFFull;
 }
 __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((unsigned long long)x); }
+// Number of set bits.
+__device__ __forceinline__ int ukv_popc64(uint64_t x) { return __popcll((unsigned long long)x); }

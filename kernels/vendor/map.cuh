@@ -319,6 +319,8 @@ __device__ __forceinline__ bool ukv_named_sync_or(int id, int threads, bool pred
 
 // 1-based index of the lowest set bit, 0 when none.
 __device__ __forceinline__ int ukv_ffs64(uint64_t x) { return __ffsll((long long)x); }
+// Number of set bits.
+__device__ __forceinline__ int ukv_popc64(uint64_t x) { return __popcll((unsigned long long)x); }
 // The lane index from its special register: ptxas can re-read it where a
 // value derived from threadIdx.x would have to stay live (or spill).
 __device__ __forceinline__ int ukv_lane_id() {
