@@ -310,47 +310,49 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   int64_t pos, loc;
   if (!token(p, t, b, slot, pos, loc)) return;  // uniform: one token per block
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
+  const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
+  if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
+    if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
+    const int64_t start = first - (kWindow - Ratio);
+    for (int i = threadIdx.x; i < kWindow; i += kThreads) {
+      const int64_t q = start + i;
+      const void* row = nullptr;
+      int from_input = 0;
+      if (q >= 0) {
+        // Prefill: the request's earlier tokens in this call sit right before
+        // this one with consecutive positions; anything else is in the ring.
+        const int64_t back = pos - q, u = t - back;
+        from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
+                                   ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
+        row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
+                         : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
+      }
+      rows[i] = row;
+      input[i] = from_input;
+    }
+    __syncthreads();
+    const int first_valid = start < 0 ? (int)-start : 0;
+    // A thread's channels unrolled, so the loads of all of them are in flight at once.
+    constexpr int kPer = (Dim + kThreads - 1) / kThreads;
+    float out[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d < Dim) out[j] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int d = threadIdx.x + j * kThreads;
+      if (d < Dim) pooled[d] = out[j];
+    }
+    __syncthreads();
+    finish_group(p, pooled, first, loc);
+  }
   // Decode: the ring row of `pos` held position pos - ring, which no group
   // of this token reads (its window starts at pos + 1 - kWindow >= pos - ring).
+  // Written after the pooling, whose loads would otherwise wait for these
+  // stores (the compiler cannot tell the ring rows apart).
   if (!p.prefill) write_row(p, own, slot, pos);
-  if ((pos + 1) % Ratio != 0) return;
-  const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
-  if (first >= p.max_pos || loc < 0 || loc >= p.capacity) return;
-  if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
-  const int64_t start = first - (kWindow - Ratio);
-  for (int i = threadIdx.x; i < kWindow; i += kThreads) {
-    const int64_t q = start + i;
-    const void* row = nullptr;
-    int from_input = 0;
-    if (q >= 0) {
-      // Prefill: the request's earlier tokens in this call sit right before
-      // this one with consecutive positions; anything else is in the ring.
-      const int64_t back = pos - q, u = t - back;
-      from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
-                                 ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
-      row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
-                       : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
-    }
-    rows[i] = row;
-    input[i] = from_input;
-  }
-  __syncthreads();
-  const int first_valid = start < 0 ? (int)-start : 0;
-  // A thread's channels unrolled, so the loads of all of them are in flight at once.
-  constexpr int kPer = (Dim + kThreads - 1) / kThreads;
-  float out[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d < Dim) out[j] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
-  }
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int d = threadIdx.x + j * kThreads;
-    if (d < Dim) pooled[d] = out[j];
-  }
-  __syncthreads();
-  finish_group(p, pooled, first, loc);
 }
 
 #if !defined(__HIPCC__)
@@ -378,63 +380,61 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
   // Uniform over the cluster: its blocks read the same token.
   if (!token(p, t, b, slot, pos, loc)) return;
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
-  {
-    // Block `rank` appends its share of the row (see compress_kernel).
-    float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
-    constexpr int kQuads = kRow / 4 / kSlices;
-    for (int i = rank * kQuads + threadIdx.x; i < (rank + 1) * kQuads; i += kThreads) dst[i] = load_quad(own, i);
-  }
-  if ((pos + 1) % kRatio != 0) return;
   const int64_t first = pos + 1 - kRatio;
-  if (first >= p.max_pos || loc < 0 || loc >= p.capacity) return;
-  if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
-  const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
-  const int d = rank * kSliceDims + ch;
-  const int i0 = quarter * kBlocksPer * kBlock;
-  // Ring row of candidate i0; the next ones follow it, wrapping at most once
-  // (the ring holds at least a window).
-  const int r0 = (int)((first + i0) % p.ring);
-  const float* ring = p.state + (int64_t)slot * p.ring * kRow;
-  float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
+  if ((pos + 1) % kRatio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
+    if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
+    const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
+    const int d = rank * kSliceDims + ch;
+    const int i0 = quarter * kBlocksPer * kBlock;
+    // Ring row of candidate i0; the next ones follow it, wrapping at most once
+    // (the ring holds at least a window).
+    const int r0 = (int)((first + i0) % p.ring);
+    const float* ring = p.state + (int64_t)slot * p.ring * kRow;
+    float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
 #pragma unroll
-  for (int k = 0; k < kBlocksPer; ++k) {
+    for (int k = 0; k < kBlocksPer; ++k) {
 #pragma unroll
-    for (int j = 0; j < kBlock; ++j) {
-      // Candidate i is position first + i: the token's own row last, the
-      // earlier ones from the ring.
-      const int i = i0 + k * kBlock + j;
-      if (i == kRatio - 1) {
-        v[k][j] = widen(own[d]);
-        l[k][j] = widen(own[kDim + d]);
-      } else {
-        const int n = r0 + (i - i0);
-        const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
-        v[k][j] = row[d];
-        l[k][j] = row[kDim + d];
+      for (int j = 0; j < kBlock; ++j) {
+        // Candidate i is position first + i: the token's own row last, the
+        // earlier ones from the ring.
+        const int i = i0 + k * kBlock + j;
+        if (i == kRatio - 1) {
+          v[k][j] = widen(own[d]);
+          l[k][j] = widen(own[kDim + d]);
+        } else {
+          const int n = r0 + (i - i0);
+          const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
+          v[k][j] = row[d];
+          l[k][j] = row[kDim + d];
+        }
+        l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
       }
-      l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
     }
-  }
 #pragma unroll
-  for (int k = 0; k < kBlocksPer; ++k) {
-    const int blk = quarter * kBlocksPer + k;
-    pool_block(l[k], v[k], 0, part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
-  }
-  __syncthreads();
-  if (threadIdx.x < kSliceDims) {
-    float bm[kBlocks], bs[kBlocks], ba[kBlocks];
-#pragma unroll
-    for (int k = 0; k < kBlocks; ++k) bm[k] = part[0][k][ch], bs[k] = part[1][k][ch], ba[k] = part[2][k][ch];
-    pooled[d] = combine_blocks(bm, bs, ba);
-  }
-  ukv_cluster_sync();  // every block's slice pooled
-  if (rank == 0) {
-    for (int i = threadIdx.x; i < kDim; i += kThreads) {
-      if (i >= kSliceDims) pooled[i] = *ukv_cluster_map(&pooled[i], i / kSliceDims);
+    for (int k = 0; k < kBlocksPer; ++k) {
+      const int blk = quarter * kBlocksPer + k;
+      pool_block(l[k], v[k], 0, part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
     }
+    __syncthreads();
+    if (threadIdx.x < kSliceDims) {
+      float bm[kBlocks], bs[kBlocks], ba[kBlocks];
+#pragma unroll
+      for (int k = 0; k < kBlocks; ++k) bm[k] = part[0][k][ch], bs[k] = part[1][k][ch], ba[k] = part[2][k][ch];
+      pooled[d] = combine_blocks(bm, bs, ba);
+    }
+    ukv_cluster_sync();  // every block's slice pooled
+    if (rank == 0) {
+      for (int i = threadIdx.x; i < kDim; i += kThreads) {
+        if (i >= kSliceDims) pooled[i] = *ukv_cluster_map(&pooled[i], i / kSliceDims);
+      }
+    }
+    ukv_cluster_sync();  // block 0 has read every slice; the others may exit
+    if (rank == 0) finish_group(p, pooled, first, loc);
   }
-  ukv_cluster_sync();  // block 0 has read every slice; the others may exit
-  if (rank == 0) finish_group(p, pooled, first, loc);
+  // Block `rank` appends its share of the row after the pooling (see compress_kernel).
+  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
+  constexpr int kQuads = kRow / 4 / kSlices;
+  for (int i = rank * kQuads + threadIdx.x; i < (rank + 1) * kQuads; i += kThreads) dst[i] = load_quad(own, i);
 }
 #endif
 
