@@ -433,33 +433,56 @@ __device__ __forceinline__ void hist_add(int* hist, bool take, uint32_t k, int s
 }
 
 // The row's keys as this thread visits them, body(j, i) for key index i:
-// kHeld > 0: thread tid holds keys tid kHeld .. + kHeld - 1 in registers
+// kHeld > 0: thread tid holds keys base + tid kHeld .. + kHeld - 1 in registers
 // (held[j]; the loop is unrolled so they stay registers); 0: keys
 // tid + j kSelectThreads, re-read from the logits (L2) on every visit.
 template <int kHeld, class Body>
-__device__ __forceinline__ void for_keys(int n, Body body) {
+__device__ __forceinline__ void for_keys(int n, int base, Body body) {
   const int tid = threadIdx.x;
   if constexpr (kHeld > 0) {
 #pragma unroll
-    for (int j = 0; j < kHeld; ++j) body(j, tid * kHeld + j);
+    for (int j = 0; j < kHeld; ++j) body(j, base + tid * kHeld + j);
   } else {
     for (int j = 0, i = tid; j * kSelectThreads < n; ++j, i += kSelectThreads) body(j, i);
   }
 }
 
-// kHeld > 0: rows of at most kHeld * kSelectThreads keys, read once into
-// registers; 0: any row, re-read in every pass.
-template <int kHeld>
+// The sum of `v` over the cluster's blocks of lower rank (every thread of the
+// block calls it, with its block's v; `cell` is a shared int used once).
+__device__ __forceinline__ int cluster_exclusive_sum(int v, int* cell, int rank) {
+  if (threadIdx.x == 0) *cell = v;
+  ukv_cluster_sync();
+  int below = 0;
+  for (int r = 0; r < rank; ++r) below += *ukv_cluster_map(cell, r);
+  return below;
+}
+
+// kHeld > 0: rows of at most kCluster * kHeld * kSelectThreads keys, read
+// once into registers; 0: any row, re-read in every pass. kCluster > 1
+// (sm_90, small batches of long rows): a token's blocks form a cluster, block
+// r holding keys r kHeld kSelectThreads ..; every pass sums the blocks'
+// histograms through distributed shared memory (each block then finds the
+// same digit), and the output scans add the lower blocks' counts, so ties
+// still go to the lower index.
+template <int kHeld, int kCluster = 1>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
+  static_assert(kCluster == 1 || kHeld > 0, "a cluster's blocks hold their keys");
   // One histogram per warp: the scores of a row share their top bits, so a
   // single histogram serializes the whole block's atomics on a few bins.
   __shared__ int hist[kSelectWarps][256];
   __shared__ int scratch[kSelectWarps];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining;
+  // kCluster > 1: the block's histogram totals, one buffer per pass parity (a
+  // block may start pass r + 1 while another still reads its pass r totals),
+  // and its tie and kept-key counts.
+  __shared__ int totals[kCluster > 1 ? 2 : 1][256];
+  __shared__ int s_ties, s_keeps;
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.x, tid = threadIdx.x;
+  const int rank = kCluster > 1 ? (int)blockIdx.z : 0;
+  const int base = rank * kHeld * kSelectThreads;
   const TokenKeys tk = token_keys(p, t);
   int32_t* out = p.topk_indices + t * p.topk_stride;
   const float* logits = p.logits + t * p.logits_stride;
@@ -471,7 +494,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   };
   int written = 0;
   if (n <= p.topk) {
-    for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
+    if (rank == 0)
+      for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
     written = n;
   } else {
     if constexpr (kHeld > 0) {
@@ -479,7 +503,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       const bool vector = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
 #pragma unroll
       for (int j = 0; j < kHeld; j += 4) {
-        const int i = tid * kHeld + j;
+        const int i = base + tid * kHeld + j;
         if (vector && i + 4 <= n) {
           const float4 v = *reinterpret_cast<const float4*>(logits + i);
           held[j] = order_key(v.x);
@@ -500,7 +524,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
-      for_keys<kHeld>(n, [&](int j, int i) {
+      for_keys<kHeld>(n, base, [&](int j, int i) {
         const uint32_t k = key_of(j, i);
         hist_add(hist[tid / UKV_WARP], i < n && (k & mask) == prefix, k, shift);
       });
@@ -511,6 +535,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       int count = 0;
       if (tid < 256)
         for (int w = 0; w < kSelectWarps; ++w) count += hist[w][digit];
+      if constexpr (kCluster > 1) {
+        if (tid < 256) totals[pass & 1][digit] = count;
+        ukv_cluster_sync();
+        if (tid < 256) {
+          count = 0;
+          for (int r = 0; r < kCluster; ++r) count += ukv_cluster_map(&totals[pass & 1][0], r)[digit];
+        }
+      }
       int total;
       const int at_or_above = block_inclusive_sum(count, scratch, &total);
       if (tid < 256 && at_or_above >= remaining && at_or_above - count < remaining) {
@@ -525,18 +557,20 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     if constexpr (kHeld > 0) {
       // Contiguous keys per thread: one scan places the ties, one the output.
       int ties = 0;
-      for_keys<kHeld>(n, [&](int j, int i) { ties += i < n && held[j] == prefix; });
+      for_keys<kHeld>(n, base, [&](int j, int i) { ties += i < n && held[j] == prefix; });
       int all;
       int tie_rank = block_inclusive_sum(ties, scratch, &all) - ties;
+      if constexpr (kCluster > 1) tie_rank += cluster_exclusive_sum(all, &s_ties, rank);
       int keeps = 0;
-      for_keys<kHeld>(n, [&](int j, int i) {
+      for_keys<kHeld>(n, base, [&](int j, int i) {
         const bool tie = i < n && held[j] == prefix;
         keeps += i < n && (held[j] > prefix || (tie && tie_rank < remaining));
         tie_rank += tie;
       });
       int slot = block_inclusive_sum(keeps, scratch, &all) - keeps;
+      if constexpr (kCluster > 1) slot += cluster_exclusive_sum(all, &s_keeps, rank);
       tie_rank -= ties;
-      for_keys<kHeld>(n, [&](int j, int i) {
+      for_keys<kHeld>(n, base, [&](int j, int i) {
         const bool tie = i < n && held[j] == prefix;
         if (i < n && (held[j] > prefix || (tie && tie_rank < remaining))) out[slot++] = page_index(p, tk.request, i);
         tie_rank += tie;
@@ -585,12 +619,37 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
     }
     written = p.topk;
   }
-  for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+  if (rank == 0)
+    for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+  // No block leaves while another may still read its shared memory.
+  if constexpr (kCluster > 1) ukv_cluster_sync();
 }
 
-// Rows of up to 8192 (32768) keys select from 16 (64) registers per thread.
+// Small batches of long rows on sm_90: a cluster of kSelectCluster blocks per
+// token (select_kernel's kCluster), so the row's passes run on 8 SMs.
+constexpr int kSelectCluster = 8;
+
+// Rows of up to 8192 (32768) keys select from 16 (64) registers per thread;
+// with a cluster, rows of up to 131072 from 16 or 32.
 int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
   const int w = p.logits_width;
+#if !defined(__HIPCC__)
+  ukv::DeviceFacts facts;
+  if (int r = ukv::device_facts(device, &facts)) return r;
+  constexpr int kSpan = kSelectCluster * kSelectThreads;  // keys per held register over the cluster
+  // Up to 32 held keys per thread: at 64 the cluster kernel spills 392 bytes.
+  if (facts.sm90_code() && w > 16 * kSelectThreads && w <= 32 * kSpan &&
+      p.num_tokens * kSelectCluster <= facts.sms) {
+    const auto kernel = w <= 16 * kSpan ? select_kernel<16, kSelectCluster> : select_kernel<32, kSelectCluster>;
+    bool pdl = false;
+    if (int r = ukv::pdl_supported(device, &pdl)) return r;
+    const ukv_error_t e = ukv_launch_dependent(kernel, dim3((unsigned)p.num_tokens, 1, kSelectCluster),
+                                               dim3(kSelectThreads), 0, (ukv_stream_t)stream, pdl, kSelectCluster, p);
+    if (e == UKV_SUCCESS) return UKV_SHIM_OK;
+    (void)ukv_get_last_error();
+    return ukv::report(e, "indexer select_kernel (cluster)");
+  }
+#endif
   const auto kernel = w <= 16 * kSelectThreads   ? select_kernel<16>
                       : w <= 64 * kSelectThreads ? select_kernel<64>
                                                  : select_kernel<0>;
