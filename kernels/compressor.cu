@@ -295,6 +295,30 @@ __device__ __forceinline__ void finish_group(const ukv_compress_params& p, float
   store_latent(p, pooled, loc);
 }
 
+// The window rows of closing token t (threads 0..kWindow-1 of the block):
+// rows[i] the raw row of position start + i and input[i] whether it is a
+// caller row (kv_score) rather than a ring row; null before position 0.
+template <int kWindow, int kRow, typename In>
+__device__ __forceinline__ void window_rows(const ukv_compress_params& p, int64_t t, int b, int slot, int64_t pos,
+                                            int64_t start, const void** rows, int* input) {
+  for (int i = threadIdx.x; i < kWindow; i += blockDim.x) {
+    const int64_t q = start + i;
+    const void* row = nullptr;
+    int from_input = 0;
+    if (q >= 0) {
+      // Prefill: the request's earlier tokens in this call sit right before
+      // this one with consecutive positions; anything else is in the ring.
+      const int64_t back = pos - q, u = t - back;
+      from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
+                                 ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
+      row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
+                       : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
+    }
+    rows[i] = row;
+    input[i] = from_input;
+  }
+}
+
 // One token per block: decode appends its row; a closing token stores its group.
 template <int Ratio, int Dim, typename In>
 __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params p) {
@@ -314,22 +338,7 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
     if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
     const int64_t start = first - (kWindow - Ratio);
-    for (int i = threadIdx.x; i < kWindow; i += kThreads) {
-      const int64_t q = start + i;
-      const void* row = nullptr;
-      int from_input = 0;
-      if (q >= 0) {
-        // Prefill: the request's earlier tokens in this call sit right before
-        // this one with consecutive positions; anything else is in the ring.
-        const int64_t back = pos - q, u = t - back;
-        from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
-                                   ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
-        row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
-                         : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
-      }
-      rows[i] = row;
-      input[i] = from_input;
-    }
+    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input);
     __syncthreads();
     const int first_valid = start < 0 ? (int)-start : 0;
     // A thread's channels unrolled, so the loads of all of them are in flight at once.
@@ -356,58 +365,79 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
 }
 
 #if !defined(__HIPCC__)
-// Ratio 128 decode on sm_90 (compress_c128_cluster): a token's group pooled by
-// a cluster of kSlices blocks, block `rank` (blockIdx.z) channels
-// kSliceDims rank ..; 4 threads per channel, each with 4 pooling blocks (32
-// candidates, all loads in flight), so the group's 512 KB of ring rows load on
-// 8 SMs at once instead of one. The channel's block results are combined in
-// block order as in pool_channel (the same bits); block 0 then gathers the
-// pooled row through distributed shared memory and finishes the group.
-constexpr int kSlices = 8, kSliceDims = 512 / kSlices;
-template <typename In>
+// Ratio 128 on sm_90: a group pooled by a cluster of kSlices blocks, block
+// `rank` (blockIdx.z) channels kSliceDims rank ..; 4 threads per channel,
+// each with 4 pooling blocks (32 candidates, all loads in flight), so the
+// group's 512 KB of raw rows load on 8 SMs at once instead of one. The
+// channel's block results are combined in block order as in pool_channel
+// (the same bits); block 0 then gathers the pooled row through distributed
+// shared memory and finishes the group.
+//   Decode: cluster x is token x, which then appends its row (after the
+// pooling, see compress_kernel). Prefill: cluster x takes the closing tokens
+// among tokens 128 x .. 128 x + 127, in token order (one per request crossing
+// a group boundary there: one or two for long chunks), so 8192 tokens are 64
+// clusters, not 8192; compress_write_kernel appends the rows after it.
+constexpr int kSlices = 8, kSliceDims = 512 / kSlices, kSlotTokens = 128;
+template <typename In, bool kPrefill>
 __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_compress_params p) {
   constexpr int kRatio = 128, kDim = 512, kRow = 2 * kDim, kBlocks = kRatio / kBlock;
   constexpr int kQuarters = kThreads / kSliceDims, kBlocksPer = kBlocks / kQuarters;
   static_assert(kQuarters * kSliceDims == kThreads && kBlocksPer * kQuarters == kBlocks, "whole blocks per thread");
   __shared__ float part[3][kBlocks][kSliceDims];
   __shared__ float pooled[kDim];
+  __shared__ const void* rows[kRatio];
+  __shared__ int input[kRatio];
+  __shared__ int closing[kSlotTokens];
+  __shared__ int num_closing;
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
-  const int64_t t = blockIdx.x;
   const int rank = (int)blockIdx.z;
-  int b, slot;
-  int64_t pos, loc;
-  // Uniform over the cluster: its blocks read the same token.
-  if (!token(p, t, b, slot, pos, loc)) return;
-  const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
-  const int64_t first = pos + 1 - kRatio;
-  if ((pos + 1) % kRatio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
+  // The slot's closing tokens, in token order (the same list in every block
+  // of the cluster). Decode: the one token, if it closes a group.
+  const int64_t t0 = kPrefill ? (int64_t)blockIdx.x * kSlotTokens : (int64_t)blockIdx.x;
+  const int span = kPrefill ? min(kSlotTokens, p.num_tokens - (int)t0) : 1;
+  if (threadIdx.x < UKV_WARP * (kSlotTokens / UKV_WARP)) {
+    const int i = threadIdx.x;
+    int b, slot;
+    int64_t pos, loc;
+    const bool closes = i < span && token(p, t0 + i, b, slot, pos, loc) && (pos + 1) % kRatio == 0 &&
+                        pos + 1 - kRatio < p.max_pos && loc >= 0 && loc < p.capacity;
+    const uint64_t lanes = ukv_ballot(closes);
+    const int warp = i / UKV_WARP, lane = i % UKV_WARP;
+    int before = 0;  // closing tokens of the lower warps
+    if (kPrefill) {
+      __shared__ int warp_counts[kSlotTokens / UKV_WARP];
+      if (lane == 0) warp_counts[warp] = ukv_popc64(lanes);
+      ukv_named_sync(1, kSlotTokens);
+      for (int w = 0; w < warp; ++w) before += warp_counts[w];
+      if (i == kSlotTokens - 1) num_closing = before + ukv_popc64(lanes);
+    } else if (i == 0) {
+      num_closing = closes ? 1 : 0;
+    }
+    if (closes) closing[before + ukv_popc64(lanes & ((1ull << lane) - 1ull))] = i;
+  }
+  __syncthreads();
+  const int count = num_closing;
+  const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
+  const int d = rank * kSliceDims + ch;
+  const int i0 = quarter * kBlocksPer * kBlock;
+  for (int c = 0; c < count; ++c) {
+    const int64_t t = t0 + closing[c];
+    int b, slot;
+    int64_t pos, loc;
+    token(p, t, b, slot, pos, loc);
+    const int64_t first = pos + 1 - kRatio;
     if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
-    const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
-    const int d = rank * kSliceDims + ch;
-    const int i0 = quarter * kBlocksPer * kBlock;
-    // Ring row of candidate i0; the next ones follow it, wrapping at most once
-    // (the ring holds at least a window).
-    const int r0 = (int)((first + i0) % p.ring);
-    const float* ring = p.state + (int64_t)slot * p.ring * kRow;
+    window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input);
+    __syncthreads();
     float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
 #pragma unroll
     for (int k = 0; k < kBlocksPer; ++k) {
 #pragma unroll
       for (int j = 0; j < kBlock; ++j) {
-        // Candidate i is position first + i: the token's own row last, the
-        // earlier ones from the ring.
         const int i = i0 + k * kBlock + j;
-        if (i == kRatio - 1) {
-          v[k][j] = widen(own[d]);
-          l[k][j] = widen(own[kDim + d]);
-        } else {
-          const int n = r0 + (i - i0);
-          const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
-          v[k][j] = row[d];
-          l[k][j] = row[kDim + d];
-        }
-        l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
+        v[k][j] = raw_at<In>(rows[i], input[i], d);
+        l[k][j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kDim + d), p.ape[i * p.ape_stride + d]);
       }
     }
 #pragma unroll
@@ -428,10 +458,18 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
         if (i >= kSliceDims) pooled[i] = *ukv_cluster_map(&pooled[i], i / kSliceDims);
       }
     }
-    ukv_cluster_sync();  // block 0 has read every slice; the others may exit
+    // Block 0 has read every slice: the others may exit or pool the next
+    // group into `pooled`.
+    ukv_cluster_sync();
     if (rank == 0) finish_group(p, pooled, first, loc);
+    __syncthreads();  // before the next group's tables and pooled values
   }
+  if (kPrefill) return;
+  int b, slot;
+  int64_t pos, loc;
+  if (!token(p, t0, b, slot, pos, loc)) return;
   // Block `rank` appends its share of the row after the pooling (see compress_kernel).
+  const In* own = static_cast<const In*>(p.kv_score) + t0 * p.kv_stride;
   float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
   constexpr int kQuads = kRow / 4 / kSlices;
   for (int i = rank * kQuads + threadIdx.x; i < (rank + 1) * kQuads; i += kThreads) dst[i] = load_quad(own, i);
@@ -493,16 +531,22 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
     // loaded image has clusters (DeviceFacts::sm90_code).
     ukv::DeviceFacts facts;
     if (int r = ukv::device_facts(device, &facts)) return r;
-    if (p->ratio == 128 && !p->prefill && facts.sm90_code()) {
+    if (p->ratio == 128 && facts.sm90_code()) {
       bool pdl = false;
       if (int r = ukv::pdl_supported(device, &pdl)) return r;
-      const ukv_error_t e = ukv_launch_dependent(
-          p->kv_f32 ? compress_c128_cluster_kernel<float> : compress_c128_cluster_kernel<ukv_bf16>,
-          dim3((unsigned)p->num_tokens, 1, kSlices), block, 0, (ukv_stream_t)stream, pdl, kSlices, *p);
-      if (e == UKV_SUCCESS) return UKV_SHIM_OK;
-      (void)ukv_get_last_error();
-      return ukv::report(e, "compress_c128_cluster_kernel");
-    }
+      const bool f32 = p->kv_f32 != 0, prefill = p->prefill != 0;
+      const auto cluster_kernel = prefill ? (f32 ? compress_c128_cluster_kernel<float, true>
+                                                 : compress_c128_cluster_kernel<ukv_bf16, true>)
+                                          : (f32 ? compress_c128_cluster_kernel<float, false>
+                                                 : compress_c128_cluster_kernel<ukv_bf16, false>);
+      const unsigned clusters = (unsigned)(prefill ? ukv::cdiv(p->num_tokens, kSlotTokens) : p->num_tokens);
+      const ukv_error_t e = ukv_launch_dependent(cluster_kernel, dim3(clusters, 1, kSlices), block, 0,
+                                                 (ukv_stream_t)stream, pdl, kSlices, *p);
+      if (e != UKV_SUCCESS) {
+        (void)ukv_get_last_error();
+        return ukv::report(e, "compress_c128_cluster_kernel");
+      }
+    } else
 #endif
     if (int r = ukv::launch_early(device, kernel, grid, block, stream, "compress_kernel", *p)) return r;
     if (!p->prefill) return UKV_SHIM_OK;
