@@ -341,19 +341,15 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
     window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input);
     __syncthreads();
     const int first_valid = start < 0 ? (int)-start : 0;
-    // A thread's channels unrolled, so the loads of all of them are in flight at once.
-    constexpr int kPer = (Dim + kThreads - 1) / kThreads;
-    float out[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      if (d < Dim) out[j] = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d);
-    }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int d = threadIdx.x + j * kThreads;
-      if (d < Dim) pooled[d] = out[j];
-    }
+    // A thread's two channels (Dim 512) side by side, so the loads of both
+    // are in flight at once.
+    static_assert(Dim <= 2 * kThreads, "at most two channels per thread");
+    const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;
+    float out0 = 0.f, out1 = 0.f;
+    if (d0 < Dim) out0 = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d0);
+    if (d1 < Dim) out1 = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d1);
+    if (d0 < Dim) pooled[d0] = out0;
+    if (d1 < Dim) pooled[d1] = out1;
     __syncthreads();
     finish_group(p, pooled, first, loc);
   }
