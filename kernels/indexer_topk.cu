@@ -449,7 +449,8 @@ __device__ __forceinline__ void for_keys(int n, int base, Body body) {
 
 // The sum of `v` over the cluster's blocks of lower rank (every thread of the
 // block calls it, with its block's v; `cell` is a shared int used once).
-__device__ __forceinline__ int cluster_exclusive_sum(int v, int* cell, int rank) {
+// HIP builds launch no clusters, so there it is never called.
+[[maybe_unused]] __device__ __forceinline__ int cluster_exclusive_sum(int v, int* cell, int rank) {
   if (threadIdx.x == 0) *cell = v;
   ukv_cluster_sync();
   int below = 0;
@@ -625,15 +626,14 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   if constexpr (kCluster > 1) ukv_cluster_sync();
 }
 
-// Small batches of long rows on sm_90: a cluster of kSelectCluster blocks per
-// token (select_kernel's kCluster), so the row's passes run on 8 SMs.
-constexpr int kSelectCluster = 8;
-
 // Rows of up to 8192 (32768) keys select from 16 (64) registers per thread;
 // with a cluster, rows of up to 131072 from 16 or 32.
 int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
   const int w = p.logits_width;
 #if !defined(__HIPCC__)
+  // Small batches of long rows on sm_90: a cluster of kSelectCluster blocks
+  // per token (select_kernel's kCluster), so the row's passes run on 8 SMs.
+  constexpr int kSelectCluster = 8;
   ukv::DeviceFacts facts;
   if (int r = ukv::device_facts(device, &facts)) return r;
   constexpr int kSpan = kSelectCluster * kSelectThreads;  // keys per held register over the cluster
