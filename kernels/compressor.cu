@@ -384,56 +384,79 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
   __shared__ const void* rows[kRatio];
   __shared__ int input[kRatio];
   __shared__ int closing[kSlotTokens];
-  __shared__ int num_closing;
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int rank = (int)blockIdx.z;
   // The slot's closing tokens, in token order (the same list in every block
   // of the cluster). Decode: the one token, if it closes a group.
   const int64_t t0 = kPrefill ? (int64_t)blockIdx.x * kSlotTokens : (int64_t)blockIdx.x;
-  const int span = kPrefill ? min(kSlotTokens, p.num_tokens - (int)t0) : 1;
-  if (threadIdx.x < UKV_WARP * (kSlotTokens / UKV_WARP)) {
-    const int i = threadIdx.x;
+  // A token that closes a group it can store.
+  const auto closes = [&](int64_t t) {
     int b, slot;
     int64_t pos, loc;
-    const bool closes = i < span && token(p, t0 + i, b, slot, pos, loc) && (pos + 1) % kRatio == 0 &&
-                        pos + 1 - kRatio < p.max_pos && loc >= 0 && loc < p.capacity;
-    const uint64_t lanes = ukv_ballot(closes);
-    const int warp = i / UKV_WARP, lane = i % UKV_WARP;
-    int before = 0;  // closing tokens of the lower warps
-    if (kPrefill) {
-      __shared__ int warp_counts[kSlotTokens / UKV_WARP];
-      if (lane == 0) warp_counts[warp] = ukv_popc64(lanes);
-      ukv_named_sync(1, kSlotTokens);
-      for (int w = 0; w < warp; ++w) before += warp_counts[w];
-      if (i == kSlotTokens - 1) num_closing = before + ukv_popc64(lanes);
-    } else if (i == 0) {
-      num_closing = closes ? 1 : 0;
+    return token(p, t, b, slot, pos, loc) && (pos + 1) % kRatio == 0 && pos + 1 - kRatio < p.max_pos && loc >= 0 &&
+           loc < p.capacity;
+  };
+  int count;
+  if constexpr (kPrefill) {
+    // The slot's closing tokens in token order, the same list in every block
+    // of the cluster: warp w's ballot places its lanes after the lower warps'.
+    __shared__ int warp_counts[kSlotTokens / UKV_WARP];
+    const int i = threadIdx.x, warp = i / UKV_WARP, lane = i % UKV_WARP;
+    const bool mine = i < kSlotTokens && t0 + i < p.num_tokens && closes(t0 + i);
+    const uint64_t lanes = ukv_ballot(mine);
+    if (i < kSlotTokens && lane == 0) warp_counts[warp] = ukv_popc64(lanes);
+    __syncthreads();
+    int before = 0;
+    count = 0;
+    for (int w = 0; w < kSlotTokens / UKV_WARP; ++w) {
+      before += w < warp ? warp_counts[w] : 0;
+      count += warp_counts[w];
     }
-    if (closes) closing[before + ukv_popc64(lanes & ((1ull << lane) - 1ull))] = i;
+    if (mine) closing[before + ukv_popc64(lanes & ((1ull << lane) - 1ull))] = i;
+    __syncthreads();
+  } else {
+    count = closes(t0) ? 1 : 0;
   }
-  __syncthreads();
-  const int count = num_closing;
   const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
   const int d = rank * kSliceDims + ch;
   const int i0 = quarter * kBlocksPer * kBlock;
   for (int c = 0; c < count; ++c) {
-    const int64_t t = t0 + closing[c];
+    const int64_t t = kPrefill ? t0 + closing[c] : t0;
     int b, slot;
     int64_t pos, loc;
     token(p, t, b, slot, pos, loc);
     const int64_t first = pos + 1 - kRatio;
     if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
-    window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input);
-    __syncthreads();
+    if constexpr (kPrefill) {
+      window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input);
+      __syncthreads();
+    }
+    // Decode: candidate i is position first + i, the token's own row last and
+    // the earlier ones in the ring from the ring row of candidate i0 on
+    // (wrapping at most once: the ring holds at least a window).
+    const int r0 = (int)((first + i0) % p.ring);
+    const float* ring = p.state + (int64_t)slot * p.ring * kRow;
+    const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
     float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
 #pragma unroll
     for (int k = 0; k < kBlocksPer; ++k) {
 #pragma unroll
       for (int j = 0; j < kBlock; ++j) {
         const int i = i0 + k * kBlock + j;
-        v[k][j] = raw_at<In>(rows[i], input[i], d);
-        l[k][j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kDim + d), p.ape[i * p.ape_stride + d]);
+        if constexpr (kPrefill) {
+          v[k][j] = raw_at<In>(rows[i], input[i], d);
+          l[k][j] = raw_at<In>(rows[i], input[i], kDim + d);
+        } else if (i == kRatio - 1) {
+          v[k][j] = widen(own[d]);
+          l[k][j] = widen(own[kDim + d]);
+        } else {
+          const int n = r0 + (i - i0);
+          const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
+          v[k][j] = row[d];
+          l[k][j] = row[kDim + d];
+        }
+        l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
       }
     }
 #pragma unroll

@@ -416,22 +416,6 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
   return x + before;
 }
 
-// Counts key `k` in bin (k >> shift) & 0xFF of this warp's histogram when
-// `take` (whole warp; every lane calls it). The scores of a row share their
-// top bits, so on NVIDIA the lanes of one bin add once, by the lowest of them
-// (match.any): plain atomics serialize up to 32 ways on one bin per
-// instruction, which set the selection's time at small rows (bench/notes/v34.md).
-__device__ __forceinline__ void hist_add(int* hist, bool take, uint32_t k, int shift) {
-  const uint32_t bin = (k >> shift) & 0xFFu;
-#if !defined(__HIPCC__)
-  const uint32_t peers = __match_any_sync(0xFFFFFFFFu, take ? bin : 0xFFFFFFFFu);
-  const uint32_t below = peers & ((1u << (threadIdx.x % UKV_WARP)) - 1u);
-  if (take && below == 0) atomicAdd(&hist[bin], __popc(peers));
-#else
-  if (take) atomicAdd(&hist[bin], 1);
-#endif
-}
-
 // The row's keys as this thread visits them, body(j, i) for key index i:
 // kHeld > 0: thread tid holds keys base + tid kHeld .. + kHeld - 1 in registers
 // (held[j]; the loop is unrolled so they stay registers); 0: keys
@@ -527,7 +511,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       __syncthreads();
       for_keys<kHeld>(n, base, [&](int j, int i) {
         const uint32_t k = key_of(j, i);
-        hist_add(hist[tid / UKV_WARP], i < n && (k & mask) == prefix, k, shift);
+        if (i < n && (k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
       });
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
