@@ -53,9 +53,10 @@ struct TokenKeys {
 };
 
 __device__ __forceinline__ TokenKeys token_keys(const ukv_indexer_topk_params& p, int t) {
+  // Both loads issued before either is used.
   const int b = p.batch_id[t];
-  if (b < 0 || b >= p.requests) return TokenKeys{-1, 0};
   const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  if (b < 0 || b >= p.requests) return TokenKeys{-1, 0};
   // (pos + 1) / 4 without overflowing at a hostile INT64_MAX.
   const int64_t visible = pos < 0 ? 0 : pos / 4 + ((pos & 3) == 3);
   const int64_t cap = min((int64_t)p.logits_width, (int64_t)p.max_pages * kPage);
