@@ -114,6 +114,7 @@ uint64_t __ballot(int predicate) {
 void __builtin_amdgcn_wave_barrier() { emu::wave->barrier(); }
 void __builtin_amdgcn_fence(int, const char*) {}
 int __ffsll(unsigned long long x) { return __builtin_ffsll((long long)x); }
+int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 
 #define UKV_WAVE_EMULATION 1
 #include "warp.cuh"
