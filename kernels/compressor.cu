@@ -334,6 +334,15 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   int64_t pos, loc;
   if (!token(p, t, b, slot, pos, loc)) return;  // uniform: one token per block
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
+  // Decode: this thread's quads of the token's raw row, loaded now (their
+  // latency hides behind the pooling) and stored into the ring after it.
+  constexpr int kRowQuads = kRow / 4, kQuadsPer = (kRowQuads + kThreads - 1) / kThreads;
+  float4 mine[kQuadsPer];
+#pragma unroll
+  for (int q = 0; q < kQuadsPer; ++q) {
+    const int i = threadIdx.x + q * kThreads;
+    if (!p.prefill && i < kRowQuads) mine[q] = load_quad(own, i);
+  }
   const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
   if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
     if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
@@ -357,7 +366,13 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   // of this token reads (its window starts at pos + 1 - kWindow >= pos - ring).
   // Written after the pooling, whose loads would otherwise wait for these
   // stores (the compiler cannot tell the ring rows apart).
-  if (!p.prefill) write_row(p, own, slot, pos);
+  if (p.prefill) return;
+  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
+#pragma unroll
+  for (int q = 0; q < kQuadsPer; ++q) {
+    const int i = threadIdx.x + q * kThreads;
+    if (i < kRowQuads) dst[i] = mine[q];
+  }
 }
 
 #if !defined(__HIPCC__)
@@ -397,6 +412,12 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
     return token(p, t, b, slot, pos, loc) && (pos + 1) % kRatio == 0 && pos + 1 - kRatio < p.max_pos && loc >= 0 &&
            loc < p.capacity;
   };
+  // Decode: block `rank`'s share of the token's raw row (one quad for each of
+  // its first kShareQuads threads), loaded now and appended after the pooling.
+  constexpr int kShareQuads = kRow / 4 / kSlices;
+  float4 share = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (!kPrefill && threadIdx.x < kShareQuads && t0 < p.num_tokens)
+    share = load_quad(static_cast<const In*>(p.kv_score) + t0 * p.kv_stride, rank * kShareQuads + threadIdx.x);
   int count;
   if constexpr (kPrefill) {
     // The slot's closing tokens in token order, the same list in every block
@@ -488,10 +509,8 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
   int64_t pos, loc;
   if (!token(p, t0, b, slot, pos, loc)) return;
   // Block `rank` appends its share of the row after the pooling (see compress_kernel).
-  const In* own = static_cast<const In*>(p.kv_score) + t0 * p.kv_stride;
   float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
-  constexpr int kQuads = kRow / 4 / kSlices;
-  for (int i = rank * kQuads + threadIdx.x; i < (rank + 1) * kQuads; i += kThreads) dst[i] = load_quad(own, i);
+  if (threadIdx.x < kShareQuads) dst[rank * kShareQuads + threadIdx.x] = share;
 }
 #endif
 

@@ -556,9 +556,17 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       int slot = block_inclusive_sum(keeps, scratch, &all) - keeps;
       if constexpr (kCluster > 1) slot += cluster_exclusive_sum(all, &s_keeps, rank);
       tie_rank -= ties;
+      // A thread's kHeld keys lie on one 64-key page: its page-table entry is
+      // read once, before the stores (a read per key after each store
+      // serialized 16-32 round trips to L2: 5 of the 10 us at 1024 keys,
+      // bench/notes/v34.md).
+      static_assert(kPage % kHeld == 0, "a thread's keys on one page");
+      const int first_key = base + tid * kHeld;
+      const int64_t page_base =
+          keeps > 0 ? (int64_t)p.page_table[tk.request * p.page_table_stride + first_key / kPage] * kPage : 0;
       for_keys<kHeld>(n, base, [&](int j, int i) {
         const bool tie = i < n && held[j] == prefix;
-        if (i < n && (held[j] > prefix || (tie && tie_rank < remaining))) out[slot++] = page_index(p, tk.request, i);
+        if (i < n && (held[j] > prefix || (tie && tie_rank < remaining))) out[slot++] = (int32_t)(page_base + i % kPage);
         tie_rank += tie;
       });
     } else {
