@@ -616,7 +616,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   if (rank == 0)
     for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
   // No block leaves while another may still read its shared memory.
-  if constexpr (kCluster > 1) ukv_cluster_sync();
+  if constexpr (kCluster > 1) ukv_cluster_sync_exit();
 }
 
 // Rows of up to 8192 (32768) keys select from 16 (64) registers per thread;

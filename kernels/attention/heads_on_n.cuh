@@ -149,7 +149,7 @@ __device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const
     }
     ukv_cluster_sync();
     if (consumer) cluster_merge<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, acc_s);
-    ukv_cluster_sync();
+    ukv_cluster_sync_exit();
   } else if (!consumer) {
     return;
   } else if (work.direct) {

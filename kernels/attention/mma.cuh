@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
       }
     ukv_cluster_sync();
     cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
-    ukv_cluster_sync();  // no block leaves while another still reads its shared memory
+    ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
   } else if (direct) {
     const float* cs = inverse_rope_row(p, t);
 #pragma unroll

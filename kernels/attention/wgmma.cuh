@@ -351,7 +351,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
       // The cluster merge's two barriers span every thread of the cluster.
       if (!direct && cfg.cluster != 0) {
         ukv_cluster_sync();
-        ukv_cluster_sync();
+        ukv_cluster_sync_exit();
       }
       return;
     }
@@ -531,7 +531,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
     }
     ukv_cluster_sync();
     cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
-    ukv_cluster_sync();  // no block leaves while another still reads its shared memory
+    ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
   } else if (direct) {
     const float* cs = inverse_rope_row(p, t);
 #pragma unroll

@@ -29,6 +29,16 @@ __device__ __forceinline__ void ukv_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
+// The cluster barrier before a block exits, after the blocks have read each
+// other's shared memory (the loaded values already used, so the reads are
+// done): an execution barrier only. The release form above issues a GPU-scope
+// fence (MEMBAR.ALL.GPU in SASS), which waits for the block's output stores
+// to complete: about 2 of a 20 us batch-1 decode (bench/notes/v34.md).
+__device__ __forceinline__ void ukv_cluster_sync_exit() {
+#if defined(UKV_HAS_CLUSTER)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
 template <typename T>
 __device__ __forceinline__ const T* ukv_cluster_map(const T* smem, int rank) {
 #if defined(UKV_HAS_CLUSTER)
