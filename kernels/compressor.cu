@@ -196,20 +196,7 @@ __device__ __forceinline__ void store_key(const ukv_compress_params& p, const fl
   } else {
     load4(static_cast<const ukv_bf16*>(p.norm_weight), lane, w);
   }
-  double sum = 0.0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) sum += (double)x[e] * (double)x[e];
-  const float f = ukv_rms_factor(ukv_xor_sum<16, 1>(sum), kDims, p.eps);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) x[e] = ukv_mul_rn(ukv_mul_rn(x[e], f), w[e]);
-  rope4(x, table_row, lane);
-  hadamard4(x, lane);
-  uint32_t codes;
-  const float scale = quantize4(x, (ukv_fp8_format)p.format, &codes);
-  const int64_t page = loc >> p.page_shift, slot = loc & ((1 << p.page_shift) - 1);
-  uint8_t* page_base = p.cache + page * p.bytes_per_page;
-  reinterpret_cast<uint32_t*>(page_base + slot * kDims)[lane] = codes;
-  if (lane == 0) *reinterpret_cast<float*>(page_base + ((int64_t)kDims << p.page_shift) + slot * 4) = scale;
+  store_key4(x, w, table_row, lane, p.eps, (ukv_fp8_format)p.format, p.cache, p.bytes_per_page, p.page_shift, loc);
 }
 
 // Latent rows, step 1 (warp 0, lane l: dims 16l..16l+15): RMSNorm with the

@@ -83,4 +83,27 @@ __device__ __forceinline__ float quantize4(const float (&x)[4], ukv_fp8_format f
   return scale;
 }
 
+// A loaded key (lane: dims 4 lane ..; whole warp) prepared and stored as key
+// `loc` of the paged indexer cache: RMSNorm with weight w (the sum of squares
+// in double, row_math.cuh), RoPE at `table_row`, the Hadamard transform, FP8
+// codes and the key's fp32 scale after the page's codes.
+__device__ __forceinline__ void store_key4(float (&x)[4], const float (&w)[4], const float* table_row, int lane,
+                                           float eps, ukv_fp8_format fmt, uint8_t* cache, int64_t bytes_per_page,
+                                           int page_shift, int64_t loc) {
+  double sum = 0.0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) sum += (double)x[e] * (double)x[e];
+  const float f = ukv_rms_factor(ukv_xor_sum<16, 1>(sum), kDims, eps);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) x[e] = ukv_mul_rn(ukv_mul_rn(x[e], f), w[e]);
+  rope4(x, table_row, lane);
+  hadamard4(x, lane);
+  uint32_t codes;
+  const float scale = quantize4(x, fmt, &codes);
+  const int64_t page = loc >> page_shift, slot = loc & ((1 << page_shift) - 1);
+  uint8_t* page_base = cache + page * bytes_per_page;
+  reinterpret_cast<uint32_t*>(page_base + slot * kDims)[lane] = codes;
+  if (lane == 0) *reinterpret_cast<float*>(page_base + ((int64_t)kDims << page_shift) + slot * 4) = scale;
+}
+
 }  // namespace ukv_indexer_rows
