@@ -48,13 +48,12 @@ use unikv::ffi::indexer::{
 };
 use unikv::ffi::pool::{unikv_pool_create, unikv_pool_destroy, unikv_pool_params};
 use unikv::ffi::prepare::{unikv_prepare_qkv, unikv_prepare_qkv_args};
-use unikv::ffi::rope::{unikv_rope_params, unikv_rope_table, unikv_rope_yarn};
 use unikv::ffi::types::unikv_tensor;
 
 use crate::indexer::random_pages;
 use crate::{
     bytes_of, decode_plan, fill_fp8_layer, fill_repeating, fp8_rows, layer_info, ok, per_call_us,
-    random_bf16, Ceilings, Dev, Row, ABSENT, L2_BYTES,
+    random_bf16, rope_table, Ceilings, Dev, Row, ABSENT, L2_BYTES,
 };
 
 const HEADS: usize = 64;
@@ -181,21 +180,7 @@ pub fn bench_layer_steps(
     rng: &mut rand::rngs::ThreadRng,
 ) {
     // DeepSeek-V4's compressed-layer base; the values do not change the time.
-    let rope = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 40_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 0.0,
-            original_max_position: 0,
-            beta_fast: 0.0,
-            beta_slow: 0.0,
-        },
-    };
-    let mut table = vec![0f32; MAX_POS * 64];
-    ok(
-        unsafe { unikv_rope_table(&rope, MAX_POS as u32, table.as_mut_ptr(), table.len()) },
-        "rope table",
-    );
+    let table = rope_table(40_000.0, MAX_POS);
     let (nope, rope) = fp8_rows(rng, 8192);
     let shared = Shared {
         ctx,

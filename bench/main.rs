@@ -997,6 +997,27 @@ fn decode_plan(
     (plan, (bytes > 0).then(|| Dev::new(ctx, bytes)), bytes)
 }
 
+/// A plain RoPE table (no YaRN) of `max_pos` rows of 64 floats with `base`;
+/// the bench's timings do not depend on its values.
+pub fn rope_table(base: f64, max_pos: usize) -> Vec<f32> {
+    let rope = unikv_rope_params {
+        struct_size: std::mem::size_of::<unikv_rope_params>(),
+        base,
+        yarn: unikv_rope_yarn {
+            factor: 0.0,
+            original_max_position: 0,
+            beta_fast: 0.0,
+            beta_slow: 0.0,
+        },
+    };
+    let mut table = vec![0f32; max_pos * 64];
+    ok(
+        unsafe { unikv_rope_table(&rope, max_pos as u32, table.as_mut_ptr(), table.len()) },
+        "rope table",
+    );
+    table
+}
+
 /// Fused Q/KV preparation (`unikv_prepare_qkv`) on an FP8 (e4m3fn) pool layer.
 /// Decode shapes (T <= 64) store each token's KV row into a distinct pool row
 /// and write no `kv_out`; the prefill chunk (T = 8192) writes `kv_out` and
@@ -1045,21 +1066,7 @@ fn bench_prepare(
         "layer",
     );
     let pool_rows: Vec<i32> = (0..layer.rows as i32).collect();
-    let rope = unikv_rope_params {
-        struct_size: std::mem::size_of::<unikv_rope_params>(),
-        base: 10_000.0,
-        yarn: unikv_rope_yarn {
-            factor: 0.0,
-            original_max_position: 0,
-            beta_fast: 0.0,
-            beta_slow: 0.0,
-        },
-    };
-    let mut table = vec![0f32; MAX_POS * 64];
-    ok(
-        unsafe { unikv_rope_table(&rope, MAX_POS as u32, table.as_mut_ptr(), table.len()) },
-        "rope table",
-    );
+    let table = rope_table(10_000.0, MAX_POS);
     let table = Dev::upload(ctx, &table);
     let weight = Dev::upload(ctx, &random_bf16(rng, 512));
     // Inputs are tiled from one random chunk: drawing GBs of values is slow.
