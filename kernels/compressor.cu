@@ -99,6 +99,14 @@ __device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, i
   return slot >= 0 && slot < p.num_slots && pos >= 0;
 }
 
+// A token that closes a group the call stores: its group's first position
+// inside the RoPE table, its location inside the target.
+__device__ __forceinline__ bool closes_group(const ukv_compress_params& p, int ratio, int64_t t, int& b, int& slot,
+                                             int64_t& pos, int64_t& loc) {
+  return token(p, t, b, slot, pos, loc) && (pos + 1) % ratio == 0 && pos + 1 - ratio < p.max_pos && loc >= 0 &&
+         loc < p.capacity;
+}
+
 // One pooling block of kBlock candidates (src/compressor.rs pool_block):
 // the block's max m (over candidates from `first_valid` on; never all
 // masked), the sum s of exp(l - m) and the weighted sum a.
@@ -183,11 +191,11 @@ __device__ __forceinline__ float weight_at(const ukv_compress_params& p, int d) 
                       : ukv_bf16_to_float(static_cast<const ukv_bf16*>(p.norm_weight)[d]);
 }
 
-// Indexer keys (warp 0): RMSNorm, RoPE, Hadamard, FP8, as indexer_k_kernel.
+// Indexer keys (one warp): RMSNorm, RoPE, Hadamard, FP8, as indexer_k_kernel.
 __device__ __forceinline__ void store_key(const ukv_compress_params& p, const float* pooled, const float* table_row,
                                           int64_t loc) {
   using namespace ukv_indexer_rows;
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x % UKV_WARP;
   float x[4], w[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) x[e] = pooled[4 * lane + e];
@@ -199,11 +207,11 @@ __device__ __forceinline__ void store_key(const ukv_compress_params& p, const fl
   store_key4(x, w, table_row, lane, p.eps, (ukv_fp8_format)p.format, p.cache, p.bytes_per_page, p.page_shift, loc);
 }
 
-// Latent rows, step 1 (warp 0, lane l: dims 16l..16l+15): RMSNorm with the
+// Latent rows, step 1 (one warp, lane l: dims 16l..16l+15): RMSNorm with the
 // weight and RoPE of dims 448..511 in f32, in place in `pooled`.
 __device__ __forceinline__ void norm_rope_latent(const ukv_compress_params& p, float* pooled, const float* table_row) {
   constexpr int kPer = 16, kRopeLane = 28;  // lanes 28..31: dims 448..511
-  const int lane = threadIdx.x;
+  const int lane = threadIdx.x % UKV_WARP;
   float x[kPer];
   double sum = 0.0;
 #pragma unroll
@@ -223,21 +231,20 @@ __device__ __forceinline__ void norm_rope_latent(const ukv_compress_params& p, f
   for (int e = 0; e < kPer; ++e) pooled[kPer * lane + e] = x[e];
 }
 
-// Latent rows, step 2: one bf16 rounding, then the pool row (warps 0 and 1,
-// 8 dims per lane, as ukv_store_pool_row needs) or the FlashMLA slot (warp 0,
-// 16 dims per lane).
-__device__ __forceinline__ void store_latent(const ukv_compress_params& p, const float* pooled, int64_t loc) {
-  const int warp = threadIdx.x / UKV_WARP, lane = threadIdx.x % UKV_WARP;
+// Latent rows, step 2: one bf16 rounding, then half `half` of the pool row
+// (256 dims, 8 per lane, as ukv_store_pool_row needs) or the whole FlashMLA
+// slot (16 dims per lane; half 0 only).
+__device__ __forceinline__ void store_latent(const ukv_compress_params& p, const float* pooled, int64_t loc, int half) {
+  const int lane = threadIdx.x % UKV_WARP;
   if (p.target == 0) {
-    if (warp >= 2) return;
-    const int dim = 256 * warp + 8 * lane;
+    const int dim = 256 * half + 8 * lane;
     uint32_t bits[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) bits[i] = ukv_pack_bf16x2(pooled[dim + 2 * i], pooled[dim + 2 * i + 1]);
     ukv_store_pool_row<8>(p.pool, p.swa_rows + loc, dim, bits);
     return;
   }
-  if (warp != 0) return;
+  if (half != 0) return;
   uint32_t w[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i] = ukv_pack_bf16x2(pooled[16 * lane + 2 * i], pooled[16 * lane + 2 * i + 1]);
@@ -279,16 +286,31 @@ __device__ __forceinline__ void finish_group(const ukv_compress_params& p, float
   }
   if (threadIdx.x < UKV_WARP) norm_rope_latent(p, pooled, table_row);
   __syncthreads();
-  store_latent(p, pooled, loc);
+  if (threadIdx.x < 2 * UKV_WARP) store_latent(p, pooled, loc, (int)threadIdx.x / UKV_WARP);
 }
 
-// The window rows of closing token t (threads 0..kWindow-1 of the block):
-// rows[i] the raw row of position start + i and input[i] whether it is a
-// caller row (kv_score) rather than a ring row; null before position 0.
+// finish_group by one warp (its own `pooled`).
+__device__ __forceinline__ void finish_group_warp(const ukv_compress_params& p, float* pooled, int64_t first,
+                                                  int64_t loc) {
+  const float* table_row = p.rope_table + first * p.table_stride;
+  if (p.target == 2) {
+    store_key(p, pooled, table_row, loc);
+    return;
+  }
+  norm_rope_latent(p, pooled, table_row);
+  ukv_syncwarp();
+  store_latent(p, pooled, loc, 0);
+  store_latent(p, pooled, loc, 1);
+}
+
+// The window rows of closing token t (threads `from`, `from` + `step`, ...
+// up to kWindow: the block, or one warp's lanes): rows[i] the raw row of
+// position start + i and input[i] whether it is a caller row (kv_score)
+// rather than a ring row; null before position 0.
 template <int kWindow, int kRow, typename In>
 __device__ __forceinline__ void window_rows(const ukv_compress_params& p, int64_t t, int b, int slot, int64_t pos,
-                                            int64_t start, const void** rows, int* input) {
-  for (int i = threadIdx.x; i < kWindow; i += blockDim.x) {
+                                            int64_t start, const void** rows, int* input, int from, int step) {
+  for (int i = from; i < kWindow; i += step) {
     const int64_t q = start + i;
     const void* row = nullptr;
     int from_input = 0;
@@ -334,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
     if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
     const int64_t start = first - (kWindow - Ratio);
-    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input);
+    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input, (int)threadIdx.x, (int)blockDim.x);
     __syncthreads();
     const int first_valid = start < 0 ? (int)-start : 0;
     // A thread's two channels (Dim 512) side by side, so the loads of both
@@ -359,6 +381,90 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   for (int q = 0; q < kQuadsPer; ++q) {
     const int i = threadIdx.x + q * kThreads;
     if (i < kRowQuads) dst[i] = mine[q];
+  }
+}
+
+// Ratio 4 prefill: a block per kSpan tokens, a warp per closing token (the
+// block's closing tokens dealt to its warps in turn). A group is 8 candidate
+// rows of at most 4 KB of values and scores: a warp pools it in steps of 128
+// channels, each lane 4 channels with 16-byte loads, and finishes it itself
+// (finish_group_warp), so 8 groups are in flight per block instead of one
+// per 256-thread block, each with one load wave per step. The pooling of a
+// channel is pool_channel's, operation for operation.
+constexpr int kSpan = UKV_WARP;
+template <int Dim, typename In>
+__global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compress_params p) {
+  constexpr int kRatio = 4, kWindow = 8, kValues = 2 * Dim, kRow = 2 * kValues;
+  constexpr int kWarps = kThreads / UKV_WARP, kStep = 4 * UKV_WARP;
+  static_assert(Dim % kStep == 0, "whole 128-channel steps");
+  __shared__ __align__(16) float pooled[kWarps][Dim];
+  __shared__ const void* rows[kWarps][kWindow];
+  __shared__ int input[kWarps][kWindow];
+  __shared__ int closing[kSpan];
+  __shared__ int count;
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
+  const int warp = (int)threadIdx.x / UKV_WARP, lane = (int)threadIdx.x % UKV_WARP;
+  const int64_t t0 = (int64_t)blockIdx.x * kSpan;
+  if (warp == 0) {
+    int b, slot;
+    int64_t pos, loc;
+    const bool mine = t0 + lane < p.num_tokens && closes_group(p, kRatio, t0 + lane, b, slot, pos, loc);
+    const uint64_t lanes = ukv_ballot(mine);
+    if (mine) closing[ukv_popc64(lanes & ((1ull << lane) - 1ull))] = lane;
+    if (lane == 0) count = ukv_popc64(lanes);
+  }
+  __syncthreads();
+  for (int c = warp; c < count; c += kWarps) {
+    const int64_t t = t0 + closing[c];
+    int b, slot;
+    int64_t pos, loc;
+    token(p, t, b, slot, pos, loc);
+    const int64_t first = pos + 1 - kRatio, start = first - (kWindow - kRatio);
+    prefetch_epilogue(p, first);
+    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows[warp], input[warp], lane, UKV_WARP);
+    ukv_syncwarp();
+    const int first_valid = start < 0 ? (int)-start : 0;
+#pragma unroll 1
+    for (int d = 4 * lane; d < Dim; d += kStep) {
+      float l[kWindow][4], v[kWindow][4];
+#pragma unroll
+      for (int i = 0; i < kWindow; ++i) {
+        // Candidates 0..3: the previous group's overlap channels; 4..7: the
+        // own channels (offset Dim in the row and in ape's row).
+        const bool own = i >= 4;
+        const int ch = own ? Dim + d : d;
+        float4 vq = make_float4(0.f, 0.f, 0.f, 0.f), lq = vq;
+        if (i >= first_valid) {
+          const void* row = rows[warp][i];
+          if (input[warp][i]) {
+            vq = load_quad(static_cast<const In*>(row), ch / 4);
+            lq = load_quad(static_cast<const In*>(row), (kValues + ch) / 4);
+          } else {
+            vq = load_quad(static_cast<const float*>(row), ch / 4);
+            lq = load_quad(static_cast<const float*>(row), (kValues + ch) / 4);
+          }
+        }
+        const float* bias = p.ape + (i & 3) * p.ape_stride + (own ? Dim : 0) + d;
+        v[i][0] = vq.x, v[i][1] = vq.y, v[i][2] = vq.z, v[i][3] = vq.w;
+        l[i][0] = lq.x, l[i][1] = lq.y, l[i][2] = lq.z, l[i][3] = lq.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) l[i][e] = i >= first_valid ? ukv_add_rn(l[i][e], bias[e]) : 0.f;
+      }
+      float out[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float le[kWindow], ve[kWindow], bm[1], bs[1], ba[1];
+#pragma unroll
+        for (int i = 0; i < kWindow; ++i) le[i] = l[i][e], ve[i] = v[i][e];
+        pool_block(le, ve, first_valid, bm[0], bs[0], ba[0]);
+        out[e] = combine_blocks(bm, bs, ba);
+      }
+      *reinterpret_cast<float4*>(&pooled[warp][d]) = make_float4(out[0], out[1], out[2], out[3]);
+    }
+    ukv_syncwarp();
+    finish_group_warp(p, pooled[warp], first, loc);
+    ukv_syncwarp();  // the warp's rows and pooled values read before its next group
   }
 }
 
@@ -392,12 +498,10 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
   // The slot's closing tokens, in token order (the same list in every block
   // of the cluster). Decode: the one token, if it closes a group.
   const int64_t t0 = kPrefill ? (int64_t)blockIdx.x * kSlotTokens : (int64_t)blockIdx.x;
-  // A token that closes a group it can store.
   const auto closes = [&](int64_t t) {
     int b, slot;
     int64_t pos, loc;
-    return token(p, t, b, slot, pos, loc) && (pos + 1) % kRatio == 0 && pos + 1 - kRatio < p.max_pos && loc >= 0 &&
-           loc < p.capacity;
+    return closes_group(p, kRatio, t, b, slot, pos, loc);
   };
   // Decode: block `rank`'s share of the token's raw row (one quad for each of
   // its first kShareQuads threads), loaded now and appended after the pooling.
@@ -437,7 +541,7 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
     const int64_t first = pos + 1 - kRatio;
     if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
     if constexpr (kPrefill) {
-      window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input);
+      window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input, (int)threadIdx.x, (int)blockDim.x);
       __syncthreads();
     }
     // Decode: candidate i is position first + i, the token's own row last and
@@ -501,22 +605,33 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
 }
 #endif
 
-// Prefill's ring writes, after compress_kernel: each request's rows that no
-// later token of the same request in the call overwrites (its last `ring`).
+// Prefill's ring writes, after the pooling kernel: each request's rows that
+// no later token of the same request in the call overwrites (its last
+// `ring`). A thread per token finds them; the block then copies each.
 template <typename In>
 __global__ void __launch_bounds__(kThreads) compress_write_kernel(ukv_compress_params p) {
+  __shared__ int64_t writer_pos[kThreads];
+  __shared__ int writer_t[kThreads], writer_slot[kThreads];
+  __shared__ int count;
   ukv_pdl_launch_dependents();
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
   ukv_pdl_wait();  // the groups have read the ring
-  const int64_t t = blockIdx.x;
+  const int64_t t0 = (int64_t)blockIdx.x * kThreads, t = t0 + threadIdx.x;
   int b, slot;
   int64_t pos, loc;
-  if (!token(p, t, b, slot, pos, loc)) return;
-  const int64_t u = t + p.ring;
-  if (u < p.num_tokens && p.batch_id[u] == b &&
-      ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring) {
-    return;
+  if (t < p.num_tokens && token(p, t, b, slot, pos, loc)) {
+    const int64_t u = t + p.ring;
+    const bool replaced = u < p.num_tokens && p.batch_id[u] == b &&
+                          ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring;
+    if (!replaced) {
+      const int w = atomicAdd(&count, 1);
+      writer_t[w] = (int)threadIdx.x, writer_slot[w] = slot, writer_pos[w] = pos;
+    }
   }
-  write_row(p, static_cast<const In*>(p.kv_score) + t * p.kv_stride, slot, pos);
+  __syncthreads();
+  for (int w = 0; w < count; ++w)
+    write_row(p, static_cast<const In*>(p.kv_score) + (t0 + writer_t[w]) * p.kv_stride, writer_slot[w], writer_pos[w]);
 }
 
 __global__ void __launch_bounds__(kThreads) compress_clear_kernel(ukv_compress_clear_params p) {
@@ -535,6 +650,11 @@ Kernel pick(bool f32) {
   return f32 ? compress_kernel<Ratio, Dim, float> : compress_kernel<Ratio, Dim, ukv_bf16>;
 }
 
+template <int Dim>
+Kernel pick_c4_prefill(bool f32) {
+  return f32 ? compress_c4_prefill_kernel<Dim, float> : compress_c4_prefill_kernel<Dim, ukv_bf16>;
+}
+
 }  // namespace
 
 extern "C" {
@@ -550,7 +670,12 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       ukv::set_error("compress: no kernel for this ratio, dim and target");
       return UKV_SHIM_INVALID;
     }
-    const dim3 grid((unsigned)p->num_tokens), block(kThreads);
+    dim3 grid((unsigned)p->num_tokens);
+    const dim3 block(kThreads);
+    if (p->prefill && p->ratio == 4) {
+      kernel = p->dim == 512 ? pick_c4_prefill<512>(p->kv_f32 != 0) : pick_c4_prefill<128>(p->kv_f32 != 0);
+      grid = dim3((unsigned)ukv::cdiv(p->num_tokens, kSpan));
+    }
 #if !defined(__HIPCC__)
     // Ratio 128 decode: one cluster of kSlices blocks per token where the
     // loaded image has clusters (DeviceFacts::sm90_code).
@@ -576,7 +701,8 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
     if (int r = ukv::launch_early(device, kernel, grid, block, stream, "compress_kernel", *p)) return r;
     if (!p->prefill) return UKV_SHIM_OK;
     return ukv::launch_early(device, p->kv_f32 ? compress_write_kernel<float> : compress_write_kernel<ukv_bf16>,
-                             grid, block, stream, "compress_write_kernel", *p);
+                             dim3((unsigned)ukv::cdiv(p->num_tokens, kThreads)), block, stream,
+                             "compress_write_kernel", *p);
   })
 }
 
