@@ -450,7 +450,9 @@ fn compress_matches_the_cpu_backend() {
         poison_layer(&c, &cpu.pool, kind.layer, POISON_BYTE);
         poison_layer(&g, &gpu.pool, kind.layer, POISON_BYTE);
         let r = kind.ratio();
-        let lens = [3 * r + 5, 2 * r, r - 1];
+        // Ratio 4: request 0 long enough that a chunk spans several 32-token
+        // blocks of the prefill kernel.
+        let lens = [3 * r + 5 + if r == 4 { 90 } else { 0 }, 2 * r, r - 1];
         let rows: Vec<_> = lens
             .iter()
             .map(|&l| random_rows(&mut rng, kind, l + 8))
