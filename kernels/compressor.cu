@@ -37,10 +37,13 @@ constexpr int kThreads = 256;
 // Candidates per pooling block (src/compressor.rs POOL_BLOCK).
 constexpr int kBlock = 8;
 
-// src/compressor.rs exp_f32, operation for operation.
+// src/compressor.rs exp_f32, operation for operation, without its early
+// return: a branch per exp kept the pooling's exps from overlapping. Below
+// -86 (or NaN) the result is masked to +0; the clamp keeps the exponent
+// arithmetic in range there and changes no live x.
 __device__ __forceinline__ float pool_exp(float x) {
-  if (!(x > -86.0f)) return 0.0f;
-  x = fminf(x, 88.0f);
+  const bool live = x > -86.0f;
+  x = fmaxf(fminf(x, 88.0f), -87.0f);
   const float k = rintf(ukv_mul_rn(x, ukv_fp8_bits_float(0x3FB8AA3Bu)));
   const float r = ukv_sub_rn(ukv_sub_rn(x, ukv_mul_rn(k, ukv_fp8_bits_float(0x3F317200u))),
                              ukv_mul_rn(k, ukv_fp8_bits_float(0x35BFBE8Eu)));
@@ -51,24 +54,31 @@ __device__ __forceinline__ float pool_exp(float x) {
   q = ukv_add_rn(ukv_mul_rn(q, r), ukv_fp8_bits_float(0x3F000000u));  // 1/2
   q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
   q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
-  return ukv_mul_rn(q, ukv_fp8_bits_float((uint32_t)((int)k + 127) << 23));
+  const float e = ukv_mul_rn(q, ukv_fp8_bits_float((uint32_t)((int)k + 127) << 23));
+  // A mask, not a select: the compiler turns `live ? e : 0` back into a branch.
+  return ukv_fp8_bits_float(__float_as_uint(e) & (0u - (uint32_t)live));
 }
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(ukv_bf16 x) { return ukv_bf16_to_float(x); }
+// Raw rows (the call's kv_score, the ring rows a group reads) are not
+// written while a kernel reads them: read-only global loads, also where
+// the row pointer came through shared memory (a generic load otherwise).
+__device__ __forceinline__ float raw_value(const float* row, int64_t i) { return __ldg(row + i); }
+__device__ __forceinline__ float raw_value(const ukv_bf16* row, int64_t i) {
+  return ukv_fp8_bits_float((uint32_t)__ldg(reinterpret_cast<const unsigned short*>(row) + i) << 16);
+}
 
 // Element i of a window row: a caller row of type In, or a ring row (f32).
 template <typename In>
 __device__ __forceinline__ float raw_at(const void* row, int input, int64_t i) {
-  return input ? widen(static_cast<const In*>(row)[i]) : static_cast<const float*>(row)[i];
+  return input ? raw_value(static_cast<const In*>(row), i) : raw_value(static_cast<const float*>(row), i);
 }
 
-// Four consecutive values of a caller row (16-byte aligned f32, 8-byte bf16).
+// Four consecutive values of a raw row (16-byte aligned f32, 8-byte bf16).
 __device__ __forceinline__ float4 load_quad(const float* row, int64_t i) {
-  return reinterpret_cast<const float4*>(row)[i];
+  return __ldg(reinterpret_cast<const float4*>(row) + i);
 }
 __device__ __forceinline__ float4 load_quad(const ukv_bf16* row, int64_t i) {
-  const uint2 v = reinterpret_cast<const uint2*>(row)[i];
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(row) + i);
   return make_float4(ukv_fp8_bits_float(v.x << 16), ukv_fp8_bits_float(v.x & 0xFFFF0000u),
                      ukv_fp8_bits_float(v.y << 16), ukv_fp8_bits_float(v.y & 0xFFFF0000u));
 }
@@ -78,12 +88,13 @@ __device__ __forceinline__ int row_floats(const ukv_compress_params& p) {
   return 2 * (p.ratio == 4 ? 2 : 1) * p.dim;
 }
 
-// Copies a caller row into ring row `slot * ring + pos % ring` (whole block).
+// Copies a caller row into ring row `slot * ring + pos % ring` (one warp).
 template <typename In>
 __device__ __forceinline__ void write_row(const ukv_compress_params& p, const In* src, int slot, int64_t pos) {
   const int floats = row_floats(p);
   float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * floats);
-  for (int i = threadIdx.x; i < floats / 4; i += blockDim.x) dst[i] = load_quad(src, i);
+#pragma unroll 4
+  for (int i = threadIdx.x % UKV_WARP; i < floats / 4; i += UKV_WARP) dst[i] = load_quad(src, i);
 }
 
 // A token's request slot, position and group location; false for padding and
@@ -108,23 +119,25 @@ __device__ __forceinline__ bool closes_group(const ukv_compress_params& p, int r
 }
 
 // One pooling block of kBlock candidates (src/compressor.rs pool_block):
-// the block's max m (over candidates from `first_valid` on; never all
-// masked), the sum s of exp(l - m) and the weighted sum a.
-__device__ __forceinline__ void pool_block(const float (&l)[kBlock], const float (&v)[kBlock], int first_valid,
-                                           float& m, float& s, float& a) {
+// the block's max m (over candidates from kFirstValid on; never all
+// masked), the sum s of exp(l - m) and the weighted sum a. The mask is a
+// compile-time count (a runtime one put a branch around every candidate).
+template <int kFirstValid>
+__device__ __forceinline__ void pool_block(const float (&l)[kBlock], const float (&v)[kBlock], float& m, float& s,
+                                           float& a) {
   // Compile-time indices with a predicate keep l and v in registers.
   m = 0.f;
   bool seen = false;
 #pragma unroll
   for (int j = 0; j < kBlock; ++j) {
-    if (j < first_valid) continue;
+    if (j < kFirstValid) continue;
     m = !seen || l[j] > m ? l[j] : m;
     seen = true;
   }
   s = 0.f, a = 0.f;
 #pragma unroll
   for (int j = 0; j < kBlock; ++j) {
-    if (j < first_valid) continue;
+    if (j < kFirstValid) continue;
     const float e = pool_exp(ukv_sub_rn(l[j], m));
     s = ukv_add_rn(s, e);
     a = ukv_add_rn(a, ukv_mul_rn(e, v[j]));
@@ -149,13 +162,14 @@ __device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], cons
 }
 
 // One channel's pooled value (src/compressor.rs pool_channel / pool_group):
-// window row i's candidate, masked below `first_valid` (ratio 4, group 0).
-template <int Ratio, int Dim, typename In>
-__device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, int first_valid,
-                                              const float* ape, int64_t ape_stride, int d) {
+// window row i's candidate, masked below kFirstValid (ratio 4, group 0: 4).
+template <int Ratio, int Dim, typename In, int kFirstValid>
+__device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, const float* ape,
+                                              int64_t ape_stride, int d) {
   constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
   constexpr int kValues = (Ratio == 4 ? 2 : 1) * Dim;
   constexpr int kBlocks = kWindow / kBlock;
+  static_assert(kFirstValid == 0 || kBlocks == 1, "only ratio 4's one block has masked candidates");
   float bm[kBlocks], bs[kBlocks], ba[kBlocks];
 #pragma unroll
   for (int k = 0; k < kBlocks; ++k) {
@@ -164,7 +178,7 @@ __device__ __forceinline__ float pool_channel(const void* const* rows, const int
     for (int j = 0; j < kBlock; ++j) {
       const int i = k * kBlock + j;
       l[j] = v[j] = 0.f;
-      if (i < first_valid) continue;
+      if (i < kFirstValid) continue;
       int64_t ch, bias;
       if (Ratio == 4) {
         // Candidates 0..3: the previous group's overlap channel; 4..7: the
@@ -179,8 +193,7 @@ __device__ __forceinline__ float pool_channel(const void* const* rows, const int
       v[j] = raw_at<In>(rows[i], input[i], ch);
       l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), ape[bias]);
     }
-    // Only block 0 of ratio 4 can have masked candidates, never all of them.
-    pool_block(l, v, first_valid - k * kBlock, bm[k], bs[k], ba[k]);
+    pool_block<kFirstValid>(l, v, bm[k], bs[k], ba[k]);
   }
   return combine_blocks(bm, bs, ba);
 }
@@ -328,14 +341,54 @@ __device__ __forceinline__ void window_rows(const ukv_compress_params& p, int64_
   }
 }
 
+// Threads of compress_kernel: ratio 4 a thread per channel (its decode
+// chain is the per-thread pooling and epilogue, not throughput), ratio 128
+// two channels per thread.
+template <int Ratio, int Dim>
+__host__ __device__ constexpr int block_threads() {
+  return Ratio == 4 ? Dim : kThreads;
+}
+
+// Latent rows with a thread per dim (compress_kernel<4, 512>): the norm's
+// sum of squares over the block (each warp's butterfly sum, then the warps'
+// in warp order), the scale and RoPE on the thread's own dim (its pair's
+// other half from the neighbouring lane), then the stores of store_latent.
+// `w` is the dim's norm weight; `c`, `s` its RoPE pair's cos and sin.
+__device__ __forceinline__ void finish_latent_per_dim(const ukv_compress_params& p, float x, float w, float c, float s,
+                                                      float* pooled, double* warp_sums, int64_t loc) {
+  constexpr int kRopeDim = 448;
+  const int d = threadIdx.x, lane = d % UKV_WARP, warp = d / UKV_WARP;
+  const double sq = ukv_xor_sum<16, 1>((double)x * (double)x);
+  if (lane == 0) warp_sums[warp] = sq;
+  __syncthreads();
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < 512 / UKV_WARP; ++i) sum += warp_sums[i];
+  float y = ukv_mul_rn(ukv_mul_rn(x, ukv_rms_factor(sum, 512, p.eps)), w);
+  if (d >= kRopeDim) {  // whole warps
+    const float other = ukv_shfl_xor(y, 1, UKV_WARP);
+    float re = d % 2 == 0 ? y : other, im = d % 2 == 0 ? other : y;
+    ukv_rope_rotate(re, im, c, s);
+    y = d % 2 == 0 ? re : im;
+  }
+  pooled[d] = y;
+  __syncthreads();
+  if (threadIdx.x < 2 * UKV_WARP) store_latent(p, pooled, loc, (int)threadIdx.x / UKV_WARP);
+}
+
 // One token per block: decode appends its row; a closing token stores its group.
 template <int Ratio, int Dim, typename In>
-__global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params p) {
+__global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel(ukv_compress_params p) {
   constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
   constexpr int kRow = 2 * (Ratio == 4 ? 2 : 1) * Dim;
+  constexpr int kT = block_threads<Ratio, Dim>(), kPer = Dim / kT;
+  static_assert(kPer * kT == Dim && kPer <= 2, "one or two channels per thread");
+  // A thread per dim of a latent row: the epilogue runs on every thread.
+  constexpr bool kPerDim = Dim == 512 && kT == 512;
   __shared__ const void* rows[kWindow];
   __shared__ int input[kWindow];
   __shared__ float pooled[Dim];
+  __shared__ double warp_sums[kT / UKV_WARP];
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int64_t t = blockIdx.x;
@@ -345,31 +398,52 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
   // Decode: this thread's quads of the token's raw row, loaded now (their
   // latency hides behind the pooling) and stored into the ring after it.
-  constexpr int kRowQuads = kRow / 4, kQuadsPer = (kRowQuads + kThreads - 1) / kThreads;
+  constexpr int kRowQuads = kRow / 4, kQuadsPer = (kRowQuads + kT - 1) / kT;
   float4 mine[kQuadsPer];
 #pragma unroll
   for (int q = 0; q < kQuadsPer; ++q) {
-    const int i = threadIdx.x + q * kThreads;
+    const int i = threadIdx.x + q * kT;
     if (!p.prefill && i < kRowQuads) mine[q] = load_quad(own, i);
   }
   const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
   if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
-    if (threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
+    // The epilogue's inputs, loaded before the pooling: per thread (kPerDim),
+    // or into L1 by warp 0.
+    float w = 0.f, c = 0.f, s = 0.f;
+    if constexpr (kPerDim) {
+      const int d = threadIdx.x;
+      w = weight_at(p, d);
+      if (d >= 448) {
+        const float* cs = p.rope_table + first * p.table_stride + ((d - 448) & ~1);
+        c = cs[0], s = cs[1];
+      }
+    } else if (threadIdx.x < UKV_WARP) {
+      prefetch_epilogue(p, first);
+    }
     const int64_t start = first - (kWindow - Ratio);
-    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input, (int)threadIdx.x, (int)blockDim.x);
+    window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input, (int)threadIdx.x, kT);
     __syncthreads();
     const int first_valid = start < 0 ? (int)-start : 0;
-    // A thread's two channels (Dim 512) side by side, so the loads of both
-    // are in flight at once.
-    static_assert(Dim <= 2 * kThreads, "at most two channels per thread");
-    const int d0 = threadIdx.x, d1 = threadIdx.x + kThreads;
+    // A thread's two channels (ratio 128) one after the other: side by side,
+    // their 256 loads would not stay in registers.
+    const auto pool = [&](int d) {
+      if constexpr (Ratio == 4) {
+        if (first_valid != 0) return pool_channel<Ratio, Dim, In, 4>(rows, input, p.ape, p.ape_stride, d);
+      }
+      return pool_channel<Ratio, Dim, In, 0>(rows, input, p.ape, p.ape_stride, d);
+    };
+    const int d0 = threadIdx.x, d1 = threadIdx.x + kT;
     float out0 = 0.f, out1 = 0.f;
-    if (d0 < Dim) out0 = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d0);
-    if (d1 < Dim) out1 = pool_channel<Ratio, Dim, In>(rows, input, first_valid, p.ape, p.ape_stride, d1);
-    if (d0 < Dim) pooled[d0] = out0;
-    if (d1 < Dim) pooled[d1] = out1;
-    __syncthreads();
-    finish_group(p, pooled, first, loc);
+    if (d0 < Dim) out0 = pool(d0);
+    if (d1 < Dim) out1 = pool(d1);
+    if constexpr (kPerDim) {
+      finish_latent_per_dim(p, out0, w, c, s, pooled, warp_sums, loc);
+    } else {
+      if (d0 < Dim) pooled[d0] = out0;
+      if (d1 < Dim) pooled[d1] = out1;
+      __syncthreads();
+      finish_group(p, pooled, first, loc);
+    }
   }
   // Decode: the ring row of `pos` held position pos - ring, which no group
   // of this token reads (its window starts at pos + 1 - kWindow >= pos - ring).
@@ -379,9 +453,51 @@ __global__ void __launch_bounds__(kThreads) compress_kernel(ukv_compress_params 
   float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
 #pragma unroll
   for (int q = 0; q < kQuadsPer; ++q) {
-    const int i = threadIdx.x + q * kThreads;
+    const int i = threadIdx.x + q * kT;
     if (i < kRowQuads) dst[i] = mine[q];
   }
+}
+
+// Channels d .. d + 3 of a ratio-4 group (one lane): its 8 candidates'
+// values and scores with 16-byte loads, each channel pooled as
+// pool_channel pools it.
+template <int Dim, typename In, int kFirstValid>
+__device__ __forceinline__ float4 pool_quad(const ukv_compress_params& p, const void* const* rows, const int* input,
+                                            int d) {
+  constexpr int kWindow = 8, kValues = 2 * Dim;
+  float l[kWindow][4], v[kWindow][4];
+#pragma unroll
+  for (int i = 0; i < kWindow; ++i) {
+    // Candidates 0..3: the previous group's overlap channels; 4..7: the own
+    // channels (offset Dim in the row and in ape's row).
+    const bool own = i >= 4;
+    const int ch = own ? Dim + d : d;
+    float4 vq = make_float4(0.f, 0.f, 0.f, 0.f), lq = vq;
+    if (i >= kFirstValid) {
+      if (input[i]) {
+        vq = load_quad(static_cast<const In*>(rows[i]), ch >> 2);
+        lq = load_quad(static_cast<const In*>(rows[i]), (kValues + ch) >> 2);
+      } else {
+        vq = load_quad(static_cast<const float*>(rows[i]), ch >> 2);
+        lq = load_quad(static_cast<const float*>(rows[i]), (kValues + ch) >> 2);
+      }
+    }
+    const float* bias = p.ape + (i & 3) * p.ape_stride + (own ? Dim : 0) + d;
+    v[i][0] = vq.x, v[i][1] = vq.y, v[i][2] = vq.z, v[i][3] = vq.w;
+    l[i][0] = lq.x, l[i][1] = lq.y, l[i][2] = lq.z, l[i][3] = lq.w;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) l[i][e] = i >= kFirstValid ? ukv_add_rn(l[i][e], bias[e]) : 0.f;
+  }
+  float out[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float le[kWindow], ve[kWindow], bm[1], bs[1], ba[1];
+#pragma unroll
+    for (int i = 0; i < kWindow; ++i) le[i] = l[i][e], ve[i] = v[i][e];
+    pool_block<kFirstValid>(le, ve, bm[0], bs[0], ba[0]);
+    out[e] = combine_blocks(bm, bs, ba);
+  }
+  return make_float4(out[0], out[1], out[2], out[3]);
 }
 
 // Ratio 4 prefill: a block per kSpan tokens, a warp per closing token (the
@@ -424,43 +540,11 @@ __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compr
     prefetch_epilogue(p, first);
     window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows[warp], input[warp], lane, UKV_WARP);
     ukv_syncwarp();
-    const int first_valid = start < 0 ? (int)-start : 0;
 #pragma unroll 1
     for (int d = 4 * lane; d < Dim; d += kStep) {
-      float l[kWindow][4], v[kWindow][4];
-#pragma unroll
-      for (int i = 0; i < kWindow; ++i) {
-        // Candidates 0..3: the previous group's overlap channels; 4..7: the
-        // own channels (offset Dim in the row and in ape's row).
-        const bool own = i >= 4;
-        const int ch = own ? Dim + d : d;
-        float4 vq = make_float4(0.f, 0.f, 0.f, 0.f), lq = vq;
-        if (i >= first_valid) {
-          const void* row = rows[warp][i];
-          if (input[warp][i]) {
-            vq = load_quad(static_cast<const In*>(row), ch / 4);
-            lq = load_quad(static_cast<const In*>(row), (kValues + ch) / 4);
-          } else {
-            vq = load_quad(static_cast<const float*>(row), ch / 4);
-            lq = load_quad(static_cast<const float*>(row), (kValues + ch) / 4);
-          }
-        }
-        const float* bias = p.ape + (i & 3) * p.ape_stride + (own ? Dim : 0) + d;
-        v[i][0] = vq.x, v[i][1] = vq.y, v[i][2] = vq.z, v[i][3] = vq.w;
-        l[i][0] = lq.x, l[i][1] = lq.y, l[i][2] = lq.z, l[i][3] = lq.w;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) l[i][e] = i >= first_valid ? ukv_add_rn(l[i][e], bias[e]) : 0.f;
-      }
-      float out[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float le[kWindow], ve[kWindow], bm[1], bs[1], ba[1];
-#pragma unroll
-        for (int i = 0; i < kWindow; ++i) le[i] = l[i][e], ve[i] = v[i][e];
-        pool_block(le, ve, first_valid, bm[0], bs[0], ba[0]);
-        out[e] = combine_blocks(bm, bs, ba);
-      }
-      *reinterpret_cast<float4*>(&pooled[warp][d]) = make_float4(out[0], out[1], out[2], out[3]);
+      const float4 out = start < 0 ? pool_quad<Dim, In, 4>(p, rows[warp], input[warp], d)
+                                   : pool_quad<Dim, In, 0>(p, rows[warp], input[warp], d);
+      *reinterpret_cast<float4*>(&pooled[warp][d]) = out;
     }
     ukv_syncwarp();
     finish_group_warp(p, pooled[warp], first, loc);
@@ -560,13 +644,13 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
           v[k][j] = raw_at<In>(rows[i], input[i], d);
           l[k][j] = raw_at<In>(rows[i], input[i], kDim + d);
         } else if (i == kRatio - 1) {
-          v[k][j] = widen(own[d]);
-          l[k][j] = widen(own[kDim + d]);
+          v[k][j] = raw_value(own, d);
+          l[k][j] = raw_value(own, kDim + d);
         } else {
           const int n = r0 + (i - i0);
           const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
-          v[k][j] = row[d];
-          l[k][j] = row[kDim + d];
+          v[k][j] = raw_value(row, d);
+          l[k][j] = raw_value(row, kDim + d);
         }
         l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
       }
@@ -574,7 +658,7 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
 #pragma unroll
     for (int k = 0; k < kBlocksPer; ++k) {
       const int blk = quarter * kBlocksPer + k;
-      pool_block(l[k], v[k], 0, part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
+      pool_block<0>(l[k], v[k], part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
     }
     __syncthreads();
     if (threadIdx.x < kSliceDims) {
@@ -607,31 +691,20 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
 
 // Prefill's ring writes, after the pooling kernel: each request's rows that
 // no later token of the same request in the call overwrites (its last
-// `ring`). A thread per token finds them; the block then copies each.
+// `ring`). A warp per token: a request's last 128 rows (ratio 128) are 128
+// warps' copies, not one block's.
 template <typename In>
 __global__ void __launch_bounds__(kThreads) compress_write_kernel(ukv_compress_params p) {
-  __shared__ int64_t writer_pos[kThreads];
-  __shared__ int writer_t[kThreads], writer_slot[kThreads];
-  __shared__ int count;
   ukv_pdl_launch_dependents();
-  if (threadIdx.x == 0) count = 0;
-  __syncthreads();
   ukv_pdl_wait();  // the groups have read the ring
-  const int64_t t0 = (int64_t)blockIdx.x * kThreads, t = t0 + threadIdx.x;
+  const int64_t t = (int64_t)blockIdx.x * (kThreads / UKV_WARP) + threadIdx.x / UKV_WARP;
   int b, slot;
   int64_t pos, loc;
-  if (t < p.num_tokens && token(p, t, b, slot, pos, loc)) {
-    const int64_t u = t + p.ring;
-    const bool replaced = u < p.num_tokens && p.batch_id[u] == b &&
-                          ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring;
-    if (!replaced) {
-      const int w = atomicAdd(&count, 1);
-      writer_t[w] = (int)threadIdx.x, writer_slot[w] = slot, writer_pos[w] = pos;
-    }
-  }
-  __syncthreads();
-  for (int w = 0; w < count; ++w)
-    write_row(p, static_cast<const In*>(p.kv_score) + (t0 + writer_t[w]) * p.kv_stride, writer_slot[w], writer_pos[w]);
+  if (t >= p.num_tokens || !token(p, t, b, slot, pos, loc)) return;
+  const int64_t u = t + p.ring;
+  if (u < p.num_tokens && p.batch_id[u] == b && ukv_index_at(p.positions, p.positions_i64 != 0, u) == pos + p.ring)
+    return;
+  write_row(p, static_cast<const In*>(p.kv_score) + t * p.kv_stride, slot, pos);
 }
 
 __global__ void __launch_bounds__(kThreads) compress_clear_kernel(ukv_compress_clear_params p) {
@@ -672,7 +745,10 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
     }
     dim3 grid((unsigned)p->num_tokens);
     const dim3 block(kThreads);
+    dim3 kernel_block(p->ratio == 4 ? (p->dim == 512 ? block_threads<4, 512>() : block_threads<4, 128>())
+                                    : block_threads<128, 512>());
     if (p->prefill && p->ratio == 4) {
+      kernel_block = block;
       kernel = p->dim == 512 ? pick_c4_prefill<512>(p->kv_f32 != 0) : pick_c4_prefill<128>(p->kv_f32 != 0);
       grid = dim3((unsigned)ukv::cdiv(p->num_tokens, kSpan));
     }
@@ -698,10 +774,10 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       }
     } else
 #endif
-    if (int r = ukv::launch_early(device, kernel, grid, block, stream, "compress_kernel", *p)) return r;
+    if (int r = ukv::launch_early(device, kernel, grid, kernel_block, stream, "compress_kernel", *p)) return r;
     if (!p->prefill) return UKV_SHIM_OK;
     return ukv::launch_early(device, p->kv_f32 ? compress_write_kernel<float> : compress_write_kernel<ukv_bf16>,
-                             dim3((unsigned)ukv::cdiv(p->num_tokens, kThreads)), block, stream,
+                             dim3((unsigned)ukv::cdiv(p->num_tokens, kThreads / UKV_WARP)), block, stream,
                              "compress_write_kernel", *p);
   })
 }
