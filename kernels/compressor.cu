@@ -458,61 +458,93 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
   }
 }
 
-// Channels d .. d + 3 of a ratio-4 group (one lane): its 8 candidates'
-// values and scores with 16-byte loads, each channel pooled as
-// pool_channel pools it.
+// Two consecutive values of a raw row (8-byte aligned f32, 4-byte bf16).
+__device__ __forceinline__ float2 load_pair(const float* row, int64_t i) {
+  return __ldg(reinterpret_cast<const float2*>(row) + i);
+}
+__device__ __forceinline__ float2 load_pair(const ukv_bf16* row, int64_t i) {
+  const uint32_t v = __ldg(reinterpret_cast<const unsigned int*>(row) + i);
+  return make_float2(ukv_fp8_bits_float(v << 16), ukv_fp8_bits_float(v & 0xFFFF0000u));
+}
+
+// Channels d, d + 1 of a ratio-4 group's 8 candidates (one lane): values
+// and scores, masked candidates zero.
+struct PairRows {
+  float2 v[8], l[8];
+};
 template <int Dim, typename In, int kFirstValid>
-__device__ __forceinline__ float4 pool_quad(const ukv_compress_params& p, const void* const* rows, const int* input,
-                                            int d) {
-  constexpr int kWindow = 8, kValues = 2 * Dim;
-  float l[kWindow][4], v[kWindow][4];
+__device__ __forceinline__ void load_pairs(const void* const* rows, const int* input, int d, PairRows& r) {
+  constexpr int kValues = 2 * Dim;
 #pragma unroll
-  for (int i = 0; i < kWindow; ++i) {
+  for (int i = 0; i < 8; ++i) {
     // Candidates 0..3: the previous group's overlap channels; 4..7: the own
-    // channels (offset Dim in the row and in ape's row).
-    const bool own = i >= 4;
-    const int ch = own ? Dim + d : d;
-    float4 vq = make_float4(0.f, 0.f, 0.f, 0.f), lq = vq;
-    if (i >= kFirstValid) {
-      if (input[i]) {
-        vq = load_quad(static_cast<const In*>(rows[i]), ch >> 2);
-        lq = load_quad(static_cast<const In*>(rows[i]), (kValues + ch) >> 2);
-      } else {
-        vq = load_quad(static_cast<const float*>(rows[i]), ch >> 2);
-        lq = load_quad(static_cast<const float*>(rows[i]), (kValues + ch) >> 2);
-      }
+    // channels (offset Dim in the row).
+    const int ch = (i >= 4 ? Dim : 0) + d;
+    r.v[i] = r.l[i] = make_float2(0.f, 0.f);
+    if (i < kFirstValid) continue;
+    if (input[i]) {
+      r.v[i] = load_pair(static_cast<const In*>(rows[i]), ch >> 1);
+      r.l[i] = load_pair(static_cast<const In*>(rows[i]), (kValues + ch) >> 1);
+    } else {
+      r.v[i] = load_pair(static_cast<const float*>(rows[i]), ch >> 1);
+      r.l[i] = load_pair(static_cast<const float*>(rows[i]), (kValues + ch) >> 1);
     }
-    const float* bias = p.ape + (i & 3) * p.ape_stride + (own ? Dim : 0) + d;
-    v[i][0] = vq.x, v[i][1] = vq.y, v[i][2] = vq.z, v[i][3] = vq.w;
-    l[i][0] = lq.x, l[i][1] = lq.y, l[i][2] = lq.z, l[i][3] = lq.w;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) l[i][e] = i >= kFirstValid ? ukv_add_rn(l[i][e], bias[e]) : 0.f;
   }
-  float out[4];
+}
+
+// The pooled channels d, d + 1 of loaded candidates, each as pool_channel
+// pools it (scores plus `ape`, one block of 8).
+template <int Dim, int kFirstValid>
+__device__ __forceinline__ float2 pool_pairs(const ukv_compress_params& p, const PairRows& r, int d) {
+  float out[2];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    float le[kWindow], ve[kWindow], bm[1], bs[1], ba[1];
+  for (int e = 0; e < 2; ++e) {
+    float l[8], v[8], bm[1], bs[1], ba[1];
 #pragma unroll
-    for (int i = 0; i < kWindow; ++i) le[i] = l[i][e], ve[i] = v[i][e];
-    pool_block<kFirstValid>(le, ve, bm[0], bs[0], ba[0]);
+    for (int i = 0; i < 8; ++i) {
+      const float* bias = p.ape + (i & 3) * p.ape_stride + (i >= 4 ? Dim : 0) + d + e;
+      v[i] = e == 0 ? r.v[i].x : r.v[i].y;
+      l[i] = i < kFirstValid ? 0.f : ukv_add_rn(e == 0 ? r.l[i].x : r.l[i].y, *bias);
+    }
+    pool_block<kFirstValid>(l, v, bm[0], bs[0], ba[0]);
     out[e] = combine_blocks(bm, bs, ba);
   }
-  return make_float4(out[0], out[1], out[2], out[3]);
+  return make_float2(out[0], out[1]);
+}
+
+// A warp's pooling of one ratio-4 group into `pooled`, lane l channels
+// 2l, 2l + 1 of each 64-channel step, the next step's loads issued before
+// this step's math so that a warp keeps its loads in flight while it pools.
+template <int Dim, typename In, int kFirstValid>
+__device__ __forceinline__ void pool_group_warp(const ukv_compress_params& p, const void* const* rows,
+                                                const int* input, float* pooled) {
+  constexpr int kStep = 2 * UKV_WARP, kSteps = Dim / kStep;
+  static_assert(Dim % kStep == 0, "whole steps");
+  const int d0 = 2 * ((int)threadIdx.x % UKV_WARP);
+  PairRows cur;
+  load_pairs<Dim, In, kFirstValid>(rows, input, d0, cur);
+#pragma unroll 1
+  for (int step = 0; step < kSteps; ++step) {
+    const int d = d0 + step * kStep;
+    // The last step reloads its own channels (in bounds; no branch).
+    PairRows next;
+    load_pairs<Dim, In, kFirstValid>(rows, input, step + 1 < kSteps ? d + kStep : d, next);
+    *reinterpret_cast<float2*>(&pooled[d]) = pool_pairs<Dim, kFirstValid>(p, cur, d);
+    cur = next;
+  }
 }
 
 // Ratio 4 prefill: a block per kSpan tokens, a warp per closing token (the
 // block's closing tokens dealt to its warps in turn). A group is 8 candidate
-// rows of at most 4 KB of values and scores: a warp pools it in steps of 128
-// channels, each lane 4 channels with 16-byte loads, and finishes it itself
-// (finish_group_warp), so 8 groups are in flight per block instead of one
-// per 256-thread block, each with one load wave per step. The pooling of a
-// channel is pool_channel's, operation for operation.
+// rows of at most 4 KB of values and scores: a warp pools it in 64-channel
+// steps (pool_group_warp) and finishes it itself (finish_group_warp), so 8
+// groups are in flight per block instead of one per 256-thread block. The
+// pooling of a channel is pool_channel's, operation for operation.
 constexpr int kSpan = UKV_WARP;
 template <int Dim, typename In>
 __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compress_params p) {
   constexpr int kRatio = 4, kWindow = 8, kValues = 2 * Dim, kRow = 2 * kValues;
-  constexpr int kWarps = kThreads / UKV_WARP, kStep = 4 * UKV_WARP;
-  static_assert(Dim % kStep == 0, "whole 128-channel steps");
+  constexpr int kWarps = kThreads / UKV_WARP;
   __shared__ __align__(16) float pooled[kWarps][Dim];
   __shared__ const void* rows[kWarps][kWindow];
   __shared__ int input[kWarps][kWindow];
@@ -540,11 +572,10 @@ __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compr
     prefetch_epilogue(p, first);
     window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows[warp], input[warp], lane, UKV_WARP);
     ukv_syncwarp();
-#pragma unroll 1
-    for (int d = 4 * lane; d < Dim; d += kStep) {
-      const float4 out = start < 0 ? pool_quad<Dim, In, 4>(p, rows[warp], input[warp], d)
-                                   : pool_quad<Dim, In, 0>(p, rows[warp], input[warp], d);
-      *reinterpret_cast<float4*>(&pooled[warp][d]) = out;
+    if (start < 0) {
+      pool_group_warp<Dim, In, 4>(p, rows[warp], input[warp], pooled[warp]);
+    } else {
+      pool_group_warp<Dim, In, 0>(p, rows[warp], input[warp], pooled[warp]);
     }
     ukv_syncwarp();
     finish_group_warp(p, pooled[warp], first, loc);
