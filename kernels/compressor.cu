@@ -37,13 +37,21 @@ constexpr int kThreads = 256;
 // Candidates per pooling block (src/compressor.rs POOL_BLOCK).
 constexpr int kBlock = 8;
 
-// src/compressor.rs exp_f32, operation for operation, without its early
-// return: a branch per exp kept the pooling's exps from overlapping. Below
-// -86 (or NaN) the result is masked to +0; the clamp keeps the exponent
-// arithmetic in range there and changes no live x.
+// src/compressor.rs exp_f32, operation for operation. kBranchFree: without
+// its early return, the result masked to +0 below -86 (or NaN) and x clamped
+// so that the exponent arithmetic stays in range there (no live x changes):
+// a branch per exp kept a ratio-4 channel's exps from overlapping. The
+// ratio-128 cluster kernel, bound by its instruction count, keeps the branch
+// (bench/notes/v35.md).
+template <bool kBranchFree>
 __device__ __forceinline__ float pool_exp(float x) {
   const bool live = x > -86.0f;
-  x = fmaxf(fminf(x, 88.0f), -87.0f);
+  if constexpr (!kBranchFree) {
+    if (!live) return 0.0f;
+    x = fminf(x, 88.0f);
+  } else {
+    x = fmaxf(fminf(x, 88.0f), -87.0f);
+  }
   const float k = rintf(ukv_mul_rn(x, ukv_fp8_bits_float(0x3FB8AA3Bu)));
   const float r = ukv_sub_rn(ukv_sub_rn(x, ukv_mul_rn(k, ukv_fp8_bits_float(0x3F317200u))),
                              ukv_mul_rn(k, ukv_fp8_bits_float(0x35BFBE8Eu)));
@@ -55,16 +63,25 @@ __device__ __forceinline__ float pool_exp(float x) {
   q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
   q = ukv_add_rn(ukv_mul_rn(q, r), 1.0f);
   const float e = ukv_mul_rn(q, ukv_fp8_bits_float((uint32_t)((int)k + 127) << 23));
+  if constexpr (!kBranchFree) return e;
   // A mask, not a select: the compiler turns `live ? e : 0` back into a branch.
   return ukv_fp8_bits_float(__float_as_uint(e) & (0u - (uint32_t)live));
 }
 
-// Raw rows (the call's kv_score, the ring rows a group reads) are not
-// written while a kernel reads them: read-only global loads, also where
-// the row pointer came through shared memory (a generic load otherwise).
-__device__ __forceinline__ float raw_value(const float* row, int64_t i) { return __ldg(row + i); }
+// Raw rows (the call's kv_score, the ring rows) are global memory, also
+// where the row pointer came through shared memory: said so, the loads are
+// global loads, not generic ones. Not the read-only path (`__ldg`): it made
+// the ratio-128 decode 1.4-3.5 us slower (bench/notes/v35.md).
+template <typename T>
+__device__ __forceinline__ const T* global_row(const T* row) {
+#if !defined(__HIPCC__)
+  __builtin_assume(__isGlobal(row));
+#endif
+  return row;
+}
+__device__ __forceinline__ float raw_value(const float* row, int64_t i) { return global_row(row)[i]; }
 __device__ __forceinline__ float raw_value(const ukv_bf16* row, int64_t i) {
-  return ukv_fp8_bits_float((uint32_t)__ldg(reinterpret_cast<const unsigned short*>(row) + i) << 16);
+  return ukv_fp8_bits_float((uint32_t)reinterpret_cast<const unsigned short*>(global_row(row))[i] << 16);
 }
 
 // Element i of a window row: a caller row of type In, or a ring row (f32).
@@ -75,10 +92,10 @@ __device__ __forceinline__ float raw_at(const void* row, int input, int64_t i) {
 
 // Four consecutive values of a raw row (16-byte aligned f32, 8-byte bf16).
 __device__ __forceinline__ float4 load_quad(const float* row, int64_t i) {
-  return __ldg(reinterpret_cast<const float4*>(row) + i);
+  return reinterpret_cast<const float4*>(global_row(row))[i];
 }
 __device__ __forceinline__ float4 load_quad(const ukv_bf16* row, int64_t i) {
-  const uint2 v = __ldg(reinterpret_cast<const uint2*>(row) + i);
+  const uint2 v = reinterpret_cast<const uint2*>(global_row(row))[i];
   return make_float4(ukv_fp8_bits_float(v.x << 16), ukv_fp8_bits_float(v.x & 0xFFFF0000u),
                      ukv_fp8_bits_float(v.y << 16), ukv_fp8_bits_float(v.y & 0xFFFF0000u));
 }
@@ -122,7 +139,7 @@ __device__ __forceinline__ bool closes_group(const ukv_compress_params& p, int r
 // the block's max m (over candidates from kFirstValid on; never all
 // masked), the sum s of exp(l - m) and the weighted sum a. The mask is a
 // compile-time count (a runtime one put a branch around every candidate).
-template <int kFirstValid>
+template <int kFirstValid, bool kBranchFree = true>
 __device__ __forceinline__ void pool_block(const float (&l)[kBlock], const float (&v)[kBlock], float& m, float& s,
                                            float& a) {
   // Compile-time indices with a predicate keep l and v in registers.
@@ -138,14 +155,14 @@ __device__ __forceinline__ void pool_block(const float (&l)[kBlock], const float
 #pragma unroll
   for (int j = 0; j < kBlock; ++j) {
     if (j < kFirstValid) continue;
-    const float e = pool_exp(ukv_sub_rn(l[j], m));
+    const float e = pool_exp<kBranchFree>(ukv_sub_rn(l[j], m));
     s = ukv_add_rn(s, e);
     a = ukv_add_rn(a, ukv_mul_rn(e, v[j]));
   }
 }
 
 // The blocks' partial results combined in block order (pool_group).
-template <int kBlocks>
+template <bool kBranchFree = true, int kBlocks>
 __device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], const float (&bs)[kBlocks],
                                                 const float (&ba)[kBlocks]) {
   float big = bm[0];
@@ -154,7 +171,7 @@ __device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], cons
   float s = 0.f, a = 0.f;
 #pragma unroll
   for (int k = 0; k < kBlocks; ++k) {
-    const float e = pool_exp(ukv_sub_rn(bm[k], big));
+    const float e = pool_exp<kBranchFree>(ukv_sub_rn(bm[k], big));
     s = ukv_add_rn(s, ukv_mul_rn(bs[k], e));
     a = ukv_add_rn(a, ukv_mul_rn(ba[k], e));
   }
@@ -460,10 +477,10 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
 
 // Two consecutive values of a raw row (8-byte aligned f32, 4-byte bf16).
 __device__ __forceinline__ float2 load_pair(const float* row, int64_t i) {
-  return __ldg(reinterpret_cast<const float2*>(row) + i);
+  return reinterpret_cast<const float2*>(global_row(row))[i];
 }
 __device__ __forceinline__ float2 load_pair(const ukv_bf16* row, int64_t i) {
-  const uint32_t v = __ldg(reinterpret_cast<const unsigned int*>(row) + i);
+  const uint32_t v = reinterpret_cast<const unsigned int*>(global_row(row))[i];
   return make_float2(ukv_fp8_bits_float(v << 16), ukv_fp8_bits_float(v & 0xFFFF0000u));
 }
 
@@ -689,14 +706,14 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
 #pragma unroll
     for (int k = 0; k < kBlocksPer; ++k) {
       const int blk = quarter * kBlocksPer + k;
-      pool_block<0>(l[k], v[k], part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
+      pool_block<0, false>(l[k], v[k], part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
     }
     __syncthreads();
     if (threadIdx.x < kSliceDims) {
       float bm[kBlocks], bs[kBlocks], ba[kBlocks];
 #pragma unroll
       for (int k = 0; k < kBlocks; ++k) bm[k] = part[0][k][ch], bs[k] = part[1][k][ch], ba[k] = part[2][k][ch];
-      pooled[d] = combine_blocks(bm, bs, ba);
+      pooled[d] = combine_blocks<false>(bm, bs, ba);
     }
     ukv_cluster_sync();  // every block's slice pooled
     if (rank == 0) {
