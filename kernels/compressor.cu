@@ -40,9 +40,10 @@ constexpr int kBlock = 8;
 // src/compressor.rs exp_f32, operation for operation. kBranchFree: without
 // its early return, the result masked to +0 below -86 (or NaN) and x clamped
 // so that the exponent arithmetic stays in range there (no live x changes):
-// a branch per exp kept a ratio-4 channel's exps from overlapping. The
-// ratio-128 cluster kernel, bound by its instruction count, keeps the branch
-// (bench/notes/v35.md).
+// a branch per exp kept a ratio-4 prefill channel's exps from overlapping.
+// Where the instruction count sets the time (the ratio-128 cluster kernel,
+// the latent decode) the branch stays: it is rarely divergent and the clamp
+// and mask cost 3 instructions per exp (bench/notes/v35.md).
 template <bool kBranchFree>
 __device__ __forceinline__ float pool_exp(float x) {
   const bool live = x > -86.0f;
@@ -180,7 +181,7 @@ __device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], cons
 
 // One channel's pooled value (src/compressor.rs pool_channel / pool_group):
 // window row i's candidate, masked below kFirstValid (ratio 4, group 0: 4).
-template <int Ratio, int Dim, typename In, int kFirstValid>
+template <int Ratio, int Dim, typename In, int kFirstValid, bool kBranchFree>
 __device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, const float* ape,
                                               int64_t ape_stride, int d) {
   constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
@@ -210,9 +211,9 @@ __device__ __forceinline__ float pool_channel(const void* const* rows, const int
       v[j] = raw_at<In>(rows[i], input[i], ch);
       l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), ape[bias]);
     }
-    pool_block<kFirstValid>(l, v, bm[k], bs[k], ba[k]);
+    pool_block<kFirstValid, kBranchFree>(l, v, bm[k], bs[k], ba[k]);
   }
-  return combine_blocks(bm, bs, ba);
+  return combine_blocks<kBranchFree>(bm, bs, ba);
 }
 
 // The norm weight of dim d.
@@ -443,11 +444,15 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
     const int first_valid = start < 0 ? (int)-start : 0;
     // A thread's two channels (ratio 128) one after the other: side by side,
     // their 256 loads would not stay in registers.
+    // Measured (bench/notes/v35.md): the branch-free exps made the ratio-4
+    // latent decode 0.2-0.4 us slower and the indexer decode 0.1 us faster.
+    constexpr bool kBranchFree = Dim == 128;
     const auto pool = [&](int d) {
       if constexpr (Ratio == 4) {
-        if (first_valid != 0) return pool_channel<Ratio, Dim, In, 4>(rows, input, p.ape, p.ape_stride, d);
+        if (first_valid != 0)
+          return pool_channel<Ratio, Dim, In, 4, kBranchFree>(rows, input, p.ape, p.ape_stride, d);
       }
-      return pool_channel<Ratio, Dim, In, 0>(rows, input, p.ape, p.ape_stride, d);
+      return pool_channel<Ratio, Dim, In, 0, kBranchFree>(rows, input, p.ape, p.ape_stride, d);
     };
     const int d0 = threadIdx.x, d1 = threadIdx.x + kT;
     float out0 = 0.f, out1 = 0.f;
