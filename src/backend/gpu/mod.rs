@@ -4,6 +4,7 @@
 //! Device-resident values are not read here: in validate mode the context
 //! wraps this backend in `backend::validating::Validating`.
 
+mod compressor;
 #[cfg(feature = "devtools")]
 pub mod devtools;
 pub(crate) mod shim;
@@ -20,7 +21,7 @@ use crate::args::attention::{
     PlannedLaunch,
 };
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
-use crate::args::compressor::{CompressArgs, CompressMode, CompressTarget, NormWeight, StateView};
+use crate::args::compressor::{CompressArgs, StateView};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
@@ -897,18 +898,7 @@ impl Backend for GpuBackend {
     }
 
     fn clear_state(&self, state: &StateView, slot: Option<usize>, stream: Stream) -> Result<()> {
-        let g = &state.geometry;
-        let (first, rows) = match slot {
-            Some(s) => (s * g.ring, g.ring),
-            None => (0, g.slots * g.ring),
-        };
-        let p = shim::CompressClearParams {
-            // SAFETY: the rows lie inside the state (first + rows <= slots * ring).
-            rows: unsafe { state.data.add(first * g.row_floats()) },
-            num_rows: rows as i64,
-            row_floats: i32_of("row_floats", g.row_floats())?,
-            reserved: 0,
-        };
+        let p = compressor::clear_params(state, slot)?;
         // SAFETY: device memory of the pool's state.
         self.check(
             unsafe { shim::unikv_gpu_compress_clear(self.device, &p, stream.0) },
@@ -917,91 +907,7 @@ impl Backend for GpuBackend {
     }
 
     fn compress(&self, a: &CompressArgs, stream: Stream) -> Result<()> {
-        let g = &a.state.geometry;
-        let empty = shim::PoolRows {
-            data: std::ptr::null_mut(),
-            rope: std::ptr::null_mut(),
-            fp8: 0,
-            fp8_format: 0,
-        };
-        let (target, pool, swa_rows, cache, bytes_per_page, page_size, format) = match &a.target {
-            CompressTarget::Pool { rows, swa_rows, .. } => (
-                0,
-                pool_rows(rows).0,
-                *swa_rows as i64,
-                std::ptr::null_mut(),
-                0,
-                1,
-                0,
-            ),
-            CompressTarget::FlashMla {
-                geometry,
-                cache,
-                page_size,
-            } => (
-                1,
-                empty,
-                0,
-                cache.as_ptr(),
-                geometry.bytes_per_page() as i64,
-                *page_size,
-                format_code(geometry.format()),
-            ),
-            CompressTarget::Indexer {
-                geometry,
-                cache,
-                page_size,
-            } => (
-                2,
-                empty,
-                0,
-                cache.as_ptr(),
-                geometry.bytes_per_page() as i64,
-                *page_size,
-                format_code(geometry.format()),
-            ),
-        };
-        debug_assert!(page_size.is_power_of_two());
-        let (norm_weight, weight_f32) = match &a.norm_weight {
-            NormWeight::Bf16(w) => (w.as_ptr() as *const c_void, 0),
-            NormWeight::F32(w) => (w.as_ptr() as *const c_void, 1),
-        };
-        let p = shim::CompressParams {
-            kv_score: a.kv_score.as_ptr() as *const c_void,
-            ape: a.ape.as_ptr(),
-            norm_weight,
-            rope_table: a.rope_table.as_ptr(),
-            batch_id: a.batch_id.as_ptr(),
-            req_slots: a.req_slots.as_ptr(),
-            positions: a.positions.as_ptr() as *const c_void,
-            loc: a.loc.as_ptr() as *const c_void,
-            state: a.state.data,
-            cache,
-            pool,
-            kv_stride: a.kv_score.row_stride() as i64,
-            ape_stride: a.ape.strides[0] as i64,
-            table_stride: a.rope_table.strides[0] as i64,
-            max_pos: a.rope_table.shape[0] as i64,
-            capacity: a.target.capacity() as i64,
-            swa_rows,
-            bytes_per_page,
-            page_shift: page_size.trailing_zeros() as i32,
-            num_tokens: i32_of("num_tokens", a.num_tokens)?,
-            num_requests: a.req_slots.shape[0].min(i32::MAX as usize) as i32,
-            num_slots: i32_of("num_slots", g.slots)?,
-            ring: i32_of("ring", g.ring)?,
-            ratio: i32_of("ratio", g.ratio.value())?,
-            dim: i32_of("dim", g.dim())?,
-            target,
-            prefill: i32::from(a.mode == CompressMode::Prefill),
-            kv_f32: i32::from(a.kv_score.is_f32()),
-            weight_f32,
-            positions_i64: i32::from(a.positions.is_i64()),
-            loc_i64: i32::from(a.loc.is_i64()),
-            format,
-            eps: a.eps,
-            reserved: 0,
-        };
+        let p = compressor::params(a)?;
         // SAFETY: views validated by `ops::compressor`; device memory by contract.
         self.check(
             unsafe { shim::unikv_gpu_compress(self.device, &p, stream.0) },
