@@ -31,10 +31,10 @@ struct WgSmem {
   static constexpr size_t kX = kP + (size_t)kHb * kBK * 2;         // f32 [16][threads]: S partial exchange
   static constexpr size_t kXm = kX + (size_t)16 * kThreads * 4;    // f32 [2][threads]: row max / sum exchange
   static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
-  // u64 mbarriers [3][stages]: TileLoads' (bf16 pools: unused, the gather is
-  // cp.async), then the FP8 producer pipeline's ready and empty.
+  // u64 mbarriers [4][stages]: TileLoads' (bf16 pools: unused, the gather is
+  // cp.async), then the FP8 producer pipeline's ready, empty and (pairs) landed.
   static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;
-  static constexpr size_t kBytes = kBar + 3 * kStages * 8;
+  static constexpr size_t kBytes = kBar + 4 * kStages * 8;
   // Typed views of the carve-outs.
   __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
   __device__ __forceinline__ static float* exchange(char* smem) { return smem_at<float>(smem, kX); }
@@ -79,25 +79,36 @@ enum WgBarrier : int {
 // blocks, and each converts only half of every tile (keys 32 r .. 32 r + 31 in
 // the block of rank r, 4 per producer warp) and also stores its bf16 rows into
 // the peer's stage, so every row is gathered and converted once per token
-// instead of once per head block. Both blocks' producers arrive on each
-// block's `ready` (512 arrivals) and both blocks' consumers on each block's
-// `empty` (512), so a producer refills a stage only when the peer's consumers
-// are done with it too.
+// instead of once per head block. Those stores are st.async, completing their
+// bytes on the peer's `landed` barrier (one arrival a tile: the peer's own
+// producer announcing the bytes), so neither block makes a cluster-scope fence
+// or acquire per tile (the per-thread release.cluster arrivals and
+// acquire.cluster waits before cost a quarter of the pair's samples,
+// bench/notes/v32.md 32b). `empty` also takes one arrival per consumer
+// warpgroup of the peer: a producer refills a stage only when the peer's
+// consumers are done with it too, because its rows also go into the peer's
+// stage.
 template <bool kPair>
 struct WgProducer {
   static constexpr int kStages = WgSmem::kStages;
   static constexpr int kKeysPerWarp = kPair ? kBK / (2 * kWgProducerWarps) : kBK / kWgProducerWarps;
   static constexpr int kProducerThreads = kWgProducerWarps * UKV_WARP;
-  static constexpr int kReadyArrivals = kPair ? 2 * kProducerThreads : kProducerThreads;
-  static constexpr int kEmptyArrivals = kPair ? 2 * kThreads : kThreads;
+  static constexpr int kEmptyArrivals = kPair ? kThreads + kThreads / 128 : kThreads;
+  // kPair: what the peer stores into a stage per tile (its half of the rows
+  // and of `valid`).
+  static constexpr uint32_t kLandedBytes = kBK / 2 * (kD * 2 + 4);
   char* stages;
   int* valid;  // int [kStages][64]: what each key row holds
-  uint64_t* ready;
-  uint64_t* empty;
+  // mbarriers [3][kStages]: ready, empty and (kPair) landed, the peer's half
+  // of a stage; one pointer, so the producers (at 48 registers) hold one.
+  uint64_t* bars;
   int tile_begin, tile_end;
   int rank;  // kPair: this block's rank in the pair
 
   __device__ __forceinline__ char* tile(int stage) const { return stages + (size_t)stage * AtomTile::kTileBytes; }
+  __device__ __forceinline__ uint64_t* ready(int stage) const { return bars + stage; }
+  __device__ __forceinline__ uint64_t* empty(int stage) const { return bars + kStages + stage; }
+  __device__ __forceinline__ uint64_t* landed(int stage) const { return bars + 2 * kStages + stage; }
   static __device__ __forceinline__ uint32_t parity(int i) { return (uint32_t)(i / kStages) & 1u; }
   // The tile key a producer warp's k-th key is.
   __device__ __forceinline__ int key_of(int warp, int k) const {
@@ -109,8 +120,9 @@ struct WgProducer {
   __device__ __forceinline__ void init() const {
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        ukv_mbar_init(&ready[s], kReadyArrivals);
-        ukv_mbar_init(&empty[s], kEmptyArrivals);
+        ukv_mbar_init(ready(s), kProducerThreads);
+        ukv_mbar_init(empty(s), kEmptyArrivals);
+        if constexpr (kPair) ukv_mbar_init(landed(s), 1);
       }
       ukv_mbar_init_fence();
     }
@@ -119,19 +131,22 @@ struct WgProducer {
   // Consumers: waits until tile i's stage holds bf16 rows; returns the stage.
   __device__ __forceinline__ int acquire(int i) const {
     const int stage = i % kStages;
+    ukv_mbar_wait(ready(stage), parity(i));
     if constexpr (kPair) {
-      ukv_mbar_wait_cluster(&ready[stage], parity(i));
-      ukv_fence_async_cluster();  // the peer's rows, written through the generic proxy, before wgmma reads them
-    } else {
-      ukv_mbar_wait(&ready[stage], parity(i));
+      ukv_mbar_wait(landed(stage), parity(i));
+      ukv_fence_async_shared();  // the peer's rows, stored through the generic proxy, before wgmma reads them
     }
     return stage;
   }
 
-  // Consumers: this thread's PV has read `stage`.
+  // Consumers, after their PV of `stage`: every thread arrives on this
+  // block's barrier (so compute-sanitizer sees each thread's reads of `valid`
+  // ordered before the producers rewrite it), and kPair one thread per
+  // warpgroup on the peer's (its PV wait covers the warpgroup's MMA, and every
+  // consumer read `valid` before the P barrier).
   __device__ __forceinline__ void release(int stage) const {
-    ukv_mbar_arrive(&empty[stage]);
-    if constexpr (kPair) ukv_mbar_arrive_cluster(&empty[stage], rank ^ 1);
+    ukv_mbar_arrive(empty(stage));
+    if constexpr (kPair) ukv_mbar_arrive_cluster_if(empty(stage), rank ^ 1, threadIdx.x % 128 == 64);
   }
 
   // Warp `warp` copies its keys of a tile into `stage` (`pk`: lane l <
@@ -176,7 +191,8 @@ struct WgProducer {
     if (sub == 0) {
       int* v = valid + stage * kBK + key;
       *v = kind;
-      if constexpr (kPair) ukv_st_cluster4(ukv_cluster_smem_addr(v, rank ^ 1), (uint32_t)kind);
+      if constexpr (kPair)
+        ukv_st_async4(ukv_cluster_smem_addr(v, rank ^ 1), (uint32_t)kind, ukv_cluster_smem_addr(landed(stage), rank ^ 1));
     }
     // Chunk c = sub + kLanesPerKey i lies in atom column (kLanesPerKey i) / 8
     // at column sub + (kLanesPerKey i) % 8, that XOR the row's swizzle: two
@@ -214,13 +230,20 @@ struct WgProducer {
   // peer's stage (each lane chunks l and 32 + l of every row).
   __device__ __forceinline__ void share(int stage, int warp, int lane) const {
     const char* src = tile(stage);
+    const uint32_t bar = ukv_cluster_smem_addr(landed(stage), rank ^ 1);
 #pragma unroll 4
     for (int k = 0; k < kKeysPerWarp; ++k)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const char* chunk = src + AtomTile::at(key_of(warp, k), h * UKV_WARP + lane);
-        ukv_st_cluster16(ukv_cluster_smem_addr(chunk, rank ^ 1), *reinterpret_cast<const uint4*>(chunk));
+        ukv_st_async16(ukv_cluster_smem_addr(chunk, rank ^ 1), *reinterpret_cast<const uint4*>(chunk), bar);
       }
+  }
+
+  // kPair: one producer thread announces the peer's bytes of tile i (issued
+  // once the stage's tile before was released, so the phase is tile i's).
+  __device__ __forceinline__ void expect_peer(int stage, int warp, int lane) const {
+    if (kPair && warp == 0 && lane == 0) ukv_mbar_arrive_expect(landed(stage), kLandedBytes);
   }
 
   // The producer warpgroup's whole share of the block. Both stages are filled
@@ -239,8 +262,14 @@ struct WgProducer {
     const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
     const int n = tile_end - tile_begin;
     const PendingKey first = fetch(tile_begin), second = fetch(tile_begin + 1);
-    if (n > 0) issue(p, first, 0, warp, lane);
-    if (n > 1) issue(p, second, 1, warp, lane);
+    if (n > 0) {
+      issue(p, first, 0, warp, lane);
+      expect_peer(0, warp, lane);
+    }
+    if (n > 1) {
+      issue(p, second, 1, warp, lane);
+      expect_peer(1, warp, lane);
+    }
     PendingKey next = fetch(tile_begin + 2);
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
@@ -256,20 +285,13 @@ struct WgProducer {
       if constexpr (kPair) {
         ukv_syncwarp();  // the converted rows, written per lane, before the warp copies them out
         share(stage, warp, lane);
-        ukv_fence_async_cluster();  // generic writes (here and in the peer) before wgmma reads them
-        ukv_mbar_arrive(&ready[stage]);
-        ukv_mbar_arrive_cluster(&ready[stage], rank ^ 1);
-      } else {
-        ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
-        ukv_mbar_arrive(&ready[stage]);
       }
+      ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
+      ukv_mbar_arrive(ready(stage));
       if (i >= 1 && i + 1 < n) {
-        if constexpr (kPair) {
-          ukv_mbar_wait_cluster(&empty[(i - 1) % kStages], parity(i - 1));
-        } else {
-          ukv_mbar_wait(&empty[(i - 1) % kStages], parity(i - 1));
-        }
+        ukv_mbar_wait(empty((i - 1) % kStages), parity(i - 1));
         issue(p, next, (i + 1) % kStages, warp, lane);
+        expect_peer((i + 1) % kStages, warp, lane);
         next = fetch(tile_begin + i + 2);
       }
     }
@@ -318,7 +340,6 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   const WgProducer<kPair> producer{smem + WgSmem::kK,
                                    valid_s,
                                    bars + WgSmem::kStages,
-                                   bars + 2 * WgSmem::kStages,
                                    tile_begin,
                                    tile_end,
                                    kPair ? ukv_cluster_rank() : 0};

@@ -72,43 +72,44 @@ __device__ __forceinline__ int ukv_cluster_rank() {
 #endif
   return (int)r;
 }
-// 16 bytes to a shared::cluster address (ukv_cluster_smem_addr).
-__device__ __forceinline__ void ukv_st_cluster16(uint32_t addr, uint4 v) {
+// st.async: 16 (or 4) bytes into the shared memory of another block of the
+// cluster (addresses from ukv_cluster_smem_addr), completing their bytes on
+// that block's mbarrier at `remote_bar`. The completion releases the store at
+// cluster scope, so the receiving block's plain wait on its own barrier sees
+// it: no cluster-scope fence or acquire on either side.
+__device__ __forceinline__ void ukv_st_async16(uint32_t addr, uint4 v, uint32_t remote_bar) {
 #if defined(UKV_HAS_BULK_COPY)
-  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                   addr),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
                : "memory");
 #else
   (void)addr;
   (void)v;
+  (void)remote_bar;
 #endif
 }
-__device__ __forceinline__ void ukv_st_cluster4(uint32_t addr, uint32_t v) {
+__device__ __forceinline__ void ukv_st_async4(uint32_t addr, uint32_t v, uint32_t remote_bar) {
 #if defined(UKV_HAS_BULK_COPY)
-  asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr), "r"(v),
+               "r"(remote_bar)
+               : "memory");
 #else
   (void)addr;
   (void)v;
+  (void)remote_bar;
 #endif
 }
-// One arrival on the mbarrier at `bar`'s offset in block `rank` of the
-// cluster, releasing this thread's earlier writes (its stores into that
-// block's shared memory included) at cluster scope.
-__device__ __forceinline__ void ukv_mbar_arrive_cluster(uint64_t* bar, int rank) {
-#if defined(UKV_HAS_BULK_COPY)
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ukv_cluster_smem_addr(bar, rank))
-               : "memory");
-#endif
-}
-// ukv_mbar_wait with acquire at cluster scope: what other blocks' threads
-// wrote before their arrivals (ukv_mbar_arrive_cluster) is visible after it.
-__device__ __forceinline__ void ukv_mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+// One arrival, by the threads with `arrive` set, on the mbarrier at `bar`'s
+// offset in block `rank` of the cluster, releasing this thread's earlier
+// accesses at cluster scope. A predicated instruction rather than a branch: a
+// branch around it in a loop holding accumulators made ptxas spill them.
+__device__ __forceinline__ void ukv_mbar_arrive_cluster_if(uint64_t* bar, int rank, bool arrive) {
 #if defined(UKV_HAS_BULK_COPY)
   asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1, %2;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(ukv_smem_addr(bar)),
-      "r"(parity), "r"(10000000u)
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n}\n" ::"r"(ukv_cluster_smem_addr(bar, rank)),
+      "r"((uint32_t)arrive)
       : "memory");
 #endif
 }

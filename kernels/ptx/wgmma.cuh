@@ -66,13 +66,6 @@ __device__ __forceinline__ void ukv_fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
-// The same for generic writes into other blocks' shared memory of the cluster
-// (and their reads there by wgmma).
-__device__ __forceinline__ void ukv_fence_async_cluster() {
-#if defined(UKV_HAS_BULK_COPY)
-  asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
-#endif
-}
 // Keeps the compiler from moving accumulator accesses across an in-flight wgmma.
 template <int N>
 __device__ __forceinline__ void ukv_wgmma_fence_regs(float (&d)[N]) {
