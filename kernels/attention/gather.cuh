@@ -147,8 +147,12 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 // every lane reads its chunks before any lane writes (the bf16 chunks
 // overwrite raw ones), and one warp vote picks the branch-free path for the
 // whole round.
-template <int kRows, int kJobChunks>
-__device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
+// kShare (the 128-head pair): each converted chunk also goes by st.async to
+// the same place in the peer block's tile, `peer_delta` bytes away in the
+// shared::cluster window, completing on the peer's barrier `peer_bar`.
+template <int kRows, int kJobChunks, bool kShare = false>
+__device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0,
+                                                uint32_t peer_delta = 0, uint32_t peer_bar = 0) {
   constexpr int kCodeChunks = 28, kScaleChunk = 28;
   constexpr int kJobsPerRow = kCodeChunks / kJobChunks;
   static_assert(4 % kJobChunks == 0, "a job stays inside one 64-code block");
@@ -178,14 +182,22 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   for (int q = 0; q < kJobChunks; ++q) {
     char* lo = chunk(2 * (first + q));
     char* hi = chunk(2 * (first + q) + 1);
+    uint4 a, b;
     if (all_fast) {
-      uint4 a, b;
       dequantize_fast16(raw[q], s, a, b);
       *reinterpret_cast<uint4*>(lo) = a;
       *reinterpret_cast<uint4*>(hi) = b;
     } else {
       dequantize_piece(make_uint2(raw[q].x, raw[q].y), s, fmt, lo);
       dequantize_piece(make_uint2(raw[q].z, raw[q].w), s, fmt, hi);
+      if constexpr (kShare) {
+        a = *reinterpret_cast<const uint4*>(lo);  // this thread's own stores
+        b = *reinterpret_cast<const uint4*>(hi);
+      }
+    }
+    if constexpr (kShare) {
+      ukv_st_async16(ukv_smem_addr(lo) + peer_delta, a, peer_bar);
+      ukv_st_async16(ukv_smem_addr(hi) + peer_delta, b, peer_bar);
     }
   }
 }

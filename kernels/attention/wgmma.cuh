@@ -226,18 +226,29 @@ struct WgProducer {
     ukv_cp_async_commit();
   }
 
-  // kPair: the warp's converted rows of `stage` into the same place of the
-  // peer's stage (each lane chunks l and 32 + l of every row).
-  __device__ __forceinline__ void share(int stage, int warp, int lane) const {
+  // kPair: what the conversion (dequantize_jobs<.., true>) did not already
+  // store into the same place of the peer's stage: the rope chunks 56..63 of
+  // the warp's FP8 rows (lane l: key l / 8, chunk 56 + l % 8) and every chunk
+  // of its other rows (bf16, or zero-filled), lane l chunks l and 32 + l.
+  __device__ __forceinline__ void share(int stage, int warp, int lane, uint32_t peer_delta, uint32_t bar) const {
+    static_assert(kKeysPerWarp * 8 == UKV_WARP, "one rope chunk per lane");
     const char* src = tile(stage);
-    const uint32_t bar = ukv_cluster_smem_addr(landed(stage), rank ^ 1);
-#pragma unroll 4
-    for (int k = 0; k < kKeysPerWarp; ++k)
+    const int* kinds = valid + stage * kBK;
+    const int mine = key_of(warp, lane / 8);
+    if (kinds[mine] == kRowFp8 || kinds[mine] == kRowFlashMla) {
+      const char* chunk = src + AtomTile::at(mine, kFp8RopeChunk + lane % 8);
+      ukv_st_async16(ukv_smem_addr(chunk) + peer_delta, *reinterpret_cast<const uint4*>(chunk), bar);
+    }
+#pragma unroll 1
+    for (int k = 0; k < kKeysPerWarp; ++k) {
+      const int key = key_of(warp, k);
+      if (kinds[key] == kRowFp8 || kinds[key] == kRowFlashMla) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const char* chunk = src + AtomTile::at(key_of(warp, k), h * UKV_WARP + lane);
-        ukv_st_async16(ukv_cluster_smem_addr(chunk, rank ^ 1), *reinterpret_cast<const uint4*>(chunk), bar);
+        const char* chunk = src + AtomTile::at(key, h * UKV_WARP + lane);
+        ukv_st_async16(ukv_smem_addr(chunk) + peer_delta, *reinterpret_cast<const uint4*>(chunk), bar);
       }
+    }
   }
 
   // kPair: one producer thread announces the peer's bytes of tile i (issued
@@ -251,10 +262,9 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair's
-    // producers, which also copy rows to the peer, keep one-row rounds of
-    // one-chunk jobs: both the most that stays unspilled at 48 registers.
-    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
+    // Rounds of two rows in jobs of two chunks (32 codes) per lane (at 48
+    // registers the pair spills 40 bytes, a few reloads per tile).
+    constexpr int kRoundRows = 2, kJobChunks = 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -271,6 +281,9 @@ struct WgProducer {
       expect_peer(1, warp, lane);
     }
     PendingKey next = fetch(tile_begin + 2);
+    // kPair: how far the peer's copy of a shared-memory byte lies from it in
+    // the shared::cluster window (the same offset in the peer block).
+    const uint32_t peer_delta = kPair ? ukv_cluster_smem_addr(stages, rank ^ 1) - ukv_smem_addr(stages) : 0u;
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       if (i == 0 && n > 1) {
@@ -279,13 +292,12 @@ struct WgProducer {
         ukv_cp_async_wait<0>();
       }
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
+      const uint32_t peer_bar = kPair ? ukv_cluster_smem_addr(landed(stage), rank ^ 1) : 0u;
 #pragma unroll 1
       for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_jobs<kRoundRows, kJobChunks>(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
-      if constexpr (kPair) {
-        ukv_syncwarp();  // the converted rows, written per lane, before the warp copies them out
-        share(stage, warp, lane);
-      }
+        dequantize_jobs<kRoundRows, kJobChunks, kPair>(tile(stage), valid + stage * kBK, fmt,
+                                                       key_of(warp, round * kRoundRows), peer_delta, peer_bar);
+      if constexpr (kPair) share(stage, warp, lane, peer_delta, peer_bar);
       ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
       ukv_mbar_arrive(ready(stage));
       if (i >= 1 && i + 1 < n) {

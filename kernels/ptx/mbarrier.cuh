@@ -100,15 +100,18 @@ __device__ __forceinline__ void ukv_st_async4(uint32_t addr, uint32_t v, uint32_
   (void)remote_bar;
 #endif
 }
-// One arrival, by the threads with `arrive` set, on the mbarrier at `bar`'s
-// offset in block `rank` of the cluster, releasing this thread's earlier
-// accesses at cluster scope. A predicated instruction rather than a branch: a
-// branch around it in a loop holding accumulators made ptxas spill them.
+// One relaxed arrival, by the threads with `arrive` set, on the mbarrier at
+// `bar`'s offset in block `rank` of the cluster. It orders nothing: it serves
+// to say that reads this thread has completed (a finished wgmma's) are done,
+// and a release at cluster scope costs a MEMBAR.GPU + ERRBAR per arrival (7%
+// of the 128-head pair's consumer samples, bench/notes/v36.md). A predicated
+// instruction rather than a branch: a branch around it in a loop holding
+// accumulators made ptxas spill them.
 __device__ __forceinline__ void ukv_mbar_arrive_cluster_if(uint64_t* bar, int rank, bool arrive) {
 #if defined(UKV_HAS_BULK_COPY)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\n"
-      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n}\n" ::"r"(ukv_cluster_smem_addr(bar, rank)),
+      "@p mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n}\n" ::"r"(ukv_cluster_smem_addr(bar, rank)),
       "r"((uint32_t)arrive)
       : "memory");
 #endif
