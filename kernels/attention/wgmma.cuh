@@ -262,9 +262,11 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    // Rounds of two rows in jobs of two chunks (32 codes) per lane (at 48
-    // registers the pair spills 40 bytes, a few reloads per tile).
-    constexpr int kRoundRows = 2, kJobChunks = 2;
+    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair
+    // keeps one-row rounds of one-chunk jobs: both the most that stays
+    // unspilled at 48 registers (the pair in two-row rounds spilled 40 bytes
+    // and ran 4% slower, bench/notes/v36.md 36c).
+    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
