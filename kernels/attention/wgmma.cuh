@@ -30,6 +30,11 @@ struct WgSmem {
   static constexpr size_t kP = kK + kStages * kTileBytes;          // [64 heads][64 keys] bf16, 128B-swizzled
   static constexpr size_t kX = kP + (size_t)kHb * kBK * 2;         // f32 [16][threads]: S partial exchange
   static constexpr size_t kXm = kX + (size_t)16 * kThreads * 4;    // f32 [2][threads]: row max / sum exchange
+  // FP8 kernels: P double-buffered (kP, then the first half of kX, which
+  // their loop does not exchange through), then [2][alpha | m] per head row.
+  static constexpr size_t kPBytes = (size_t)kHb * kBK * 2;
+  static constexpr size_t kHand = kP + 2 * kPBytes;
+  static_assert(kX == kP + kPBytes && kHand + 2 * 2 * kHb * 4 <= kXm, "P's second buffer and the handover fit in kX");
   static constexpr size_t kValid = kXm + (size_t)2 * kThreads * 4; // int [stages][64]
   // u64 mbarriers [4][stages]: TileLoads' (bf16 pools: unused, the gather is
   // cp.async), then the FP8 producer pipeline's ready, empty and (pairs) landed.
@@ -39,6 +44,7 @@ struct WgSmem {
   __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
   __device__ __forceinline__ static float* exchange(char* smem) { return smem_at<float>(smem, kX); }
   __device__ __forceinline__ static float* exchange_ml(char* smem) { return smem_at<float>(smem, kXm); }
+  __device__ __forceinline__ static float* handover(char* smem) { return smem_at<float>(smem, kHand); }
   __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
   // The key stages as f32 once every tile is done (partials, exchanges).
   __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
@@ -50,6 +56,10 @@ struct WgSmem {
 // give each scheduler a second independent instruction stream.
 constexpr int kWgProducerWarpgroups = 2;
 constexpr int kWgProducerWarps = 4 * kWgProducerWarpgroups;
+// Registers per thread of the FP8 kernel's roles (setmaxnreg): warpgroup 0
+// holds S, P and half of O, warpgroup 1 half of O, and the producers the rest
+// (at 48 the pair's conversion spilled in two-row rounds, bench/notes/v36.md).
+constexpr int kProducerRegs = 64, kQkRegs = 216, kPvRegs = 160;
 
 // Threads of attention_wgmma_kernel: the two consumer warpgroups, and for FP8
 // pools the producer warpgroups (threads 256 and up).
@@ -262,11 +272,8 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair
-    // keeps one-row rounds of one-chunk jobs: both the most that stays
-    // unspilled at 48 registers (the pair in two-row rounds spilled 40 bytes
-    // and ran 4% slower, bench/notes/v36.md 36c).
-    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
+    // Rounds of two rows in jobs of two chunks (32 codes) per lane.
+    constexpr int kRoundRows = 2, kJobChunks = 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -324,7 +331,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   extern __shared__ __align__(1024) char smem[];
   const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
   const int h0 = hb * kHb;
-  const int tid = threadIdx.x, lane = tid % UKV_WARP, wg = tid / 128, wq = (tid / UKV_WARP) % 4;
+  const int tid = threadIdx.x, lane = tid % UKV_WARP, warpgroup = tid / 128, wq = (tid / UKV_WARP) % 4;
   const int g = lane >> 2, tq = lane & 3;
   const int row0 = wq * 16 + g;  // this thread's rows: row0 and row0 + 8
   const int partner = tid ^ 128;  // same fragment position in the other warpgroup
@@ -368,12 +375,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
     __syncthreads();
   }
   if constexpr (kFp8) {
-    // Registers: the producers keep few while the consumers hold the two
-    // 64 x 256 accumulators (setmaxnreg.inc waits until the producers' are free).
-    // Two producer warpgroups at 48 leave 208 for the consumers (their 64 x 256
-    // accumulators and S fit unspilled).
-    constexpr int kProducerRegs = 48, kConsumerRegs = 208;
-    static_assert(WgProducer<kPair>::kProducerThreads * kProducerRegs + kThreads * kConsumerRegs <= 65536,
+    static_assert(WgProducer<kPair>::kProducerThreads * kProducerRegs + 128 * (kQkRegs + kPvRegs) <= 65536,
                   "the roles' registers fit the SM");
     if (tid >= kThreads) {
       ukv_setmaxnreg_dec<kProducerRegs>();
@@ -391,221 +393,289 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
       return;
     }
     ukv_named_sync(kWgRegsLent, wgmma_threads(true));
-    ukv_setmaxnreg_inc<kConsumerRegs>();
   }
 
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
-  float o[2][64];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
+  // The consumers, compiled once per warpgroup (`wg` a constant): FP8 kernels
+  // give each its own register count, which ptxas honours only in code that
+  // one warpgroup alone runs (shared code takes the smaller count and spills).
+  const auto consumers = [&](auto wg_constant) {
+    constexpr int wg = decltype(wg_constant)::value;
 
-  if (tile_begin < tile_end) load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
-  if constexpr (kFp8) {
-    ukv_cp_async_commit();
-    ukv_cp_async_wait<0>();
-    ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
-    consumers_sync();
-  } else {
-    loads.start(p, keys);
-  }
-  const float qk_scale = p.softmax_scale * kLog2e;
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_run[2] = {0.f, 0.f};  // this thread's columns only; reduced at the end
+    float o[2][64];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
 
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    int stage;
-    const char* ks;
+    if (tile_begin < tile_end) load_q<AtomTile, kHb>(p, t, h0, smem + WgSmem::kQ);
     if constexpr (kFp8) {
-      stage = producer.acquire(tile - tile_begin);
-      ks = producer.tile(stage);
-    } else {
-      stage = loads.advance(p, keys, tile);
+      ukv_cp_async_commit();
+      ukv_cp_async_wait<0>();
       ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
       consumers_sync();
-      ks = loads.tile(stage);
+    } else {
+      loads.start(p, keys);
     }
+    const float qk_scale = p.softmax_scale * kLog2e;
 
-    // QK over this warpgroup's half of the dims: k-steps 16w..16w+15, each
-    // 16 dims = 32 bytes inside a 128-byte atom column.
-    float s[32];
+    // P = 2^(x - base) of this thread's scores x (fragment columns col_of(j)),
+    // rounded to bf16 and stored into the tile's P; the row sums add the
+    // rounded values.
+    const auto exp_store_p = [&](const auto& x, const float* base, char* pt, float* sum, auto col_of) {
+      constexpr int kN = sizeof(x) / sizeof(x[0]);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+      for (int j = 0; j < kN; j += 2) {
+        const int r = (j >> 1) & 1;
+        const ukv_bf16 p0 = ukv_float_to_bf16(exp2f(x[j] - base[r]));
+        const ukv_bf16 p1 = ukv_float_to_bf16(exp2f(x[j + 1] - base[r]));
+        sum[r] += ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
+        const int col = col_of(j), row = row0 + 8 * r;
+        const uint32_t packed = ukv_pack_bf16x2(ukv_bf16_to_float(p0), ukv_bf16_to_float(p1));
+        *reinterpret_cast<uint32_t*>(pt + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2) = packed;
+      }
+    };
+    // S = Q . K^T over k-steps first .. first + steps - 1 (16 dims = 32 bytes
+  // inside a 128-byte atom column each), waited for.
+  const auto qk = [&](float(&s)[32], const char* ks, int first, int steps) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] = 0.f;
     ukv_wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int kstep = wg * 16 + i;
+    for (int j = 0; j < steps; ++j) {
+      const int kstep = first + j;
       const uint32_t off = (uint32_t)(kstep >> 2) * AtomTile::kAtomBytes + (uint32_t)(kstep & 3) * 32u;
       ukv_wgmma_m64n64k16(s, ukv_wgmma_desc(smem + WgSmem::kQ + off, 16, 1024), ukv_wgmma_desc(ks + off, 16, 1024), 1);
     }
     ukv_wgmma_commit();
     ukv_wgmma_wait<0>();
     ukv_wgmma_fence_regs(s);
-
-    // Exchange: warpgroup w keeps key blocks 4w..4w+3 (fragment regs 16w..16w+15)
-    // and hands the other half to its partner.
-    float x[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      xs[j * kThreads + tid] = wg == 0 ? s[16 + j] : s[j];
-      x[j] = wg == 0 ? s[j] : s[16 + j];
-    }
-    consumers_sync();
-    const int* valid = valid_s + stage * kBK;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = 8 * (4 * wg + j / 4) + 2 * tq + (j & 1);
-      const float v = (x[j] + xs[j * kThreads + partner]) * qk_scale;
-      x[j] = valid[col] != 0 ? v : -INFINITY;
-      mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], x[j]);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = ukv_xor_max<1, 2>(mx[r]);
-      xm[r * kThreads + tid] = mx[r];
-    }
-    consumers_sync();
-    float alpha[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m_run[r], fmaxf(mx[r], xm[r * kThreads + partner]));
+  };
+  // The running max moves to m_new: the factor the old state scales by, and
+    // the exponent base of the new scores.
+    const auto advance_max = [&](int r, float m_new, float* alpha, float* base) {
       base[r] = m_new == -INFINITY ? 0.f : m_new;
       alpha[r] = exp2f(m_run[r] - base[r]);
       m_run[r] = m_new;
+    };
+
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int i = tile - tile_begin;
+      int stage;
+      const char* ks;
+      // FP8: P and the rescale factors are double-buffered by tile parity.
+      char* pt = kFp8 ? ps + (i & 1) * WgSmem::kPBytes : ps;
+      float alpha[2];
+      if constexpr (kFp8) {
+        // Warpgroup 0 runs QK over all 512 dims and the softmax, warpgroup 1
+        // only its half of PV, so warpgroup 1's PV of tile i overlaps warpgroup
+        // 0's QK of tile i + 1 (bench/notes/v36.md 36d). One barrier of both per
+        // tile hands P, alpha and m over; warpgroup 0 passes it only once
+        // warpgroup 1 finished tile i - 1, so the other buffer is free.
+        stage = producer.acquire(i);
+        ks = producer.tile(stage);
+        float* hand = WgSmem::handover(smem) + (i & 1) * 2 * kHb;  // [alpha | m] per head row
+        if (wg == 0) {
+          float s[32];
+          qk(s, ks, 0, 32);
+          const int* valid = valid_s + stage * kBK;
+          float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            const int col = 8 * (j / 4) + 2 * tq + (j & 1);
+            s[j] = valid[col] != 0 ? s[j] * qk_scale : -INFINITY;
+            mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], s[j]);
+          }
+          float base[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+          for (int r = 0; r < 2; ++r) advance_max(r, fmaxf(m_run[r], ukv_xor_max<1, 2>(mx[r])), alpha, base);
+          exp_store_p(s, base, pt, sum, [&](int j) { return 8 * (j / 4) + 2 * tq; });
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            l_run[r] = l_run[r] * alpha[r] + sum[r];
+            if (tq == 0) {
+              hand[row0 + 8 * r] = alpha[r];
+              hand[kHb + row0 + 8 * r] = m_run[r];
+            }
+          }
+          ukv_fence_async_shared();
+        }
+        consumers_sync();
+        if (wg == 1) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            alpha[r] = hand[row0 + 8 * r];
+            m_run[r] = hand[kHb + row0 + 8 * r];
+          }
+        }
+      } else {
+        stage = loads.advance(p, keys, tile);
+        ukv_fence_async_shared();  // the query rows (cp.async) before wgmma reads them
+        consumers_sync();
+        ks = loads.tile(stage);
+
+        // QK over this warpgroup's half of the dims.
+        float s[32];
+        qk(s, ks, wg * 16, 16);
+
+        // Exchange: warpgroup w keeps key blocks 4w..4w+3 (fragment regs 16w..16w+15)
+        // and hands the other half to its partner.
+        float x[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          xs[j * kThreads + tid] = wg == 0 ? s[16 + j] : s[j];
+          x[j] = wg == 0 ? s[j] : s[16 + j];
+        }
+        consumers_sync();
+        const int* valid = valid_s + stage * kBK;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int col = 8 * (4 * wg + j / 4) + 2 * tq + (j & 1);
+          const float v = (x[j] + xs[j * kThreads + partner]) * qk_scale;
+          x[j] = valid[col] != 0 ? v : -INFINITY;
+          mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], x[j]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = ukv_xor_max<1, 2>(mx[r]);
+          xm[r * kThreads + tid] = mx[r];
+        }
+        consumers_sync();
+        float base[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) advance_max(r, fmaxf(m_run[r], fmaxf(mx[r], xm[r * kThreads + partner])), alpha, base);
+        exp_store_p(x, base, pt, sum, [&](int j) { return 8 * (4 * wg + j / 4) + 2 * tq; });
+#pragma unroll
+        for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
+        ukv_fence_async_shared();
+        consumers_sync();
+      }
+
+      // PV: rescale, then O[:, 256w + 128h ...] += P . V for h = 0, 1.
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 64; i += 4) {
+          o[h][i] *= alpha[0];
+          o[h][i + 1] *= alpha[0];
+          o[h][i + 2] *= alpha[1];
+          o[h][i + 3] *= alpha[1];
+        }
+      ukv_wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBK / 16; ++k) {
+        const uint64_t da = ukv_wgmma_desc(pt + k * 32, 16, 1024);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const char* v = ks + (size_t)(4 * wg + 2 * h) * AtomTile::kAtomBytes + (size_t)k * 16 * 128;
+          ukv_wgmma_m64n128k16_bt(o[h], da, ukv_wgmma_desc(v, AtomTile::kAtomBytes, 1024), 1);
+        }
+      }
+      ukv_wgmma_commit();
+      ukv_wgmma_wait<0>();
+      ukv_wgmma_fence_regs(o[0]);
+      ukv_wgmma_fence_regs(o[1]);
+      if constexpr (kFp8) {
+        // The stage goes back to the producers; P and the exchange buffers are
+        // rewritten only past the next tile's first barrier.
+        producer.release(stage);
+      } else {
+        __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
+      }
     }
 
-    // P = 2^(x - m), rounded to bf16; the row sum adds the rounded values.
-    float sum[2] = {0.f, 0.f};
+    // Row sums: the quad's columns, then the partner warpgroup's (same order in
+    // both warpgroups, so they agree bit for bit).
 #pragma unroll
-    for (int j = 0; j < 16; j += 2) {
-      const int r = (j >> 1) & 1;
-      const ukv_bf16 p0 = ukv_float_to_bf16(exp2f(x[j] - base[r]));
-      const ukv_bf16 p1 = ukv_float_to_bf16(exp2f(x[j + 1] - base[r]));
-      sum[r] += ukv_bf16_to_float(p0) + ukv_bf16_to_float(p1);
-      const int col = 8 * (4 * wg + j / 4) + 2 * tq;
-      const int row = row0 + 8 * r;
-      const uint32_t packed = ukv_pack_bf16x2(ukv_bf16_to_float(p0), ukv_bf16_to_float(p1));
-      *reinterpret_cast<uint32_t*>(ps + row * 128 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2) = packed;
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] = ukv_xor_sum<1, 2>(l_run[r]);
+      xm[r * kThreads + tid] = l_run[r];
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + sum[r];
-    ukv_fence_async_shared();
     consumers_sync();
-
-    // PV: rescale, then O[:, 256w + 128h ...] += P . V for h = 0, 1.
+    float l_tot[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 64; i += 4) {
-        o[h][i] *= alpha[0];
-        o[h][i + 1] *= alpha[0];
-        o[h][i + 2] *= alpha[1];
-        o[h][i + 3] *= alpha[1];
-      }
-    ukv_wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kBK / 16; ++k) {
-      const uint64_t da = ukv_wgmma_desc(ps + k * 32, 16, 1024);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const char* v = ks + (size_t)(4 * wg + 2 * h) * AtomTile::kAtomBytes + (size_t)k * 16 * 128;
-        ukv_wgmma_m64n128k16_bt(o[h], da, ukv_wgmma_desc(v, AtomTile::kAtomBytes, 1024), 1);
-      }
+    for (int r = 0; r < 2; ++r) {
+      const float other = xm[r * kThreads + partner];
+      l_tot[r] = wg == 0 ? l_run[r] + other : other + l_run[r];
     }
-    ukv_wgmma_commit();
-    ukv_wgmma_wait<0>();
-    ukv_wgmma_fence_regs(o[0]);
-    ukv_wgmma_fence_regs(o[1]);
-    if constexpr (kFp8) {
-      // The stage goes back to the producers; P and the exchange buffers are
-      // rewritten only past the next tile's first barrier.
-      producer.release(stage);
+
+    if (!direct && cfg.cluster != 0) {
+      // The key stages are free now; they hold this split's acc for the merge,
+      // the exchange buffer its (m, l).
+      static_assert(kHb * kD * 4 <= WgSmem::kStages * WgSmem::kTileBytes, "the partial fits in the key stages");
+      ukv_cp_async_wait<0>();
+      float* acc_s = WgSmem::drained(smem);
+      float* m_s = xs;
+      float* l_s = xs + kHb;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (wg == 0 && tq == 0) {
+          m_s[row] = m_run[r];
+          l_s[row] = l_tot[r];
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+            *reinterpret_cast<float2*>(acc_s + partial_at(row, col)) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
+          }
+      }
+      ukv_cluster_sync();
+      cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
+      ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
+    } else if (direct) {
+      const float* cs = inverse_rope_row(p, t);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int h = h0 + row0 + 8 * r;
+        if (h >= p.num_heads) continue;
+        float lse;
+        const float scale = fold_sink(p, h, m_run[r], l_tot[r], &lse);
+        ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+            float lo = o[hh][4 * i + 2 * r] * scale, hi = o[hh][4 * i + 2 * r + 1] * scale;
+            inverse_rope_pair(cs, col, lo, hi);
+            *reinterpret_cast<uint32_t*>(out + col) = ukv_pack_bf16x2(lo, hi);
+          }
+        if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+      }
     } else {
-      __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
-    }
-  }
-
-  // Row sums: the quad's columns, then the partner warpgroup's (same order in
-  // both warpgroups, so they agree bit for bit).
+      float* rec = static_cast<float*>(p.workspace) +
+                   (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(kHb);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] = ukv_xor_sum<1, 2>(l_run[r]);
-    xm[r * kThreads + tid] = l_run[r];
-  }
-  consumers_sync();
-  float l_tot[2];
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (wg == 0 && tq == 0) {
+          rec[row] = m_run[r];
+          rec[kHb + row] = l_tot[r];
+        }
+        float* acc_out = rec + 2 * kHb + (size_t)row * kD;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float other = xm[r * kThreads + partner];
-    l_tot[r] = wg == 0 ? l_run[r] + other : other + l_run[r];
-  }
-
-  if (!direct && cfg.cluster != 0) {
-    // The key stages are free now; they hold this split's acc for the merge,
-    // the exchange buffer its (m, l).
-    static_assert(kHb * kD * 4 <= WgSmem::kStages * WgSmem::kTileBytes, "the partial fits in the key stages");
-    ukv_cp_async_wait<0>();
-    float* acc_s = WgSmem::drained(smem);
-    float* m_s = xs;
-    float* l_s = xs + kHb;
+        for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      if (wg == 0 && tq == 0) {
-        m_s[row] = m_run[r];
-        l_s[row] = l_tot[r];
+          for (int i = 0; i < 16; ++i) {
+            const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
+            *reinterpret_cast<float2*>(acc_out + col) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
+          }
       }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
-          *reinterpret_cast<float2*>(acc_s + partial_at(row, col)) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
-        }
     }
-    ukv_cluster_sync();
-    cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
-    ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
-  } else if (direct) {
-    const float* cs = inverse_rope_row(p, t);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int h = h0 + row0 + 8 * r;
-      if (h >= p.num_heads) continue;
-      float lse;
-      const float scale = fold_sink(p, h, m_run[r], l_tot[r], &lse);
-      ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
-          float lo = o[hh][4 * i + 2 * r] * scale, hi = o[hh][4 * i + 2 * r + 1] * scale;
-          inverse_rope_pair(cs, col, lo, hi);
-          *reinterpret_cast<uint32_t*>(out + col) = ukv_pack_bf16x2(lo, hi);
-        }
-      if (p.lse != nullptr && wg == 0 && tq == 0) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
-    }
+  };
+  if (warpgroup == 0) {
+    // FP8: warpgroup 0 holds S, P and its half of O; warpgroup 1 only its
+    // half of O, so the producers get the rest.
+    if constexpr (kFp8) ukv_setmaxnreg_inc<kQkRegs>();
+    consumers(std::integral_constant<int, 0>{});
   } else {
-    float* rec = static_cast<float*>(p.workspace) +
-                 (((size_t)t * gridDim.y + hb) * cfg.splits + split) * partial_floats(kHb);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      if (wg == 0 && tq == 0) {
-        rec[row] = m_run[r];
-        rec[kHb + row] = l_tot[r];
-      }
-      float* acc_out = rec + 2 * kHb + (size_t)row * kD;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int col = 256 * wg + 128 * hh + 8 * i + 2 * tq;
-          *reinterpret_cast<float2*>(acc_out + col) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
-        }
-    }
+    if constexpr (kFp8) ukv_setmaxnreg_inc<kPvRegs>();
+    consumers(std::integral_constant<int, 1>{});
   }
   if constexpr (kPair) {
     // No block of the pair exits while its peer may still store into its
