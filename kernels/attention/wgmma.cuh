@@ -272,8 +272,10 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    // Rounds of two rows in jobs of two chunks (32 codes) per lane.
-    constexpr int kRoundRows = 2, kJobChunks = 2;
+    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair,
+    // which also sends its rows to the peer, one-row rounds of one-chunk jobs
+    // (in two-row rounds it spilled and ran 4% slower, bench/notes/v36.md).
+    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -347,10 +349,11 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
-  // Consumer barriers: the whole block, or (FP8) the consumer warpgroups only.
+  // Consumer barriers: the whole block, or (FP8) the consumer warpgroups only,
+  // each running its own copy of the consumer code (hence the non-aligned form).
   const auto consumers_sync = [] {
     if constexpr (kFp8) {
-      ukv_named_sync(kWgConsumers, kThreads);
+      ukv_named_sync_unaligned(kWgConsumers, kThreads);
     } else {
       __syncthreads();
     }

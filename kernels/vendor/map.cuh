@@ -297,6 +297,12 @@ __device__ __forceinline__ void ukv_syncwarp() { __syncwarp(0xffffffffu); }
 __device__ __forceinline__ void ukv_named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same barrier reached from different instructions by different warps
+// (the non-aligned form: `bar.sync` requires every participating thread to
+// execute the same one).
+__device__ __forceinline__ void ukv_named_sync_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Arrives at barrier `id` without waiting: the warps that bar.sync on it wait
 // for these arrivals too.
 __device__ __forceinline__ void ukv_named_arrive(int id, int threads) {
