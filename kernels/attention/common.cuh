@@ -155,6 +155,9 @@ __device__ __forceinline__ bool key_valid(const ukv_attention_params& p, Pending
 // bytes undoubled at byte 448), or a scaled row (512 codes, then its 8 fp32
 // scales at byte 512).
 enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2, kRowFlashMla = 3, kRowScaled = 4 };
+// An FP8 row in the 640-byte pool's shape (a pool row or a FlashMLA token):
+// what the wgmma producers dequantize in place.
+__device__ __forceinline__ constexpr bool fp8_in_place(int kind) { return kind == kRowFp8 || kind == kRowFlashMla; }
 
 // ukv_kv_source.layout (kernels/params.h).
 enum : int { kLayoutPool = 0, kLayoutFlashMla = 1, kLayoutScaled = 2 };

@@ -106,7 +106,7 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
     const char* scales = tile + Layout::at(r, kScaleChunk);
     const int kind = valid[r];
     const int scale_step = kind == kRowFlashMla ? 1 : 2;
-    fp8[k] = kind == kRowFp8 || kind == kRowFlashMla;
+    fp8[k] = fp8_in_place(kind);
     lo[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, lane / 2) + 8 * (lane % 2));
     hi[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, 16 + hi_lane / 2) + 8 * (hi_lane % 2));
     s_lo[k] = *reinterpret_cast<const uint8_t*>(scales + scale_step * (lane / 8));
@@ -162,7 +162,7 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   const int job = mine ? lane : kRows * kJobsPerRow - 1;
   const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
   const int kind = valid[r];
-  const bool fp8 = mine && (kind == kRowFp8 || kind == kRowFlashMla);
+  const bool fp8 = mine && fp8_in_place(kind);
   // A pool row doubles its scale bytes, a FlashMLA token's are consecutive.
   const int scale_step = kind == kRowFlashMla ? 1 : 2;
   char* row = tile + (uint32_t)r * 128u;

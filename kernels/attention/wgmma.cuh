@@ -110,7 +110,7 @@ struct WgProducer {
   char* stages;
   int* valid;  // int [kStages][64]: what each key row holds
   // mbarriers [3][kStages]: ready, empty and (kPair) landed, the peer's half
-  // of a stage; one pointer, so the producers (at 48 registers) hold one.
+  // of a stage; one pointer, so the producers (at 64 registers) hold one.
   uint64_t* bars;
   int tile_begin, tile_end;
   int rank;  // kPair: this block's rank in the pair
@@ -169,8 +169,9 @@ struct WgProducer {
   // never come here: plan.cu gives their plans the mma.sync kernel. A key
   // without a row is zero-filled, so its P = 0 meets no NaN in PV. Every lane
   // resolves its own addresses: no shuffle per key.
-  __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp,
-                                        int lane) const {
+  // kPair: `peer_delta` as in produce().
+  __device__ __forceinline__ void issue(const ukv_attention_params& p, PendingKey pk, int stage, int warp, int lane,
+                                        uint32_t peer_delta) const {
     constexpr int kLanesPerKey = UKV_WARP / kKeysPerWarp;
     const int k = lane / kLanesPerKey, sub = lane % kLanesPerKey;
     const PendingKey mine{ukv_shfl(pk.raw, k, UKV_WARP), ukv_shfl(pk.source, k, UKV_WARP)};
@@ -202,7 +203,7 @@ struct WgProducer {
       int* v = valid + stage * kBK + key;
       *v = kind;
       if constexpr (kPair)
-        ukv_st_async4(ukv_cluster_smem_addr(v, rank ^ 1), (uint32_t)kind, ukv_cluster_smem_addr(landed(stage), rank ^ 1));
+        ukv_st_async4(ukv_smem_addr(v) + peer_delta, (uint32_t)kind, ukv_smem_addr(landed(stage)) + peer_delta);
     }
     // Chunk c = sub + kLanesPerKey i lies in atom column (kLanesPerKey i) / 8
     // at column sub + (kLanesPerKey i) % 8, that XOR the row's swizzle: two
@@ -217,7 +218,7 @@ struct WgProducer {
     // The test is per key for whole lane groups inside that gap and per lane
     // only for the group that straddles 28: the producers are issue-bound, so
     // the loop keeps the instruction count of pool-only code (bench/notes/v33.md).
-    const bool fp8 = kind == kRowFp8 || kind == kRowFlashMla;
+    const bool fp8 = fp8_in_place(kind);
     const int copy_end = kind == kRowFlashMla ? kFlashCodeBytes / 16 : kFp8NopeBytes / 16;
     if (kind == kRowFlashMla && sub == kFlashCodeBytes / 16 % kLanesPerKey) {
       // The 8-byte scale slot into chunk 28, where a pool row has its scale bytes.
@@ -245,14 +246,14 @@ struct WgProducer {
     const char* src = tile(stage);
     const int* kinds = valid + stage * kBK;
     const int mine = key_of(warp, lane / 8);
-    if (kinds[mine] == kRowFp8 || kinds[mine] == kRowFlashMla) {
+    if (fp8_in_place(kinds[mine])) {
       const char* chunk = src + AtomTile::at(mine, kFp8RopeChunk + lane % 8);
       ukv_st_async16(ukv_smem_addr(chunk) + peer_delta, *reinterpret_cast<const uint4*>(chunk), bar);
     }
 #pragma unroll 1
     for (int k = 0; k < kKeysPerWarp; ++k) {
       const int key = key_of(warp, k);
-      if (kinds[key] == kRowFp8 || kinds[key] == kRowFlashMla) continue;
+      if (fp8_in_place(kinds[key])) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const char* chunk = src + AtomTile::at(key, h * UKV_WARP + lane);
@@ -283,18 +284,18 @@ struct WgProducer {
     const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
     const int n = tile_end - tile_begin;
     const PendingKey first = fetch(tile_begin), second = fetch(tile_begin + 1);
-    if (n > 0) {
-      issue(p, first, 0, warp, lane);
-      expect_peer(0, warp, lane);
-    }
-    if (n > 1) {
-      issue(p, second, 1, warp, lane);
-      expect_peer(1, warp, lane);
-    }
-    PendingKey next = fetch(tile_begin + 2);
     // kPair: how far the peer's copy of a shared-memory byte lies from it in
     // the shared::cluster window (the same offset in the peer block).
     const uint32_t peer_delta = kPair ? ukv_cluster_smem_addr(stages, rank ^ 1) - ukv_smem_addr(stages) : 0u;
+    if (n > 0) {
+      issue(p, first, 0, warp, lane, peer_delta);
+      expect_peer(0, warp, lane);
+    }
+    if (n > 1) {
+      issue(p, second, 1, warp, lane, peer_delta);
+      expect_peer(1, warp, lane);
+    }
+    PendingKey next = fetch(tile_begin + 2);
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       if (i == 0 && n > 1) {
@@ -303,7 +304,7 @@ struct WgProducer {
         ukv_cp_async_wait<0>();
       }
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
-      const uint32_t peer_bar = kPair ? ukv_cluster_smem_addr(landed(stage), rank ^ 1) : 0u;
+      const uint32_t peer_bar = kPair ? ukv_smem_addr(landed(stage)) + peer_delta : 0u;
 #pragma unroll 1
       for (int round = 0; round < kKeysPerWarp / kRoundRows; ++round)
         dequantize_jobs<kRoundRows, kJobChunks, kPair>(tile(stage), valid + stage * kBK, fmt,
@@ -313,7 +314,7 @@ struct WgProducer {
       ukv_mbar_arrive(ready(stage));
       if (i >= 1 && i + 1 < n) {
         ukv_mbar_wait(empty((i - 1) % kStages), parity(i - 1));
-        issue(p, next, (i + 1) % kStages, warp, lane);
+        issue(p, next, (i + 1) % kStages, warp, lane, peer_delta);
         expect_peer((i + 1) % kStages, warp, lane);
         next = fetch(tile_begin + i + 2);
       }

@@ -7,6 +7,7 @@
 mod compressor;
 #[cfg(feature = "devtools")]
 pub mod devtools;
+mod index;
 pub(crate) mod shim;
 
 use std::collections::HashSet;
@@ -22,7 +23,7 @@ use crate::args::attention::{
 };
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::compressor::{CompressArgs, StateView};
-use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
+use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs};
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
 use crate::args::merge::MergeArgs;
 use crate::args::prepare::PrepareQkvArgs;
@@ -33,7 +34,7 @@ use crate::args::LayerRows;
 use crate::backend::{Backend, BackendKind, CopyKind, Stream};
 use crate::error::{err, Error, Result};
 use crate::fp8::Fp8Format;
-use crate::geometry::{Ratio, HEAD_DIM};
+use crate::geometry::HEAD_DIM;
 
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -158,23 +159,6 @@ impl GpuBackend {
             }
             // SHIM_ERROR and anything unexpected: a recoverable runtime error.
             _ => Err(err!(Gpu, "{what}: {}", last_error())),
-        }
-    }
-
-    /// A stream the caller left out: the kernels skip a NULL indptr.
-    fn absent_stream() -> shim::StreamOut {
-        shim::StreamOut {
-            indptr: std::ptr::null_mut(),
-            indices: std::ptr::null_mut(),
-            capacity: 0,
-        }
-    }
-
-    fn stream_out(s: &StreamOut) -> shim::StreamOut {
-        shim::StreamOut {
-            indptr: s.indptr.as_ptr(),
-            indices: s.indices.as_ptr(),
-            capacity: s.indices.shape[0] as i64,
         }
     }
 }
@@ -569,35 +553,7 @@ impl Backend for GpuBackend {
     }
 
     fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {
-        let g = a.geometry;
-        let p = shim::DecodeStreamsParams {
-            batch_id: a.batch_id.as_ptr(),
-            req_slots: a.req_slots.as_ptr(),
-            positions: a.positions.as_ptr(),
-            c128: a
-                .c128_page_indices
-                .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
-            swa: Self::stream_out(&a.swa),
-            hca: a
-                .hca
-                .as_ref()
-                .map_or_else(Self::absent_stream, Self::stream_out),
-            csa: a
-                .csa
-                .as_ref()
-                .map_or_else(Self::absent_stream, Self::stream_out),
-            c128_stride: a.c128_page_indices.map_or(0, |m| m.strides[0] as i64),
-            c128_width: i32_of("c128_width", a.c128_page_indices.map_or(0, |m| m.shape[1]))?,
-            num_tokens: i32_of("num_tokens", a.num_tokens)?,
-            num_requests: i32_of("num_requests", a.req_slots.shape[0])?,
-            window: i32_of("window", g.config.window)?,
-            ring: i32_of("ring", g.ring)?,
-            num_slots: i32_of("num_slots", g.num_slots)?,
-            swa_rows: i32_of("swa_rows", g.swa_rows)?,
-            hca_rows: i32_of("hca_rows", g.compressed_rows(Ratio::Hca))?,
-            csa_topk: a.csa_topk.min(i32::MAX as usize) as i32,
-            reserved: 0,
-        };
+        let p = index::decode_streams_params(a)?;
         // SAFETY: as above.
         self.check(
             unsafe { shim::unikv_gpu_build_decode_streams(self.device, &p, stream.0) },
@@ -606,22 +562,7 @@ impl Backend for GpuBackend {
     }
 
     fn fill_csa_tail(&self, a: &CsaTailArgs, stream: Stream) -> Result<()> {
-        let g = a.geometry;
-        let p = shim::CsaTailParams {
-            batch_id: a.batch_id.as_ptr(),
-            positions: a.positions.as_ptr(),
-            table: a.csa_page_indices.as_ptr(),
-            indptr: a.csa.indptr.as_ptr(),
-            indices: a.csa.indices.as_ptr(),
-            table_stride: a.csa_page_indices.strides[0] as i64,
-            capacity: a.csa.indices.shape[0] as i64,
-            width: i32_of("width", a.csa_page_indices.shape[1])?,
-            num_tokens: i32_of("num_tokens", a.num_tokens)?,
-            window: i32_of("window", g.config.window)?,
-            swa_rows: i32_of("swa_rows", g.swa_rows)?,
-            csa_rows: i32_of("csa_rows", g.compressed_rows(Ratio::Csa))?,
-            reserved: 0,
-        };
+        let p = index::csa_tail_params(a)?;
         // SAFETY: as above.
         self.check(
             unsafe { shim::unikv_gpu_fill_csa_tail(self.device, &p, stream.0) },
@@ -630,30 +571,7 @@ impl Backend for GpuBackend {
     }
 
     fn build_prefill_streams(&self, a: &PrefillStreamsArgs, stream: Stream) -> Result<()> {
-        let g = a.geometry;
-        let p = shim::PrefillStreamsParams {
-            batch_id: a.batch_id.as_ptr(),
-            req_slots: a.req_slots.as_ptr(),
-            positions: a.positions.as_ptr(),
-            chunk_start: a.chunk_start.as_ptr(),
-            extend_start: a.extend_start.as_ptr(),
-            table: a
-                .page_indices
-                .map_or(std::ptr::null(), |m| m.as_ptr() as *const i32),
-            prefix: Self::stream_out(&a.prefix),
-            extend: Self::stream_out(&a.extend),
-            table_stride: a.page_indices.map_or(0, |m| m.strides[0] as i64),
-            width: i32_of("width", a.page_indices.map_or(0, |m| m.shape[1]))?,
-            ratio: i32_of("ratio", a.ratio.value())?,
-            num_tokens: i32_of("num_tokens", a.num_tokens)?,
-            num_requests: i32_of("num_requests", a.req_slots.shape[0])?,
-            window: i32_of("window", g.config.window)?,
-            ring: i32_of("ring", g.ring)?,
-            num_slots: i32_of("num_slots", g.num_slots)?,
-            swa_rows: i32_of("swa_rows", g.swa_rows)?,
-            compressed_rows: i32_of("compressed_rows", g.compressed_rows(a.ratio))?,
-            reserved: 0,
-        };
+        let p = index::prefill_streams_params(a)?;
         // SAFETY: as above.
         self.check(
             unsafe { shim::unikv_gpu_build_prefill_streams(self.device, &p, stream.0) },
