@@ -57,9 +57,11 @@ struct WgSmem {
 constexpr int kWgProducerWarpgroups = 2;
 constexpr int kWgProducerWarps = 4 * kWgProducerWarpgroups;
 // Registers per thread of the FP8 kernel's roles (setmaxnreg): warpgroup 0
-// holds S, P and half of O, warpgroup 1 half of O, and the producers the rest
-// (at 48 the pair's conversion spilled in two-row rounds, bench/notes/v36.md).
-constexpr int kProducerRegs = 64, kQkRegs = 216, kPvRegs = 160;
+// holds S, P and half of O, warpgroup 1 half of O, and the producers the rest.
+// At 64 the 64-head kernel's producers spilled 16 bytes whose reloads sat in
+// the copy path (and missed L1 behind the FlashMLA scale copies, which go
+// through it): 72 is 3-6% faster there (bench/notes/v37.md 37c).
+constexpr int kProducerRegs = 72, kQkRegs = 208, kPvRegs = 160;
 
 // Threads of attention_wgmma_kernel: the two consumer warpgroups, and for FP8
 // pools the producer warpgroups (threads 256 and up).
