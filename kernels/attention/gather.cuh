@@ -171,7 +171,12 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   uint4 raw[kJobChunks];
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(first + q));
-  const uint32_t s = *reinterpret_cast<const uint8_t*>(tile + AtomTile::at(r, kScaleChunk) + scale_step * (first / 4));
+  // The row's whole scale chunk, loaded beside the codes; the byte is picked
+  // once `kind` is known (a byte load at a kind-dependent address waited for
+  // the `valid` load first: two shared-memory latencies per round).
+  const uint4 scales = *reinterpret_cast<const uint4*>(chunk(kScaleChunk));
+  const int at = scale_step * (first / 4);
+  const uint32_t s = ukv_byte_perm(at < 8 ? scales.x : scales.z, at < 8 ? scales.y : scales.w, (uint32_t)at & 7u) & 0xFFu;
   ukv_syncwarp();  // every raw chunk read before any lane writes
   bool fast = fmt == UKV_FP8_E4M3FN;
 #pragma unroll
