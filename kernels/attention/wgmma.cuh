@@ -60,7 +60,8 @@ constexpr int kWgProducerWarps = 4 * kWgProducerWarpgroups;
 // holds S, P and half of O, warpgroup 1 half of O, and the producers the rest.
 // At 64 the 64-head kernel's producers spilled 16 bytes whose reloads sat in
 // the copy path (and missed L1 behind the FlashMLA scale copies, which go
-// through it): 72 is 3-6% faster there (bench/notes/v37.md 37c).
+// through it): at 72 that kernel runs 2.6% faster over a pool, 4.4% over a
+// FlashMLA cache (bench/notes/v37.md 37c).
 constexpr int kProducerRegs = 72, kQkRegs = 208, kPvRegs = 160;
 
 // Threads of attention_wgmma_kernel: the two consumer warpgroups, and for FP8
@@ -112,7 +113,7 @@ struct WgProducer {
   char* stages;
   int* valid;  // int [kStages][64]: what each key row holds
   // mbarriers [3][kStages]: ready, empty and (kPair) landed, the peer's half
-  // of a stage; one pointer, so the producers (at 64 registers) hold one.
+  // of a stage; one pointer, so the producers (at 72 registers) hold one.
   uint64_t* bars;
   int tile_begin, tile_end;
   int rank;  // kPair: this block's rank in the pair
