@@ -2018,7 +2018,8 @@ typedef struct unikv_plan_info {
   /**
    * 1 for FP8 plans whose kernel has a raw variant (stored FP8 rows kept
    * in shared memory), taken by calls whose every key source is an
-   * e4m3fn pool; other calls take the in-tile dequantizing instantiation.
+   * e4m3fn pool, or every one an e4m3fn FlashMLA cache; other calls take
+   * the in-tile dequantizing instantiation.
    */
   uint32_t raw_fp8_variant;
   /**

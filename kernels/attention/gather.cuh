@@ -506,16 +506,23 @@ struct ProducerPipeline {
 // The heads-on-N kernels' raw FP8 variant (bench/notes/v20.md):
 // stages hold the rows as stored and the consumers build their MMA fragments
 // from them in registers, so no bf16 tile exists. Slot k of a stage (key k of
-// the tile) is 592 bytes: the stored nope row's 448 codes and scale bytes (s_j
-// at byte 448 + 2j; the rest of the 512 bytes is padding and not copied), then
-// the 64 bf16 rope dims. 592 = 80 mod 128, so slots 2 apart are 32 bytes of
-// banks apart and slots 4 apart 64: the fragment reads below pick their slots
-// to be conflict-free with that.
+// the tile) is 592 bytes: the 448 codes, 16 bytes of scales, then the 64 bf16
+// rope dims. A pool row's scale bytes come as stored in its nope row (s_j at
+// byte 448 + 2j; the rest of the 512 bytes is padding and not copied), a
+// FlashMLA token's as stored in its page's scale slot (s_j at 448 + j).
+// 592 = 80 mod 128, so slots 2 apart are 32 bytes of banks apart and slots 4
+// apart 64: the fragment reads below pick their slots to be conflict-free
+// with that.
 struct RawTile {
   static constexpr uint32_t kScales = 448;
   static constexpr uint32_t kNope = kScales + 16;
   static constexpr uint32_t kRowBytes = kNope + kFp8RopeBytes;
   static constexpr size_t kTileBytes = (size_t)kBK * kRowBytes;
+  // Scale byte of code block `block` in a slot of key source layout kLayout.
+  template <int kLayout>
+  static __device__ __forceinline__ uint32_t scale_at(int block) {
+    return kScales + (kLayout == kLayoutFlashMla ? 1 : 2) * block;
+  }
 };
 
 #if defined(UKV_HAS_WGMMA)
@@ -528,8 +535,11 @@ __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * 
 // with `empty` as soon as their last read of it is done, before their MMAs
 // finish. A bulk copy takes its addresses in uniform registers, so a warp
 // issues them one lane at a time (about 80 cycles each); with two per key
-// that loop bounded the tile rate (bench/notes/v28.md, 28a).
-template <int kStages>
+// that loop bounded the tile rate (bench/notes/v28.md, 28a). kLayout: every
+// key source of the call is an e4m3fn pool (kLayoutPool) or FlashMLA cache
+// (kLayoutFlashMla: the token's codes by bulk copy, its rope dims from the
+// same value slot, its 8 scale bytes by one cp.async of the issuing lane).
+template <int kStages, int kLayout = kLayoutPool>
 struct RawPipeline {
   char* stages;
   int* valid;      // int [kStages][64]: slot holds a row
@@ -565,8 +575,15 @@ struct RawPipeline {
   __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                              int slot0) const {
     const int lane = ukv_lane_id();
-    const char* mine =
-        ok ? static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes : nullptr;
+    const char* mine = nullptr;
+    if (ok && kLayout == kLayoutFlashMla) {
+      const ukv_kv_source& src = p.src[pk.source];
+      const char* value = flashmla_value(src, pk.raw);
+      ukv_cp_async8(tile(stage) + raw_row(slot0 + lane) + RawTile::kScales, value + flashmla_scale_delta(src, pk.raw));
+      mine = value + kFlashCodeBytes;
+    } else if (ok) {
+      mine = static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes;
+    }
     char* dst = tile(stage) + raw_row(slot0 + lane / 8) + RawTile::kNope + 16 * (lane % 8);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -576,15 +593,19 @@ struct RawPipeline {
     ukv_cp_async_mbar_arrive(&full[stage]);
   }
 
-  // A key's nope row (codes and scale bytes) in one bulk copy.
+  // A key's nope row (codes and scale bytes) in one bulk copy; a FlashMLA
+  // token's codes (issue_rope copies its scale bytes).
   __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                             int slot) const {
     char* row = tile(stage) + raw_row(slot);
     valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
     if (ok) {
-      ukv_mbar_arrive_expect(&full[stage], RawTile::kNope);
-      ukv_bulk_copy(row, static_cast<const char*>(p.src[pk.source].kv.data) + (int64_t)pk.raw * kFp8NopeBytes,
-                    RawTile::kNope, &full[stage]);
+      const ukv_kv_source& src = p.src[pk.source];
+      constexpr uint32_t kBytes = kLayout == kLayoutFlashMla ? kFlashCodeBytes : RawTile::kNope;
+      const char* from = kLayout == kLayoutFlashMla ? flashmla_value(src, pk.raw)
+                                                    : static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
+      ukv_mbar_arrive_expect(&full[stage], kBytes);
+      ukv_bulk_copy(row, from, kBytes, &full[stage]);
     } else {
       // Zeros, and scale bytes 127 (factor 1) so the row takes the fast path.
       for (uint32_t c = 0; c < RawTile::kRowBytes / 16; ++c) {

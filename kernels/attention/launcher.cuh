@@ -53,16 +53,16 @@ struct LauncherOps {
   }
 
 // The instantiations the plan names (instances/*.cu). Bf16 / Fp8: the pool
-// the kernel serves; Raw: the raw FP8 variant. The NVIDIA ones exist in CUDA
-// builds only.
+// the kernel serves; Raw: the raw FP8 variant (RawFlashMla: over FlashMLA
+// caches). The NVIDIA ones exist in CUDA builds only.
 extern AttentionLauncher kPortableScalarBf16, kPortableScalarFp8, kPortableMatrixBf16, kPortableMatrixFp8;
 #if defined(UKV_NVIDIA_KERNELS)
 extern AttentionLauncher kMma1x1Bf16, kMma1x1Fp8, kMma1x3Bf16, kMma1x3Fp8, kMma2x2Bf16, kMma2x2Fp8,
     kMma3x2Bf16, kMma3x2Fp8, kMma4x2Bf16, kMma4x2Fp8;
 extern AttentionLauncher kWgmmaBf16, kWgmmaFp8, kWgmmaFp8Pair;
-extern AttentionLauncher kSwap16x1Bf16, kSwap16x3Bf16, kSwap16x3Fp8, kSwap16x5Raw, kSwap32x2Bf16,
-    kSwap32x2Fp8;
-extern AttentionLauncher kRoles32x4Raw;
+extern AttentionLauncher kSwap16x1Bf16, kSwap16x3Bf16, kSwap16x3Fp8, kSwap16x5Raw, kSwap16x5RawFlashMla,
+    kSwap32x2Bf16, kSwap32x2Fp8;
+extern AttentionLauncher kRoles32x4Raw, kRoles32x4RawFlashMla;
 #endif
 
 // Launches the workspace combine of a split launch (combine.cu).

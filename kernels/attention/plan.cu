@@ -14,6 +14,24 @@ int split_cap(int max_tokens, int head_blocks, int resident_ctas, int max_splits
   return want < 1 ? 1 : (want > max_splits ? max_splits : want);
 }
 
+// The head block of a small batch, 0 for the default (64 heads, or all of
+// them up to 32). One or a few tokens fill few SMs however far their keys
+// are split (16 splits at most, in one cluster), so their heads spread over
+// 16- or 32-head blocks of the heads-on-N kernels instead: more blocks gather
+// the same keys at once, each with less math per tile. Chosen where it was
+// faster at every benchmarked key count, 640 to 8320 (bench/notes/v38.md):
+// smaller blocks also convert each row more often and lose at long keys
+// when more tokens share the GPU.
+int small_batch_head_block(int max_tokens, int num_heads, int kv_fp8) {
+  if (max_tokens > 4 || num_heads <= 16) return 0;
+  switch (kv_fp8) {
+    case 0: return max_tokens > 1 ? 0 : num_heads > 64 ? 32 : 16;  // bf16 rows
+    case 1: return max_tokens == 1 ? 16 : num_heads > 32 ? 32 : 0;  // FP8 pool rows
+    case 2: return max_tokens == 1 ? 16 : num_heads > 32 ? 32 : 0;  // FlashMLA tokens (as pool rows)
+    default: return 0;                                              // scaled FP8 rows: not measured
+  }
+}
+
 // Lets `kernel` use its dynamic shared memory (AttentionLauncher::configure).
 int configure(const AttentionLauncher& kernel) {
   const ukv_error_t e = kernel.configure();
@@ -43,9 +61,13 @@ int portable_variant(int device, int* variant) {
   return UKV_SHIM_OK;
 }
 
-// The kernel instantiation a plan names, by its launcher. `raw`: the
-// heads-on-N kernels may take their raw variant (raw_variant_applies).
-int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const AttentionLauncher** kernel) {
+// The raw FP8 variant a call may take (raw_variant): none, or the one over
+// e4m3fn pools or over e4m3fn FlashMLA caches.
+enum RawVariant : int { kRawNone = 0, kRawPool = 1, kRawFlashMla = 2 };
+
+// The kernel instantiation a plan names, by its launcher. `raw`: the variant
+// the heads-on-N kernels may take (raw_variant).
+int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] RawVariant raw, const AttentionLauncher** kernel) {
   const bool fp8 = plan.kv_fp8 != 0;
   if (plan.portable != 0) {
     *kernel = plan.portable == 2 ? (fp8 ? &kPortableMatrixFp8 : &kPortableMatrixBf16)
@@ -58,8 +80,8 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const
     case 16:
       // FP8 plans take the raw variant with five stages, or three (the
       // in-place producer pipeline) when a source holds bf16 rows.
-      if (fp8 && raw) {
-        *kernel = &kSwap16x5Raw;
+      if (fp8 && raw != kRawNone) {
+        *kernel = raw == kRawFlashMla ? &kSwap16x5RawFlashMla : &kSwap16x5Raw;
       } else if (!fp8 && plan.stages == 1) {
         *kernel = &kSwap16x1Bf16;
       } else {
@@ -67,8 +89,8 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const
       }
       return UKV_SHIM_OK;
     case 32:
-      if (fp8 && raw) {
-        *kernel = &kRoles32x4Raw;
+      if (fp8 && raw != kRawNone) {
+        *kernel = raw == kRawFlashMla ? &kRoles32x4RawFlashMla : &kRoles32x4Raw;
       } else {
         *kernel = fp8 ? &kSwap32x2Fp8 : &kSwap32x2Bf16;
       }
@@ -88,15 +110,19 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] bool raw, const
   return UKV_SHIM_INVALID;
 }
 
-// Whether every key source of a call is an e4m3fn pool, the rows the raw
-// variant reads (host-side arguments, so the kernel choice still depends only
-// on what a graph captures). e4m3fnuz pools, the AMD format, and the FlashMLA
-// and scaled layouts take the in-place kernels, which decode all of them.
-bool raw_variant_applies(const ukv_attention_params& p) {
+// The raw variant a call takes: every key source an e4m3fn pool, or every
+// one an e4m3fn FlashMLA cache (host-side arguments, so the kernel choice
+// still depends only on what a graph captures). e4m3fnuz rows (the AMD
+// format), scaled rows, and calls with bf16 rows or mixed layouts take the
+// in-place kernels, which decode all of them.
+RawVariant raw_variant(const ukv_attention_params& p) {
+  if (p.num_sources == 0) return kRawNone;
+  const int layout = p.src[0].layout;
+  if (layout != kLayoutPool && layout != kLayoutFlashMla) return kRawNone;
   for (int s = 0; s < p.num_sources; ++s)
-    if (p.src[s].kv.fp8 == 0 || p.src[s].kv.fp8_format != UKV_FP8_E4M3FN || p.src[s].layout != kLayoutPool)
-      return false;
-  return true;
+    if (p.src[s].kv.fp8 == 0 || p.src[s].kv.fp8_format != UKV_FP8_E4M3FN || p.src[s].layout != layout)
+      return kRawNone;
+  return layout == kLayoutFlashMla ? kRawFlashMla : kRawPool;
 }
 
 }  // namespace
@@ -130,6 +156,11 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       pl.head_blocks = (int)ukv::cdiv(num_heads, kPortableHeads);
       pl.block_m_tiles = kPortableHeads / 16;
     }
+    const int small_hb = small_batch_head_block(max_tokens, num_heads, kv_fp8);
+    if (small_hb != 0 && facts.wgmma && !g_no_wgmma && pl.portable == 0) {
+      pl.head_blocks = (int)ukv::cdiv(num_heads, small_hb);
+      pl.block_m_tiles = small_hb / 16;
+    }
     // Small head blocks of a large batch (CTAs for at least half the SMs): two
     // CTAs per SM with one stage each; measured better from T = 128 on, worse
     // at T <= 64 where CTAs have few tiles (bench/notes/v06.md).
@@ -138,7 +169,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // blocks the heads-on-M one; the rest (and other GPUs) the mma.sync kernel.
     // 16-head blocks of batches past one CTA per SM take the one-stage variant
     // at two CTAs per SM (bench/notes/v12.md).
-    const bool swap = num_heads <= 32;
+    const bool swap = pl.block_m_tiles <= 2;
     // kv_fp8 == 3 (scaled FP8 rows): the 64-head FP8 wgmma kernels' producers
     // read pool rows and FlashMLA tokens only, so those blocks take the
     // in-place mma.sync kernel, which dequantizes every layout.
@@ -150,13 +181,14 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // three stages at any batch (bench/notes/v15.md).
     if (pl.wgmma == 16) pl.stages = !kv_fp8 && max_tokens * pl.head_blocks > sms ? 1 : 3;
     if (pl.wgmma == 32) pl.stages = 2;
-    // FP8 plans configure both kernels a call may take (raw_variant_applies;
-    // one where the plan's kernel has no raw variant); the cluster choice
-    // below holds for each.
+    // FP8 plans configure both kernels a call may take (raw_variant, of the
+    // plan's layout; one where the plan's kernel has no raw variant); the
+    // cluster choice below holds for each.
     const AttentionLauncher* variants[2] = {nullptr, nullptr};
     int num_variants = pl.kv_fp8 ? 2 : 1;
     for (int v = 0; v < num_variants; ++v) {
-      if (int r = plan_kernel(pl, v == 1, &variants[v])) return r;
+      const RawVariant raw = v == 0 ? kRawNone : kv_fp8 == 2 ? kRawFlashMla : kRawPool;
+      if (int r = plan_kernel(pl, raw, &variants[v])) return r;
       if (v == 1 && variants[1] == variants[0]) {
         num_variants = 1;
         break;
@@ -230,7 +262,7 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
     }
     const SplitConfig cfg{plan->max_splits, plan->cluster};
     const AttentionLauncher* kernel = nullptr;
-    if (int r = plan_kernel(*plan, raw_variant_applies(*p), &kernel)) return r;
+    if (int r = plan_kernel(*plan, raw_variant(*p), &kernel)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;
     // it waits for that kernel's memory before reading any input.
     const bool early = plan->dependent_launch != 0;

@@ -8,7 +8,7 @@
 namespace {
 
 #if defined(UKV_HAS_WGMMA)
-// Raw variant: fragments built from stored e4m3fn rows (raw_variant_applies).
+// Raw variant: fragments built from stored e4m3fn rows (raw_variant in plan.cu).
 
 // Slot of the key in M row m of the QK MMA. Within a warp's 16 rows, bit 0
 // of m is slot bit 2, bit 1 bit 0, bit 2 bit 3 and bit 3 bit 1: rows 2i and
@@ -63,14 +63,15 @@ __device__ __forceinline__ float raw_scale_f32(uint32_t s) {
 }
 
 // Fragments of code block `block` in f16 (layout as raw_qk_rope) and the two
-// keys' factors for it.
+// keys' factors for it; kLayout: the slots' source layout (RawTile::scale_at).
+template <int kLayout>
 __device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&slot)[2], int block, int tq,
                                                  uint32_t (&a)[4][4], float (&factor)[2]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const char* row = tile + raw_row(slot[e]);
     const uint4 x = *reinterpret_cast<const uint4*>(row + 64 * block + 16 * tq);
-    factor[e] = raw_scale_f32(*reinterpret_cast<const uint8_t*>(row + RawTile::kScales + 2 * block));
+    factor[e] = raw_scale_f32(*reinterpret_cast<const uint8_t*>(row + RawTile::scale_at<kLayout>(block)));
     const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -89,7 +90,7 @@ __device__ __forceinline__ void raw_qk_block_f16(const char* tile, const int (&s
 // kOverlap: two sets of block accumulators, so block i + 1's MMAs are issued
 // before block i's are awaited and the tensor cores never wait for the
 // factor multiply (16 more registers; for a warpgroup that has them).
-template <int NH, int kFirst, int kBlocks, bool kOverlap = false>
+template <int kLayout, int NH, int kFirst, int kBlocks, bool kOverlap = false>
 __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], int tq, uint64_t q_desc,
                                        uint32_t atom_col, float (&s)[NH / 2]) {
   uint32_t a[2][4][4];
@@ -99,7 +100,7 @@ __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], in
       raw_qk_rope(ks, slots, tq, a[i & 1]);
       factor[i & 1][0] = factor[i & 1][1] = 1.f;
     } else {
-      raw_qk_block_f16(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
+      raw_qk_block_f16<kLayout>(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
     }
   };
   float part[kOverlap ? 2 : 1][NH / 2];
@@ -208,12 +209,13 @@ __device__ __forceinline__ uint32_t ref_word(const uint32_t (&ref)[4], int i) {
 // scale bytes of blk for its two keys (0 for a key without a row) and their
 // maximum over the warp's 16 keys, stored at smax_w[4 q + tq] (the
 // warpgroup's [4 warps][4 blocks]).
+template <int kLayout>
 __device__ __forceinline__ void raw_block_scales(const char* ks, const bool (&v_key)[2], const int (&slot)[2], int blk,
                                                  int q, int lane, uint32_t* smax_w, uint32_t (&sb)[2]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e)
     if (v_key[e] && blk < kD / 64 - 1)
-      sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(slot[e]) + RawTile::kScales + 2 * blk);
+      sb[e] = *reinterpret_cast<const uint8_t*>(ks + raw_row(slot[e]) + RawTile::scale_at<kLayout>(blk));
   uint32_t smax = max(sb[0], sb[1]);
 #pragma unroll
   for (int off = 4; off < UKV_WARP; off *= 2) smax = max(smax, (uint32_t)ukv_shfl_xor((int)smax, off, UKV_WARP));

@@ -69,7 +69,8 @@ enum RoleBarrier : int {
   kRoleValue1 = 7,  // value warpgroup 1's
 };
 
-template <int NH, int ST>
+// kLayout: the key sources' layout, an e4m3fn pool or FlashMLA cache (RawPipeline).
+template <int NH, int ST, int kLayout = kLayoutPool>
 __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
   using L = RoleSmem<NH, ST>;
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   if (!split_work(p, blockIdx.x, blockIdx.z, cfg, work)) return;
   const int t = blockIdx.x, h0 = blockIdx.y * NH;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
-  const RawPipeline<kStages> pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
+  const RawPipeline<kStages, kLayout> pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   pipe.init(kThreads + 128);
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         float s[kRegs];
 #pragma unroll
         for (int r = 0; r < kRegs; ++r) s[r] = 0.f;
-        raw_qk<NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+        raw_qk<kLayout, NH, 0, kD / 64, true>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
         const int* valid = valid_s + stage * kBK;
         const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
         pipe.release(stage);  // the value warpgroups hold it until their PV
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         const int* valid = valid_s + stage * kBK;
         const bool v_key[2] = {valid[qk_slots[0]] != 0, valid[qk_slots[1]] != 0};
         uint32_t sb[2] = {0u, 0u};
-        raw_block_scales(ks, v_key, qk_slots, blk, q, lane, smax_w, sb);
+        raw_block_scales<kLayout>(ks, v_key, qk_slots, blk, q, lane, smax_w, sb);
         wg_sync();
         uint32_t ref_old[4];
         raw_block_factors(smax_w, blk, q, lane, sb, ref_s, ref_old, fac_s);

@@ -17,7 +17,9 @@ enum SwapBarrier : int {
   kSwapAltConsumers = 3,  // kAlt: the eight consumer warps
 };
 
-template <int NH, int ST, bool kFp8, bool kRaw>
+// kLayout (raw variant): the key sources' layout, an e4m3fn pool or FlashMLA
+// cache (RawPipeline).
+template <int NH, int ST, bool kFp8, bool kRaw, int kLayout = kLayoutPool>
 __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kCtasPerSm)
     attention_swap_kernel(ukv_attention_params p, SplitConfig cfg) {
 #if defined(UKV_HAS_WGMMA)
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   // (The raw variant names its RawPipeline twice, so that no TileLoads of
   // PadTile stages exists in it.)
   uint64_t* bars = L::bars(smem);
-  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages>, ProducerPipeline<kStages>>;
+  using Pipe = std::conditional_t<kRaw, RawPipeline<kStages, kLayout>, ProducerPipeline<kStages>>;
   using Loads = std::conditional_t<kRaw, Pipe, TileLoads<kStages, PadTile, kFp8>>;
   Loads loads{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   const Pipe pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           float s[kRegs];
 #pragma unroll
           for (int i = 0; i < kRegs; ++i) s[i] = 0.f;
-          raw_qk<NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+          raw_qk<kLayout, NH, 0, kD / 64>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
 
           // Softmax of the tile within the warpgroup: the head max over the
           // warp's 16 keys (lanes g), then its 4 warps through shared memory;
@@ -214,7 +216,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
 #pragma unroll
             for (int e = 0; e < 2; ++e)
               sb[j][e] = v_key[e] && blk[j] < kD / 64 - 1
-                             ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::kScales + 2 * blk[j])
+                             ? *reinterpret_cast<const uint8_t*>(ks + raw_row(qk_slots[e]) + RawTile::scale_at<kLayout>(blk[j]))
                              : 0u;
           uint32_t smax = max(sb[0][0], sb[0][1]) | max(sb[1][0], sb[1][1]) << 16;
 #pragma unroll
@@ -332,9 +334,9 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           const int qk_slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
           const uint64_t q_desc = ukv_wgmma_desc(smem + L::kQ, 16, 1024);
           if (wg == 0) {
-            raw_qk<NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+            raw_qk<kLayout, NH, 0, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
           } else {
-            raw_qk<NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
+            raw_qk<kLayout, NH, 4, 4>(ks, qk_slots, tq, q_desc, (uint32_t)L::kAtomCol, s);
           }
         } else {
           uint32_t a[2][kGroup][4];
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         [[maybe_unused]] uint32_t sb[2] = {0u, 0u};
         if constexpr (kRaw) {
           const int slots[2] = {slot_of(16 * q + g), slot_of(16 * q + g + 8)};
-          raw_block_scales(ks, v_key, slots, blk, q, lane, smax_s + 16 * wg, sb);
+          raw_block_scales<kLayout>(ks, v_key, slots, blk, q, lane, smax_s + 16 * wg, sb);
         }
         consumer_sync();
         float base[kOwn / 2], alpha[kOwn / 2];

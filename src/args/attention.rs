@@ -168,7 +168,7 @@ pub struct LaunchSummary {
     /// The combine kernel is launched early (programmatic dependent launch).
     pub dependent_launch: bool,
     /// FP8 plans whose kernel has a raw variant, taken by calls whose every
-    /// key source is an e4m3fn pool.
+    /// key source is an e4m3fn pool, or every one an e4m3fn FlashMLA cache.
     pub raw_fp8_variant: bool,
     /// Multiprocessors the plan was sized for (0 on the CPU).
     pub sm_count: usize,

@@ -81,7 +81,8 @@ pub struct unikv_plan_info {
     pub dependent_launch: u32,
     /// 1 for FP8 plans whose kernel has a raw variant (stored FP8 rows kept
     /// in shared memory), taken by calls whose every key source is an
-    /// e4m3fn pool; other calls take the in-tile dequantizing instantiation.
+    /// e4m3fn pool, or every one an e4m3fn FlashMLA cache; other calls take
+    /// the in-tile dequantizing instantiation.
     pub raw_fp8_variant: u32,
     /// Multiprocessors the split count was sized for (0 on the CPU).
     pub sm_count: u32,

@@ -410,8 +410,9 @@ impl Backend for GpuBackend {
         };
         self.check(code, "plan")?;
         let mut summary = summary(&plan);
-        // The raw variant reads the pool's FP8 rows only (raw_variant_applies).
-        summary.raw_fp8_variant &= shape.kv_layout == KvLayout::Pool;
+        // The raw variant reads pool rows and FlashMLA tokens (raw_variant in
+        // kernels/attention/plan.cu).
+        summary.raw_fp8_variant &= shape.kv_layout != KvLayout::ScaledFp8;
         Ok(PlannedLaunch {
             workspace_bytes: plan.workspace_bytes as usize,
             summary,
