@@ -225,7 +225,8 @@ fn main() {
         std::process::exit(2);
     }
     let only = std::env::var("UNIKV_BENCH_ONLY").unwrap_or_default();
-    // UNIKV_BENCH_CASE=T,H,keys runs one decode case (for profiling it alone).
+    // UNIKV_BENCH_CASE=T,H,keys runs one decode case (for profiling it alone,
+    // or timing a shape off the table, e.g. one tile: keys = 64).
     let case: Option<(usize, usize, usize)> = std::env::var("UNIKV_BENCH_CASE").ok().map(|v| {
         let f: Vec<usize> = v
             .split(',')
@@ -312,73 +313,66 @@ fn main() {
         if !(only.is_empty() || only == "decode" || only == label) {
             continue;
         }
-        for &t in &[1usize, 4, 16, 64, 128, 256] {
-            for &h in &[8usize, 16, 32, 64, 128] {
-                for &keys in &[640usize, 1152, 2176, 8320] {
-                    if case.is_some_and(|c| c != (t, h, keys)) {
-                        continue;
-                    }
-                    let bytes_call = t * keys * row_bytes;
-                    let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
-                    let idx: Vec<Dev> = (0..sets)
-                        .map(|_| Dev::upload(ctx, &idx_set(t, keys, &mut rng)))
-                        .collect();
-                    let indptr: Vec<i32> = (0..=t).map(|i| (i * keys) as i32).collect();
-                    let indptr = Dev::upload(ctx, &indptr);
-                    let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
-                    let out = Dev::new(ctx, t * h * 512 * 2);
-                    let sink = Dev::upload(ctx, &vec![0.5f32; h]);
-                    let (plan, ws, ws_bytes) = decode_plan(ctx, t, h, kv_dtype);
-                    let us = per_call_us(&stream, sets, |i, s| {
-                        let args = unikv_decode_args {
-                            struct_size: std::mem::size_of::<unikv_decode_args>(),
-                            q: q.bf16s(&[t, h, 512]),
-                            indices: idx[i].i32s(&[t * keys]),
-                            indptr: indptr.i32s(&[t + 1]),
-                            sink: sink.t(3, 4, &[h]),
-                            out: out.bf16s(&[t, h, 512]),
-                            lse: ABSENT,
-                            layer: 0,
-                            num_tokens: t as u32,
-                            softmax_scale: 0.044194173,
-                            reserved: 0,
-                            rope_table: ABSENT,
-                            positions: ABSENT,
-                            kv: Default::default(),
-                            extra_kv: Default::default(),
-                            extra_indices: Default::default(),
-                            extra_indptr: Default::default(),
-                        };
-                        ok(
-                            unsafe {
-                                unikv_sparse_decode(
-                                    plan,
-                                    kv_pool,
-                                    &args,
-                                    ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr),
-                                    ws_bytes,
-                                    s,
-                                )
-                            },
-                            "decode",
-                        );
-                    });
-                    let bytes = (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64;
-                    let flops = 4.0 * (t * h * keys * 512) as f64;
-                    let row = Row {
-                        op: label.into(),
-                        t,
-                        h,
-                        keys,
-                        us,
-                        bytes,
-                        flops,
-                    };
-                    row.print(&c);
-                    measured.push(row);
-                    unsafe { unikv_decode_plan_destroy(plan) };
-                }
-            }
+        for (t, h, keys) in decode_cases(case) {
+            let bytes_call = t * keys * row_bytes;
+            let sets = (3 * L2_BYTES).div_ceil(bytes_call).clamp(2, 64);
+            let idx: Vec<Dev> = (0..sets)
+                .map(|_| Dev::upload(ctx, &idx_set(t, keys, &mut rng)))
+                .collect();
+            let indptr: Vec<i32> = (0..=t).map(|i| (i * keys) as i32).collect();
+            let indptr = Dev::upload(ctx, &indptr);
+            let q = Dev::upload(ctx, &random_bf16(&mut rng, t * h * 512));
+            let out = Dev::new(ctx, t * h * 512 * 2);
+            let sink = Dev::upload(ctx, &vec![0.5f32; h]);
+            let (plan, ws, ws_bytes) = decode_plan(ctx, t, h, kv_dtype);
+            let us = per_call_us(&stream, sets, |i, s| {
+                let args = unikv_decode_args {
+                    struct_size: std::mem::size_of::<unikv_decode_args>(),
+                    q: q.bf16s(&[t, h, 512]),
+                    indices: idx[i].i32s(&[t * keys]),
+                    indptr: indptr.i32s(&[t + 1]),
+                    sink: sink.t(3, 4, &[h]),
+                    out: out.bf16s(&[t, h, 512]),
+                    lse: ABSENT,
+                    layer: 0,
+                    num_tokens: t as u32,
+                    softmax_scale: 0.044194173,
+                    reserved: 0,
+                    rope_table: ABSENT,
+                    positions: ABSENT,
+                    kv: Default::default(),
+                    extra_kv: Default::default(),
+                    extra_indices: Default::default(),
+                    extra_indptr: Default::default(),
+                };
+                ok(
+                    unsafe {
+                        unikv_sparse_decode(
+                            plan,
+                            kv_pool,
+                            &args,
+                            ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr),
+                            ws_bytes,
+                            s,
+                        )
+                    },
+                    "decode",
+                );
+            });
+            let bytes = (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64;
+            let flops = 4.0 * (t * h * keys * 512) as f64;
+            let row = Row {
+                op: label.into(),
+                t,
+                h,
+                keys,
+                us,
+                bytes,
+                flops,
+            };
+            row.print(&c);
+            measured.push(row);
+            unsafe { unikv_decode_plan_destroy(plan) };
         }
     }
 
@@ -626,6 +620,23 @@ fn main() {
         unikv_pool_destroy(pool8);
         unikv_context_destroy(ctx);
     }
+}
+
+/// The pool decode rows' (T, H, keys): the table's grid, or the one case
+/// UNIKV_BENCH_CASE names (any shape).
+fn decode_cases(case: Option<(usize, usize, usize)>) -> Vec<(usize, usize, usize)> {
+    if let Some(c) = case {
+        return vec![c];
+    }
+    let mut cases = vec![];
+    for t in [1usize, 4, 16, 64, 128, 256] {
+        for h in [8usize, 16, 32, 64, 128] {
+            for keys in [640usize, 1152, 2176, 8320] {
+                cases.push((t, h, keys));
+            }
+        }
+    }
+    cases
 }
 
 /// The op label of FP8 decode over a FlashMLA-layout cache.

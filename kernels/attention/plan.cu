@@ -15,20 +15,25 @@ int split_cap(int max_tokens, int head_blocks, int resident_ctas, int max_splits
 }
 
 // The head block of a small batch, 0 for the default (64 heads, or all of
-// them up to 32). One or a few tokens fill few SMs however far their keys
-// are split (16 splits at most, in one cluster), so their heads spread over
-// 16- or 32-head blocks of the heads-on-N kernels instead: more blocks gather
-// the same keys at once, each with less math per tile. Chosen where it was
-// faster at every benchmarked key count, 640 to 8320 (bench/notes/v38.md):
-// smaller blocks also convert each row more often and lose at long keys
-// when more tokens share the GPU.
-int small_batch_head_block(int max_tokens, int num_heads, int kv_fp8) {
-  if (max_tokens > 4 || num_heads <= 16) return 0;
+// them up to 32). A few tokens fill few SMs however far their keys are split
+// (16 splits at most, in one cluster), so their heads spread over 16- or
+// 32-head blocks of the heads-on-N kernels instead: more blocks gather the
+// same keys at once, each with less math per tile. Smaller blocks also gather
+// (and for FP8, decode) each row more often, which loses once the blocks
+// outnumber the SMs, and first at long keys (bench/notes/v38.md). bf16 rows,
+// whose 64-head kernel decodes nothing, gain at T = 1 only. FP8 rows take
+// 32-head blocks while one wave of them (one 512-thread block per SM) holds
+// the batch: faster at every measured shape but 64 heads at 8320 keys and
+// T = 16 / 64 (2-5% slower; 7-40% faster at 640-2176 keys).
+int small_batch_head_block(int max_tokens, int num_heads, int kv_fp8, int sms) {
+  if (num_heads <= 16) return 0;
   switch (kv_fp8) {
     case 0: return max_tokens > 1 ? 0 : num_heads > 64 ? 32 : 16;  // bf16 rows
-    case 1: return max_tokens == 1 ? 16 : num_heads > 32 ? 32 : 0;  // FP8 pool rows
-    case 2: return max_tokens == 1 ? 16 : num_heads > 32 ? 32 : 0;  // FlashMLA tokens (as pool rows)
-    default: return 0;                                              // scaled FP8 rows: not measured
+    case 1:                                                         // FP8 pool rows
+    case 2:                                                         // FlashMLA tokens (the same kernels)
+      if (max_tokens == 1) return 16;
+      return num_heads > 32 && (int64_t)max_tokens * ukv::cdiv(num_heads, 32) <= sms ? 32 : 0;
+    default: return 0;  // scaled FP8 rows: not measured
   }
 }
 
@@ -156,7 +161,7 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       pl.head_blocks = (int)ukv::cdiv(num_heads, kPortableHeads);
       pl.block_m_tiles = kPortableHeads / 16;
     }
-    const int small_hb = small_batch_head_block(max_tokens, num_heads, kv_fp8);
+    const int small_hb = small_batch_head_block(max_tokens, num_heads, kv_fp8, sms);
     if (small_hb != 0 && facts.wgmma && !g_no_wgmma && pl.portable == 0) {
       pl.head_blocks = (int)ukv::cdiv(num_heads, small_hb);
       pl.block_m_tiles = small_hb / 16;
