@@ -158,6 +158,15 @@ enum : int { kRowInvalid = 0, kRowBf16 = 1, kRowFp8 = 2, kRowFlashMla = 3, kRowS
 // An FP8 row in the 640-byte pool's shape (a pool row or a FlashMLA token):
 // what the wgmma producers dequantize in place.
 __device__ __forceinline__ constexpr bool fp8_in_place(int kind) { return kind == kRowFp8 || kind == kRowFlashMla; }
+// The scale byte of code block `block` (0..6) of such a row, from its 16-byte
+// scale chunk: a pool row doubles its scale bytes, a FlashMLA token's are
+// consecutive. Picked by a byte permute, so the chunk's load need not wait for
+// the `valid` load that gives `kind` (a byte load at a kind-dependent address
+// costs two shared-memory latencies; bench/notes/v37.md, 37f).
+__device__ __forceinline__ uint32_t row_scale(uint4 chunk, int kind, int block) {
+  const uint32_t at = (uint32_t)(kind == kRowFlashMla ? block : 2 * block);
+  return ukv_byte_perm(at < 8 ? chunk.x : chunk.z, at < 8 ? chunk.y : chunk.w, at & 7u) & 0xFFu;
+}
 
 // ukv_kv_source.layout (kernels/params.h).
 enum : int { kLayoutPool = 0, kLayoutFlashMla = 1, kLayoutScaled = 2 };
@@ -375,6 +384,18 @@ __device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int
     }
     write_merged4(p, t, h, d0, acc, m, l, d0 == 0);
   }
+}
+
+// A split block's end in cluster mode, once its partial (m, l, acc) is in
+// shared memory: the cluster's blocks meet, merge (`merges`: this thread takes
+// part), and none leaves while another still reads its shared memory.
+template <int kHb>
+__device__ __forceinline__ void merge_in_cluster(const ukv_attention_params& p, int t, int h0, int count, int rank,
+                                                 int ranks, const float* m_s, const float* l_s, const float* acc_s,
+                                                 bool merges = true) {
+  ukv_cluster_sync();
+  if (merges) cluster_merge<kHb>(p, t, h0, count, rank, ranks, m_s, l_s, acc_s);
+  ukv_cluster_sync_exit();
 }
 #endif  // UKV_NVIDIA_KERNELS
 

@@ -100,17 +100,15 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
     // Every row's bytes are read (in bounds whatever the row holds); only FP8
-    // rows are written. A pool row doubles its scale bytes, a FlashMLA
-    // token's are consecutive.
+    // rows are written.
     const int r = row0 + step * k;
-    const char* scales = tile + Layout::at(r, kScaleChunk);
     const int kind = valid[r];
-    const int scale_step = kind == kRowFlashMla ? 1 : 2;
     fp8[k] = fp8_in_place(kind);
     lo[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, lane / 2) + 8 * (lane % 2));
     hi[k] = *reinterpret_cast<const uint2*>(tile + Layout::at(r, 16 + hi_lane / 2) + 8 * (hi_lane % 2));
-    s_lo[k] = *reinterpret_cast<const uint8_t*>(scales + scale_step * (lane / 8));
-    s_hi[k] = *reinterpret_cast<const uint8_t*>(scales + scale_step * (4 + hi_lane / 8));
+    const uint4 scales = *reinterpret_cast<const uint4*>(tile + Layout::at(r, kScaleChunk));
+    s_lo[k] = row_scale(scales, kind, lane / 8);
+    s_hi[k] = row_scale(scales, kind, 4 + hi_lane / 8);
   }
   // Every raw piece is read before any lane writes (the warp vote below is no
   // memory barrier); then one flag, without a branch per piece.
@@ -163,20 +161,14 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
   const int kind = valid[r];
   const bool fp8 = mine && fp8_in_place(kind);
-  // A pool row doubles its scale bytes, a FlashMLA token's are consecutive.
-  const int scale_step = kind == kRowFlashMla ? 1 : 2;
   char* row = tile + (uint32_t)r * 128u;
   const uint32_t swizzle = (uint32_t)r & 7u;
   const auto chunk = [&](int c) { return row + (uint32_t)(c >> 3) * AtomTile::kAtomBytes + ((((uint32_t)c & 7u) ^ swizzle) << 4); };
   uint4 raw[kJobChunks];
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(first + q));
-  // The row's whole scale chunk, loaded beside the codes; the byte is picked
-  // once `kind` is known (a byte load at a kind-dependent address waited for
-  // the `valid` load first: two shared-memory latencies per round).
-  const uint4 scales = *reinterpret_cast<const uint4*>(chunk(kScaleChunk));
-  const int at = scale_step * (first / 4);
-  const uint32_t s = ukv_byte_perm(at < 8 ? scales.x : scales.z, at < 8 ? scales.y : scales.w, (uint32_t)at & 7u) & 0xFFu;
+  // The row's whole scale chunk, loaded beside the codes (row_scale).
+  const uint32_t s = row_scale(*reinterpret_cast<const uint4*>(chunk(kScaleChunk)), kind, first / 4);
   ukv_syncwarp();  // every raw chunk read before any lane writes
   bool fast = fmt == UKV_FP8_E4M3FN;
 #pragma unroll

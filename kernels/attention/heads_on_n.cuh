@@ -147,9 +147,7 @@ __device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
     }
-    ukv_cluster_sync();
-    if (consumer) cluster_merge<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, acc_s);
-    ukv_cluster_sync_exit();
+    merge_in_cluster<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, acc_s, consumer);
   } else if (!consumer) {
     return;
   } else if (work.direct) {

@@ -255,9 +255,7 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
           *reinterpret_cast<float2*>(acc_s + partial_at(r, col)) = make_float2(acc[mt][n][half * 2], acc[mt][n][half * 2 + 1]);
         }
       }
-    ukv_cluster_sync();
-    cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
-    ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
+    merge_in_cluster<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
   } else if (direct) {
     const float* cs = inverse_rope_row(p, t);
 #pragma unroll

@@ -631,9 +631,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
             *reinterpret_cast<float2*>(acc_s + partial_at(row, col)) = make_float2(o[hh][4 * i + 2 * r], o[hh][4 * i + 2 * r + 1]);
           }
       }
-      ukv_cluster_sync();
-      cluster_merge<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
-      ukv_cluster_sync_exit();  // no block leaves while another still reads its shared memory
+      merge_in_cluster<kHb>(p, t, h0, cut.count, split, cfg.splits, m_s, l_s, acc_s);
     } else if (direct) {
       const float* cs = inverse_rope_row(p, t);
 #pragma unroll
