@@ -377,7 +377,7 @@ fn main() {
     }
 
     if only.is_empty() || only == "decode" || only == FLASHMLA_DECODE {
-        bench_flashmla_decode(ctx, &stream, &c, rows, case, &mut rng, &mut measured);
+        bench_flashmla_decode(ctx, &stream, &c, pool8, rows, case, &mut rng, &mut measured);
     }
 
     if only.is_empty() || only == "prefill" {
@@ -585,31 +585,34 @@ fn main() {
             .map(|r| r.us)
     };
     // Issue 26: over FlashMLA's 584-byte cache unikv must be at least as fast
-    // as over its own 640-byte FP8 pool rows.
+    // as over its own 640-byte FP8 pool rows, read through the same index
+    // streams (window + top-k, two sources), and, for reference, the
+    // one-source pool rows of the table above.
     let fmla: Vec<&Row> = measured
         .iter()
         .filter(|r| r.op == FLASHMLA_DECODE)
         .collect();
     if !fmla.is_empty() {
-        println!("\nFP8 decode over a FlashMLA cache (page size 64) against the FP8 pool (target: ratio >= 1)");
+        println!("\nFP8 decode over a FlashMLA cache (page size 64) against the FP8 pool with the same index streams (target: ratio >= 1)");
         println!(
-            "|     T |   H |  keys | FlashMLA layout us | FP8 pool us | pool / FlashMLA layout |"
+            "|     T |   H |  keys | FlashMLA layout us | FP8 pool, 2 sources us | ratio |  FP8 pool, 1 source us | ratio |"
         );
         println!(
-            "|-------|-----|-------|--------------------|-------------|------------------------|"
+            "|-------|-----|-------|--------------------|------------------------|-------|------------------------|-------|"
         );
+        // "pool us | pool / layout" for one comparison row, or dashes.
+        let cell = |us: Option<f64>, layout_us: f64| {
+            us.map_or(format!("{:>22} | {:>5}", "-", "-"), |u| {
+                format!("{u:>22.2} | {:>5.3}", u / layout_us)
+            })
+        };
         for r in fmla {
-            if let Some(pool_us) = us_of("decode fp8", r.t, r.h, r.keys) {
-                println!(
-                    "| {:>5} | {:>3} | {:>5} | {:>18.2} | {:>11.2} | {:>22.2} |",
-                    r.t,
-                    r.h,
-                    r.keys,
-                    r.us,
-                    pool_us,
-                    pool_us / r.us
-                );
-            }
+            let two = cell(us_of(POOL_TWO_SOURCE_DECODE, r.t, r.h, r.keys), r.us);
+            let one = cell(us_of("decode fp8", r.t, r.h, r.keys), r.us);
+            println!(
+                "| {:>5} | {:>3} | {:>5} | {:>18.2} | {two} | {one} |",
+                r.t, r.h, r.keys, r.us
+            );
         }
     }
     for line in reference::side_by_side(us_of) {
@@ -641,6 +644,9 @@ fn decode_cases(case: Option<(usize, usize, usize)>) -> Vec<(usize, usize, usize
 
 /// The op label of FP8 decode over a FlashMLA-layout cache.
 const FLASHMLA_DECODE: &str = "decode fp8 fmla";
+/// The op label of FP8 decode over the FP8 pool with the FlashMLA rows' index
+/// streams (window + top-k, two sources): what issue 26 compares the layout with.
+const POOL_TWO_SOURCE_DECODE: &str = "decode fp8 2src";
 
 /// FP8 (e4m3fn) decode over FlashMLA's 584-byte paged cache, page size 64, of
 /// at least as many tokens as the pools have rows (written by the host
@@ -650,11 +656,15 @@ const FLASHMLA_DECODE: &str = "decode fp8 fmla";
 /// `indices`), two sources over the same cache as FlashMLA's two-cache call,
 /// so the kernel reads the same 584 bytes per key FlashMLA does. Index sets
 /// rotate over >= 3x L2 as in the pool rows. Bytes: 584 per key plus its
-/// 4-byte index, q read and out written.
+/// 4-byte index, q read and out written. The same index sets then run over
+/// the FP8 pool `pool8` (ids below its `tokens_min` rows), two sources of its
+/// layer 0, so the layout is compared with the pool call for call.
+#[allow(clippy::too_many_arguments)]
 fn bench_flashmla_decode(
     ctx: *mut unikv_context,
     stream: &OwnedStream,
     c: &Ceilings,
+    pool8: *mut unikv_pool,
     tokens_min: usize,
     case: Option<(usize, usize, usize)>,
     rng: &mut rand::rngs::ThreadRng,
@@ -689,7 +699,8 @@ fn bench_flashmla_decode(
         scales: ABSENT,
     };
     let kv = source(cache.t(6, 1, &[pages, page_bytes]));
-    let all: Vec<i32> = (0..tokens as i32).collect();
+    // Ids the pool has rows for too (the cache holds at least as many tokens).
+    let all: Vec<i32> = (0..tokens_min as i32).collect();
     for &t in &[1usize, 4, 16, 64, 128, 256] {
         for &h in &[64usize, 128] {
             for &keys in &[640usize, 2176] {
@@ -713,7 +724,7 @@ fn bench_flashmla_decode(
                     .map(|_| {
                         let ids: Vec<i32> = (0..t)
                             .flat_map(|_| {
-                                let start = rng.random_range(0..tokens - WINDOW) as i32;
+                                let start = rng.random_range(0..tokens_min - WINDOW) as i32;
                                 start..start + WINDOW as i32
                             })
                             .collect();
@@ -744,46 +755,78 @@ fn bench_flashmla_decode(
                     "ws",
                 );
                 let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
+                // kv: the cache (FlashMLA rows) or zeroed (the pool's layer 0).
+                let args = |i: usize, kv: unikv_kv_cache| unikv_decode_args {
+                    struct_size: std::mem::size_of::<unikv_decode_args>(),
+                    q: q.bf16s(&[t, h, 512]),
+                    indices: top[i].i32s(&[t * topk]),
+                    indptr: top_ptr.i32s(&[t + 1]),
+                    sink: sink.t(3, 4, &[h]),
+                    out: out.bf16s(&[t, h, 512]),
+                    lse: ABSENT,
+                    layer: 0,
+                    num_tokens: t as u32,
+                    softmax_scale: 0.044194173,
+                    reserved: 0,
+                    rope_table: ABSENT,
+                    positions: ABSENT,
+                    kv,
+                    extra_kv: kv,
+                    extra_indices: window[i].i32s(&[t * WINDOW]),
+                    extra_indptr: win_ptr.i32s(&[t + 1]),
+                };
                 let us = per_call_us(stream, sets, |i, s| {
-                    let args = unikv_decode_args {
-                        struct_size: std::mem::size_of::<unikv_decode_args>(),
-                        q: q.bf16s(&[t, h, 512]),
-                        indices: top[i].i32s(&[t * topk]),
-                        indptr: top_ptr.i32s(&[t + 1]),
-                        sink: sink.t(3, 4, &[h]),
-                        out: out.bf16s(&[t, h, 512]),
-                        lse: ABSENT,
-                        layer: 0,
-                        num_tokens: t as u32,
-                        softmax_scale: 0.044194173,
-                        reserved: 0,
-                        rope_table: ABSENT,
-                        positions: ABSENT,
-                        kv,
-                        extra_kv: kv,
-                        extra_indices: window[i].i32s(&[t * WINDOW]),
-                        extra_indptr: win_ptr.i32s(&[t + 1]),
-                    };
                     let ws_ptr = ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
                     ok(
                         unsafe {
-                            unikv_sparse_decode(plan, ptr::null(), &args, ws_ptr, ws_bytes, s)
+                            unikv_sparse_decode(
+                                plan,
+                                ptr::null(),
+                                &args(i, kv),
+                                ws_ptr,
+                                ws_bytes,
+                                s,
+                            )
                         },
                         "FlashMLA decode",
                     );
                 });
-                let row = Row {
-                    op: FLASHMLA_DECODE.into(),
-                    t,
-                    h,
-                    keys,
-                    us,
-                    bytes: (t * keys * (584 + 4) + 2 * t * h * 1024) as f64,
-                    flops: 4.0 * (t * h * keys * 512) as f64,
-                };
-                row.print(c);
-                measured.push(row);
                 unsafe { unikv_decode_plan_destroy(plan) };
+                let (pool_plan, pool_ws, pool_ws_bytes) = decode_plan(ctx, t, h, 7);
+                let pool_us = per_call_us(stream, sets, |i, s| {
+                    let ws_ptr = pool_ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
+                    let pool_args = args(i, Default::default());
+                    ok(
+                        unsafe {
+                            unikv_sparse_decode(
+                                pool_plan,
+                                pool8,
+                                &pool_args,
+                                ws_ptr,
+                                pool_ws_bytes,
+                                s,
+                            )
+                        },
+                        "pool decode, two sources",
+                    );
+                });
+                unsafe { unikv_decode_plan_destroy(pool_plan) };
+                for (op, us, row_bytes) in [
+                    (FLASHMLA_DECODE, us, 584),
+                    (POOL_TWO_SOURCE_DECODE, pool_us, 640),
+                ] {
+                    let row = Row {
+                        op: op.into(),
+                        t,
+                        h,
+                        keys,
+                        us,
+                        bytes: (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64,
+                        flops: 4.0 * (t * h * keys * 512) as f64,
+                    };
+                    row.print(c);
+                    measured.push(row);
+                }
             }
         }
     }
