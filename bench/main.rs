@@ -326,25 +326,13 @@ fn main() {
             let sink = Dev::upload(ctx, &vec![0.5f32; h]);
             let (plan, ws, ws_bytes) = decode_plan(ctx, t, h, kv_dtype);
             let us = per_call_us(&stream, sets, |i, s| {
-                let args = unikv_decode_args {
-                    struct_size: std::mem::size_of::<unikv_decode_args>(),
-                    q: q.bf16s(&[t, h, 512]),
-                    indices: idx[i].i32s(&[t * keys]),
-                    indptr: indptr.i32s(&[t + 1]),
-                    sink: sink.t(3, 4, &[h]),
-                    out: out.bf16s(&[t, h, 512]),
-                    lse: ABSENT,
-                    layer: 0,
-                    num_tokens: t as u32,
-                    softmax_scale: 0.044194173,
-                    reserved: 0,
-                    rope_table: ABSENT,
-                    positions: ABSENT,
-                    kv: Default::default(),
-                    extra_kv: Default::default(),
-                    extra_indices: Default::default(),
-                    extra_indptr: Default::default(),
-                };
+                let args = decode_args(
+                    (&q, &sink, &out),
+                    idx[i].i32s(&[t * keys]),
+                    indptr.i32s(&[t + 1]),
+                    t,
+                    h,
+                );
                 ok(
                     unsafe {
                         unikv_sparse_decode(
@@ -757,23 +745,17 @@ fn bench_flashmla_decode(
                 let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
                 // kv: the cache (FlashMLA rows) or zeroed (the pool's layer 0).
                 let args = |i: usize, kv: unikv_kv_cache| unikv_decode_args {
-                    struct_size: std::mem::size_of::<unikv_decode_args>(),
-                    q: q.bf16s(&[t, h, 512]),
-                    indices: top[i].i32s(&[t * topk]),
-                    indptr: top_ptr.i32s(&[t + 1]),
-                    sink: sink.t(3, 4, &[h]),
-                    out: out.bf16s(&[t, h, 512]),
-                    lse: ABSENT,
-                    layer: 0,
-                    num_tokens: t as u32,
-                    softmax_scale: 0.044194173,
-                    reserved: 0,
-                    rope_table: ABSENT,
-                    positions: ABSENT,
                     kv,
                     extra_kv: kv,
                     extra_indices: window[i].i32s(&[t * WINDOW]),
                     extra_indptr: win_ptr.i32s(&[t + 1]),
+                    ..decode_args(
+                        (&q, &sink, &out),
+                        top[i].i32s(&[t * topk]),
+                        top_ptr.i32s(&[t + 1]),
+                        t,
+                        h,
+                    )
                 };
                 let us = per_call_us(stream, sets, |i, s| {
                     let ws_ptr = ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr);
@@ -1029,6 +1011,38 @@ fn plan_params_kv(t: usize, h: usize, kv_dtype: u32) -> unikv_attention_plan_par
         out_dtype: 1,
         kv_layout: 0,
         reserved: 0,
+    }
+}
+
+/// A benchmark decode call's arguments: `(q, sink, out)` of `t` tokens and
+/// `h` heads (sink 0.5 per head), one index stream over the pool's layer 0, no
+/// LSE and no inverse-RoPE epilogue. Callers with other key sources override
+/// `kv`, `extra_kv` and the extra stream.
+fn decode_args(
+    (q, sink, out): (&Dev, &Dev, &Dev),
+    indices: unikv_tensor,
+    indptr: unikv_tensor,
+    t: usize,
+    h: usize,
+) -> unikv_decode_args {
+    unikv_decode_args {
+        struct_size: std::mem::size_of::<unikv_decode_args>(),
+        q: q.bf16s(&[t, h, 512]),
+        indices,
+        indptr,
+        sink: sink.t(3, 4, &[h]),
+        out: out.bf16s(&[t, h, 512]),
+        lse: ABSENT,
+        layer: 0,
+        num_tokens: t as u32,
+        softmax_scale: 0.044194173,
+        reserved: 0,
+        rope_table: ABSENT,
+        positions: ABSENT,
+        kv: Default::default(),
+        extra_kv: Default::default(),
+        extra_indices: Default::default(),
+        extra_indptr: Default::default(),
     }
 }
 
