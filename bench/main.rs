@@ -141,6 +141,12 @@ struct Row {
 }
 
 impl Row {
+    /// Prints the row and keeps it for the side-by-side tables.
+    fn record(self, c: &Ceilings, measured: &mut Vec<Row>) {
+        self.print(c);
+        measured.push(self);
+    }
+
     fn print(&self, c: &Ceilings) {
         let s = self.us * 1e-6;
         let floor = (self.bytes / c.copy_bw).max(self.flops / c.mma_flops);
@@ -349,7 +355,7 @@ fn main() {
             });
             let bytes = (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64;
             let flops = 4.0 * (t * h * keys * 512) as f64;
-            let row = Row {
+            Row {
                 op: label.into(),
                 t,
                 h,
@@ -357,9 +363,8 @@ fn main() {
                 us,
                 bytes,
                 flops,
-            };
-            row.print(&c);
-            measured.push(row);
+            }
+            .record(&c, &mut measured);
             unsafe { unikv_decode_plan_destroy(plan) };
         }
     }
@@ -437,7 +442,7 @@ fn main() {
                 });
                 let bytes = (t * keys * (1024 + 4) + 2 * t * h * 1024) as f64;
                 let flops = 4.0 * (t * h * keys * 512) as f64;
-                let row = Row {
+                Row {
                     op: "prefill".into(),
                     t,
                     h,
@@ -445,9 +450,8 @@ fn main() {
                     us,
                     bytes,
                     flops,
-                };
-                row.print(&c);
-                measured.push(row);
+                }
+                .record(&c, &mut measured);
                 unsafe { unikv_prefill_plan_destroy(plan) };
             }
         }
@@ -728,21 +732,13 @@ fn bench_flashmla_decode(
                 let q = Dev::upload(ctx, &random_bf16(rng, t * h * 512));
                 let out = Dev::new(ctx, t * h * 512 * 2);
                 let sink = Dev::upload(ctx, &vec![0.5f32; h]);
-                let mut plan = ptr::null_mut();
-                let params = unikv_attention_plan_params {
-                    kv_layout: unikv_kv_layout::UNIKV_KV_LAYOUT_FLASHMLA as u32,
-                    ..plan_params_kv(t, h, 7)
-                };
-                ok(
-                    unsafe { unikv_decode_plan_create(ctx, &params, &mut plan) },
-                    "FlashMLA decode plan",
+                let (plan, ws, ws_bytes) = decode_plan_for(
+                    ctx,
+                    &unikv_attention_plan_params {
+                        kv_layout: unikv_kv_layout::UNIKV_KV_LAYOUT_FLASHMLA as u32,
+                        ..plan_params_kv(t, h, 7)
+                    },
                 );
-                let mut ws_bytes = 0;
-                ok(
-                    unsafe { unikv_decode_plan_workspace_size(plan, &mut ws_bytes) },
-                    "ws",
-                );
-                let ws = (ws_bytes > 0).then(|| Dev::new(ctx, ws_bytes));
                 // kv: the cache (FlashMLA rows) or zeroed (the pool's layer 0).
                 let args = |i: usize, kv: unikv_kv_cache| unikv_decode_args {
                     kv,
@@ -797,7 +793,7 @@ fn bench_flashmla_decode(
                     (FLASHMLA_DECODE, us, 584),
                     (POOL_TWO_SOURCE_DECODE, pool_us, 640),
                 ] {
-                    let row = Row {
+                    Row {
                         op: op.into(),
                         t,
                         h,
@@ -805,9 +801,8 @@ fn bench_flashmla_decode(
                         us,
                         bytes: (t * keys * (row_bytes + 4) + 2 * t * h * 1024) as f64,
                         flops: 4.0 * (t * h * keys * 512) as f64,
-                    };
-                    row.print(c);
-                    measured.push(row);
+                    }
+                    .record(c, measured);
                 }
             }
         }
@@ -1052,9 +1047,17 @@ fn decode_plan(
     h: usize,
     kv_dtype: u32,
 ) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
+    decode_plan_for(ctx, &plan_params_kv(t, h, kv_dtype))
+}
+
+/// A decode plan for `params` and its workspace (None when it needs none).
+fn decode_plan_for(
+    ctx: *mut unikv_context,
+    params: &unikv_attention_plan_params,
+) -> (*mut unikv_decode_plan, Option<Dev>, usize) {
     let mut plan = ptr::null_mut();
     ok(
-        unsafe { unikv_decode_plan_create(ctx, &plan_params_kv(t, h, kv_dtype), &mut plan) },
+        unsafe { unikv_decode_plan_create(ctx, params, &mut plan) },
         "decode plan",
     );
     let mut bytes = 0;
