@@ -16,16 +16,18 @@
 // exact), relu, times the head weight; the 4 groups' partial sums meet through
 // shuffles and one multiply by the key's scale gives the score.
 //
-// Selection (select_kernel): one block per token, 512 threads; rows of up to
-// 32768 keys are read once into registers (16 or 64 consecutive keys per
-// thread). At most topk keys: all of them. Otherwise a radix select over
-// 32-bit order keys (the total order of src/indexer.rs order_key: -0 = +0,
-// NaN lowest), 8 bits per pass from the top (one histogram per warp), finds
-// the topk-th largest key T; the output pass keeps key > T, and key == T
-// while fewer than topk - count(key > T) ties were kept in index order, so
-// ties go to lower indices and the set is the CPU backend's exactly. Block
-// prefix sums place the kept keys in ascending index order; -1 fills the rest
-// of the row.
+// Selection: one block per token, 512 threads (select_held_kernel; small
+// batches of rows past 8192 keys on a cluster of 8 blocks per token), the
+// row's keys read once into registers, 4 to 64 consecutive keys per thread;
+// rows past 32768 keys in batches too large for clusters re-read the logits
+// in every pass (select_reread_kernel). At most topk keys: all of them.
+// Otherwise a radix select over 32-bit order keys (the total order of
+// src/indexer.rs order_key: -0 = +0, NaN lowest), 8 bits per pass from the
+// top, finds the topk-th largest key T; the output keeps key > T, and key ==
+// T while fewer than topk - count(key > T) ties were kept in index order, so
+// ties go to lower indices and the set is the CPU backend's exactly. Prefix
+// sums place the kept keys in ascending index order; -1 fills the rest of
+// the row.
 //
 // Device values are never trusted: a batch id outside the page table makes
 // the token padding (a row of -1), its keys are clamped to the logits row and
@@ -417,91 +419,31 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
   return x + before;
 }
 
-// The row's keys as this thread visits them, body(j, i) for key index i:
-// kHeld > 0: thread tid holds keys base + tid kHeld .. + kHeld - 1 in registers
-// (held[j]; the loop is unrolled so they stay registers); 0: keys
-// tid + j kSelectThreads, re-read from the logits (L2) on every visit.
-template <int kHeld, class Body>
-__device__ __forceinline__ void for_keys(int n, int base, Body body) {
-  const int tid = threadIdx.x;
-  if constexpr (kHeld > 0) {
-#pragma unroll
-    for (int j = 0; j < kHeld; ++j) body(j, base + tid * kHeld + j);
-  } else {
-    for (int j = 0, i = tid; j * kSelectThreads < n; ++j, i += kSelectThreads) body(j, i);
-  }
-}
-
-// The sum of `v` over the cluster's blocks of lower rank (every thread of the
-// block calls it, with its block's v; `cell` is a shared int used once).
-// HIP builds launch no clusters, so there it is never called.
-[[maybe_unused]] __device__ __forceinline__ int cluster_exclusive_sum(int v, int* cell, int rank) {
-  if (threadIdx.x == 0) *cell = v;
-  ukv_cluster_sync();
-  int below = 0;
-  for (int r = 0; r < rank; ++r) below += *ukv_cluster_map(cell, r);
-  return below;
-}
-
-// kHeld > 0: rows of at most kCluster * kHeld * kSelectThreads keys, read
-// once into registers; 0: any row, re-read in every pass. kCluster > 1
-// (sm_90, small batches of long rows): a token's blocks form a cluster, block
-// r holding keys r kHeld kSelectThreads ..; every pass sums the blocks'
-// histograms through distributed shared memory (each block then finds the
-// same digit), and the output scans add the lower blocks' counts, so ties
-// still go to the lower index.
-template <int kHeld, int kCluster = 1>
-__global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk_params p) {
-  static_assert(kCluster == 1 || kHeld > 0, "a cluster's blocks hold their keys");
+// Rows past what the register kernels hold (more than 32768 keys in batches
+// too large for clusters): one block per token runs the radix select of the
+// file's head, re-reading the row from the logits (L2) in every pass. For
+// the output, warp w walks keys [w seg, (w + 1) seg) 32 at a time
+// (coalesced); a lane's rank among its warp's ties or kept keys is a
+// ballot's popcount plus the warp's running count, so the block scans twice
+// per row, not twice per 512 keys (bench/notes/v34.md).
+__global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_indexer_topk_params p) {
   // One histogram per warp: the scores of a row share their top bits, so a
   // single histogram serializes the whole block's atomics on a few bins.
   __shared__ int hist[kSelectWarps][256];
   __shared__ int scratch[kSelectWarps];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining;
-  // kCluster > 1: the block's histogram totals, one buffer per pass parity (a
-  // block may start pass r + 1 while another still reads its pass r totals),
-  // and its tie and kept-key counts.
-  __shared__ int totals[kCluster > 1 ? 2 : 1][256];
-  __shared__ int s_ties, s_keeps;
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.x, tid = threadIdx.x;
-  const int rank = kCluster > 1 ? (int)blockIdx.z : 0;
-  const int base = rank * kHeld * kSelectThreads;
   const TokenKeys tk = token_keys(p, t);
   int32_t* out = p.topk_indices + t * p.topk_stride;
   const float* logits = p.logits + t * p.logits_stride;
   const int n = tk.keys;
-  uint32_t held[kHeld > 0 ? kHeld : 1] = {};
-  const auto key_of = [&](int j, int i) -> uint32_t {
-    if constexpr (kHeld > 0) return held[j];
-    return i < n ? order_key(logits[i]) : 0u;
-  };
-  int written = 0;
+  int written = n;
   if (n <= p.topk) {
-    if (rank == 0)
-      for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
-    written = n;
+    for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
   } else {
-    if constexpr (kHeld > 0) {
-      // 16-byte loads where the row allows (a thread's keys are contiguous).
-      const bool vector = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-#pragma unroll
-      for (int j = 0; j < kHeld; j += 4) {
-        const int i = base + tid * kHeld + j;
-        if (vector && i + 4 <= n) {
-          const float4 v = *reinterpret_cast<const float4*>(logits + i);
-          held[j] = order_key(v.x);
-          held[j + 1] = order_key(v.y);
-          held[j + 2] = order_key(v.z);
-          held[j + 3] = order_key(v.w);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) held[j + e] = i + e < n ? order_key(logits[i + e]) : 0u;
-        }
-      }
-    }
     // Radix select: after pass r the top 8(r + 1) bits of T are known.
     uint32_t prefix = 0;
     int remaining = p.topk;  // keys still to take among those matching the prefix
@@ -510,10 +452,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
-      for_keys<kHeld>(n, base, [&](int j, int i) {
-        const uint32_t k = key_of(j, i);
-        if (i < n && (k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
-      });
+      for (int i = tid; i < n; i += kSelectThreads) {
+        const uint32_t k = order_key(logits[i]);
+        if ((k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
+      }
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
       // above that digit; the digit where it first reaches `remaining` is T's.
@@ -521,14 +463,6 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       int count = 0;
       if (tid < 256)
         for (int w = 0; w < kSelectWarps; ++w) count += hist[w][digit];
-      if constexpr (kCluster > 1) {
-        if (tid < 256) totals[pass & 1][digit] = count;
-        ukv_cluster_sync();
-        if (tid < 256) {
-          count = 0;
-          for (int r = 0; r < kCluster; ++r) count += ukv_cluster_map(&totals[pass & 1][0], r)[digit];
-        }
-      }
       int total;
       const int at_or_above = block_inclusive_sum(count, scratch, &total);
       if (tid < 256 && at_or_above >= remaining && at_or_above - count < remaining) {
@@ -540,75 +474,268 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
       remaining = s_remaining;
     }
     // prefix = T; `remaining` ties at T are taken, lowest indices first.
-    if constexpr (kHeld > 0) {
-      // Contiguous keys per thread: one scan places the ties, one the output.
-      int ties = 0;
-      for_keys<kHeld>(n, base, [&](int j, int i) { ties += i < n && held[j] == prefix; });
-      int all;
-      int tie_rank = block_inclusive_sum(ties, scratch, &all) - ties;
-      if constexpr (kCluster > 1) tie_rank += cluster_exclusive_sum(all, &s_ties, rank);
-      int keeps = 0;
-      for_keys<kHeld>(n, base, [&](int j, int i) {
-        const bool tie = i < n && held[j] == prefix;
-        keeps += i < n && (held[j] > prefix || (tie && tie_rank < remaining));
-        tie_rank += tie;
-      });
-      int slot = block_inclusive_sum(keeps, scratch, &all) - keeps;
-      if constexpr (kCluster > 1) slot += cluster_exclusive_sum(all, &s_keeps, rank);
-      tie_rank -= ties;
-      // A thread's kHeld keys lie on one 64-key page: its page-table entry is
-      // read once, before the stores (a read per key after each store
-      // serialized 16-32 round trips to L2: 5 of the 10 us at 1024 keys,
-      // bench/notes/v34.md).
-      static_assert(kPage % kHeld == 0, "a thread's keys on one page");
-      const int first_key = base + tid * kHeld;
-      const int64_t page_base =
-          keeps > 0 ? (int64_t)p.page_table[tk.request * p.page_table_stride + first_key / kPage] * kPage : 0;
-      for_keys<kHeld>(n, base, [&](int j, int i) {
-        const bool tie = i < n && held[j] == prefix;
-        if (i < n && (held[j] > prefix || (tie && tie_rank < remaining))) out[slot++] = (int32_t)(page_base + i % kPage);
-        tie_rank += tie;
-      });
+    const int warp = tid / UKV_WARP, lane = tid % UKV_WARP;
+    const int seg = (n + kSelectWarps - 1) / kSelectWarps;
+    const int begin = min(n, warp * seg), end = min(n, begin + seg);
+    const uint64_t lower = (1ull << lane) - 1ull;
+    const auto walk = [&](auto body) {
+      for (int i0 = begin; i0 < end; i0 += UKV_WARP) {
+        const int i = i0 + lane;
+        body(i, i < end ? order_key(logits[i]) : 0u, i < end);
+      }
+    };
+    int ties = 0;
+    walk([&](int, uint32_t k, bool in) { ties += ukv_popc64(ukv_ballot(in && k == prefix)); });
+    int all;
+    // One value per warp (lane 0's), scanned over the warps.
+    int tie_base = block_inclusive_sum(lane == 0 ? ties : 0, scratch, &all) - (lane == 0 ? ties : 0);
+    tie_base = ukv_shfl(tie_base, 0, UKV_WARP);
+    int keeps = 0, tie_seen = 0;
+    walk([&](int, uint32_t k, bool in) {
+      const bool tie = in && k == prefix;
+      const uint64_t tie_lanes = ukv_ballot(tie);
+      const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
+      keeps += ukv_popc64(ukv_ballot(keep));
+      tie_seen += ukv_popc64(tie_lanes);
+    });
+    int slot = block_inclusive_sum(lane == 0 ? keeps : 0, scratch, &all) - (lane == 0 ? keeps : 0);
+    slot = ukv_shfl(slot, 0, UKV_WARP);
+    tie_seen = 0;
+    walk([&](int i, uint32_t k, bool in) {
+      const bool tie = in && k == prefix;
+      const uint64_t tie_lanes = ukv_ballot(tie);
+      const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
+      const uint64_t keep_lanes = ukv_ballot(keep);
+      if (keep) out[slot + ukv_popc64(keep_lanes & lower)] = page_index(p, tk.request, i);
+      slot += ukv_popc64(keep_lanes);
+      tie_seen += ukv_popc64(tie_lanes);
+    });
+    written = p.topk;
+  }
+  for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+}
+
+// Keys per thread of a row of n keys in select_held_kernel: the smallest of
+// 4, 8, 16, ... up to kHeld with which kCluster blocks cover the row.
+template <int kHeld, int kCluster>
+__device__ __forceinline__ int row_span(int n) {
+  int span = 4;
+  while (span < kHeld && span * kSelectThreads * kCluster < n) span *= 2;
+  return span;
+}
+
+// f(j) for j = 0 .. span - 1 (span a power of two from 4 to kHeld), each
+// span's loop unrolled so that held[j] stays a register.
+template <int kHeld, class F>
+__device__ __forceinline__ void for_span(int span, F&& f) {
+  if (span <= 4 || kHeld == 4) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f(j);
+  } else if (span <= 8 || kHeld == 8) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f(j);
+  } else if (span <= 16 || kHeld == 16) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) f(j);
+  } else if (span <= 32 || kHeld == 32) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) f(j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) f(j);
+  }
+}
+
+// This thread's `span` consecutive keys from `first` as order keys (0 at
+// `limit` and past), in 16-byte loads where the row allows.
+template <int kHeld>
+__device__ __forceinline__ void load_span(const float* logits, int first, int limit, int span,
+                                          uint32_t (&held)[kHeld]) {
+  const bool vector = reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  for_span<kHeld>(span, [&](int j) {
+    if (j % 4 != 0) return;
+    const int i = first + j;
+    if (vector && i + 4 <= limit) {
+      const float4 v = *reinterpret_cast<const float4*>(logits + i);
+      held[j] = order_key(v.x);
+      held[j + 1] = order_key(v.y);
+      held[j + 2] = order_key(v.z);
+      held[j + 3] = order_key(v.w);
     } else {
-      // Warp w walks keys [w seg, (w + 1) seg) 32 at a time (coalesced); a
-      // lane's rank among its warp's ties or kept keys is a ballot's popcount
-      // plus the warp's running count, so the block scans twice per row, not
-      // twice per 512 keys (bench/notes/v34.md).
-      const int warp = tid / UKV_WARP, lane = tid % UKV_WARP;
-      const int seg = (n + kSelectWarps - 1) / kSelectWarps;
-      const int begin = min(n, warp * seg), end = min(n, begin + seg);
-      const uint64_t lower = (1ull << lane) - 1ull;
-      const auto walk = [&](auto body) {
-        for (int i0 = begin; i0 < end; i0 += UKV_WARP) {
-          const int i = i0 + lane;
-          body(i, i < end ? order_key(logits[i]) : 0u, i < end);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) held[j + e] = i + e < limit ? order_key(logits[i + e]) : 0u;
+    }
+  });
+}
+
+// Rows of at most kCluster * kHeld * kSelectThreads keys, held in registers:
+// the same radix select and output order as select_reread_kernel, built for
+// the small batches, whose selection is a chain of short steps of a few
+// hundred cycles each (bench/notes/v39.md):
+//  - a thread holds `span` consecutive keys, the fewest (4, 8, ... kHeld)
+//    with which the blocks cover the token's row, so a short row spreads over
+//    all 16 warps (a warp issues a dependent instruction every ~5 cycles: 16
+//    keys per thread made a pass ~300 instructions on one warp); warps
+//    without keys skip the counting;
+//  - one block loads the logits by the row's width (a capture-time maximum)
+//    as soon as the previous kernel is done, beside the token's key count,
+//    and reloads them only when the row is short enough for a smaller span;
+//    the thread's page-table entry is read before the passes;
+//  - the histograms of pass r are set r % 2, the first two cleared before the
+//    PDL wait and each reused one while the next pass counts; a thread counts
+//    its keys of its first key's digit in one atomic (the early passes' keys
+//    share their top bits);
+//  - after the histogram barrier the first 256 threads sum their digit's
+//    counts (kCluster > 1: over the cluster's blocks, through distributed
+//    shared memory after a cluster barrier) and scan them per warp; after one
+//    more barrier every warp finds T's digit itself from the warps' totals and
+//    one row of the scan;
+//  - one block scan of (keys above T, ties) per thread, plus the lower
+//    blocks' totals, places the output.
+// kCluster > 1 (sm_90, small batches of long rows): a token's blocks form a
+// cluster, block r holding keys from r span kSelectThreads.
+template <int kHeld, int kCluster>
+__global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer_topk_params p) {
+  static_assert(kPage % kHeld == 0 && kHeld <= kPage, "a thread's keys on one page");
+  constexpr int kDigits = 256, kDigitWarps = kDigits / UKV_WARP;
+  __shared__ int hist[2][kSelectWarps][kDigits];
+  __shared__ int above[kDigits];  // per digit warp: keys at or above the lane's digit
+  __shared__ int digit_totals[kDigitWarps];
+  __shared__ int scan_totals[2][kSelectWarps];
+  // kCluster > 1: the block's digit counts, one buffer per pass parity (a
+  // block may start pass r + 1 while another still reads its pass r counts),
+  // and its (keys above T, ties).
+  __shared__ int counts[kCluster > 1 ? 2 : 1][kDigits];
+  __shared__ int block_totals[2];
+  const int t = blockIdx.x, tid = threadIdx.x, warp = tid / UKV_WARP, lane = tid % UKV_WARP;
+  const int rank = kCluster > 1 ? (int)blockIdx.z : 0;
+  ukv_pdl_launch_dependents();
+  for (int i = tid; i < 2 * kSelectWarps * kDigits; i += kSelectThreads) (&hist[0][0][0])[i] = 0;
+  ukv_pdl_wait();
+  // One block: the keys as the row's width spreads them, loaded beside the
+  // token's key count. A cluster waits for the count: its width's load would
+  // be up to 512 KB a token, mostly wasted on the short rows of a wide table.
+  const float* logits = p.logits + t * p.logits_stride;
+  uint32_t held[kHeld];
+  int span = 0;
+  if constexpr (kCluster == 1) {
+    span = row_span<kHeld, kCluster>(p.logits_width);
+    load_span(logits, tid * span, p.logits_width, span, held);
+  }
+  const TokenKeys tk = token_keys(p, t);
+  int32_t* out = p.topk_indices + t * p.topk_stride;
+  const int n = tk.keys;
+  if (row_span<kHeld, kCluster>(n) != span) {  // uniform over the cluster
+    span = row_span<kHeld, kCluster>(n);
+    load_span(logits, (rank * kSelectThreads + tid) * span, n, span, held);
+  }
+  const int first_key = (rank * kSelectThreads + tid) * span;
+  // This thread's keys below n, whether its warp holds any, and their page.
+  const int mine = max(0, min(span, n - first_key));
+  const bool warp_keys = (rank * kSelectThreads + warp * UKV_WARP) * span < n;
+  const int64_t page_base =
+      mine > 0 ? (int64_t)p.page_table[tk.request * p.page_table_stride + first_key / kPage] * kPage : 0;
+  int written = n;
+  if (n <= p.topk) {
+    if (rank == 0)
+      for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
+  } else {
+    __syncthreads();  // the histograms are clear
+    uint32_t prefix = 0;
+    int remaining = p.topk;  // keys still to take among those matching the prefix
+    for (int pass = 0; pass < 4; ++pass) {
+      const int shift = 24 - 8 * pass;
+      const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
+      int* h = hist[pass & 1][warp];
+      if (warp_keys) {
+        const uint32_t lead = (held[0] >> shift) & 0xFFu;
+        int lead_count = 0;
+        for_span<kHeld>(span, [&](int j) {
+          const uint32_t d = (held[j] >> shift) & 0xFFu;
+          const bool match = j < mine && (held[j] & mask) == prefix;
+          lead_count += match && d == lead;
+          if (match && d != lead) atomicAdd(&h[d], 1);
+        });
+        if (lead_count != 0) atomicAdd(&h[lead], lead_count);
+      }
+      __syncthreads();
+      // Thread d < 256 takes digit 255 - d: its count over the warps'
+      // histograms (and the cluster's blocks), scanned within its warp.
+      int c = 0;
+      if (tid < kDigits) {
+#pragma unroll
+        for (int w = 0; w < kSelectWarps; ++w) c += hist[pass & 1][w][kDigits - 1 - tid];
+      }
+      if constexpr (kCluster > 1) {
+        if (tid < kDigits) counts[pass & 1][tid] = c;
+        ukv_cluster_sync();
+        if (tid < kDigits) {
+          c = 0;
+          for (int r = 0; r < kCluster; ++r) c += ukv_cluster_map(&counts[pass & 1][0], r)[tid];
         }
-      };
-      int ties = 0;
-      walk([&](int, uint32_t k, bool in) { ties += ukv_popc64(ukv_ballot(in && k == prefix)); });
-      int all;
-      // One value per warp (lane 0's), scanned over the warps.
-      int tie_base = block_inclusive_sum(lane == 0 ? ties : 0, scratch, &all) - (lane == 0 ? ties : 0);
-      tie_base = ukv_shfl(tie_base, 0, UKV_WARP);
-      int keeps = 0, tie_seen = 0;
-      walk([&](int, uint32_t k, bool in) {
-        const bool tie = in && k == prefix;
-        const uint64_t tie_lanes = ukv_ballot(tie);
-        const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
-        keeps += ukv_popc64(ukv_ballot(keep));
-        tie_seen += ukv_popc64(tie_lanes);
+      }
+      if (tid < kDigits) {
+        const int x = ukv_warp_inclusive_sum(c);
+        above[tid] = x;
+        if (lane == UKV_WARP - 1) digit_totals[warp] = x;
+      }
+      __syncthreads();
+      // Every warp: the digit warp where the keys at or above first reach
+      // `remaining` (a scan of the warps' totals over the first lanes), then
+      // its lane.
+      const int total = lane < kDigitWarps ? digit_totals[lane] : 0;
+      const int running = ukv_warp_inclusive_sum(total);
+      const int seg = max(0, ukv_first_lane(lane < kDigitWarps && running >= remaining));
+      const int before = ukv_shfl(running - total, seg, UKV_WARP);
+      const int at_or_above = before + above[seg * UKV_WARP + lane];
+      const int strictly_above = before + (lane == 0 ? 0 : above[seg * UKV_WARP + lane - 1]);
+      const int hit = max(0, ukv_first_lane(at_or_above >= remaining && strictly_above < remaining));
+      prefix |= (uint32_t)(kDigits - 1 - (seg * UKV_WARP + hit)) << shift;
+      remaining -= ukv_shfl(strictly_above, hit, UKV_WARP);
+      // Pass + 2 counts into this set: every thread has read it (the barrier above).
+      if (pass < 2)
+        for (int i = tid; i < kSelectWarps * kDigits; i += kSelectThreads) (&hist[pass & 1][0][0])[i] = 0;
+    }
+    // prefix = T; `remaining` ties at T are taken, lowest indices first.
+    int gt = 0, eq = 0;
+    if (warp_keys) {
+      for_span<kHeld>(span, [&](int j) {
+        gt += j < mine && held[j] > prefix;
+        eq += j < mine && held[j] == prefix;
       });
-      int slot = block_inclusive_sum(lane == 0 ? keeps : 0, scratch, &all) - (lane == 0 ? keeps : 0);
-      slot = ukv_shfl(slot, 0, UKV_WARP);
-      tie_seen = 0;
-      walk([&](int i, uint32_t k, bool in) {
-        const bool tie = in && k == prefix;
-        const uint64_t tie_lanes = ukv_ballot(tie);
-        const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
-        const uint64_t keep_lanes = ukv_ballot(keep);
-        if (keep) out[slot + ukv_popc64(keep_lanes & lower)] = page_index(p, tk.request, i);
-        slot += ukv_popc64(keep_lanes);
-        tie_seen += ukv_popc64(tie_lanes);
+    }
+    const int gt_incl = ukv_warp_inclusive_sum(gt), eq_incl = ukv_warp_inclusive_sum(eq);
+    if (lane == UKV_WARP - 1) {
+      scan_totals[0][warp] = gt_incl;
+      scan_totals[1][warp] = eq_incl;
+    }
+    __syncthreads();
+    int gt_before = gt_incl - gt, tie_rank = eq_incl - eq;
+    int gt_all = 0, eq_all = 0;
+    for (int w = 0; w < kSelectWarps; ++w) {
+      gt_before += w < warp ? scan_totals[0][w] : 0;
+      tie_rank += w < warp ? scan_totals[1][w] : 0;
+      gt_all += scan_totals[0][w];
+      eq_all += scan_totals[1][w];
+    }
+    if constexpr (kCluster > 1) {
+      if (tid == 0) {
+        block_totals[0] = gt_all;
+        block_totals[1] = eq_all;
+      }
+      ukv_cluster_sync();
+      for (int r = 0; r < rank; ++r) {
+        gt_before += ukv_cluster_map(&block_totals[0], r)[0];
+        tie_rank += ukv_cluster_map(&block_totals[0], r)[1];
+      }
+    }
+    int slot = gt_before + min(tie_rank, remaining);
+    if (gt + eq > 0) {
+      for_span<kHeld>(span, [&](int j) {
+        const bool tie = j < mine && held[j] == prefix;
+        if (j < mine && (held[j] > prefix || (tie && tie_rank < remaining)))
+          out[slot++] = (int32_t)(page_base + (first_key + j) % kPage);
+        tie_rank += tie;
       });
     }
     written = p.topk;
@@ -619,35 +746,42 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(ukv_indexer_topk
   if constexpr (kCluster > 1) ukv_cluster_sync_exit();
 }
 
-// Rows of up to 8192 (32768) keys select from 16 (64) registers per thread;
-// with a cluster, rows of up to 131072 from 16 or 32.
+// Rows of up to 32768 keys select from registers (select_held_kernel), on
+// one block per token, or for small batches of rows past 8192 keys on a
+// cluster; longer rows re-read the logits (select_reread_kernel).
 int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
   const int w = p.logits_width;
 #if !defined(__HIPCC__)
   // Small batches of long rows on sm_90: a cluster of kSelectCluster blocks
-  // per token (select_kernel's kCluster), so the row's passes run on 8 SMs.
+  // per token, so the row's passes run on 8 SMs.
   constexpr int kSelectCluster = 8;
   ukv::DeviceFacts facts;
   if (int r = ukv::device_facts(device, &facts)) return r;
   constexpr int kSpan = kSelectCluster * kSelectThreads;  // keys per held register over the cluster
-  // Up to 32 held keys per thread: at 64 the cluster kernel spills 392 bytes.
+  // Up to 32 held keys per thread: at 64 the cluster kernel spilled 392 bytes.
   if (facts.sm90_code() && w > 16 * kSelectThreads && w <= 32 * kSpan &&
       p.num_tokens * kSelectCluster <= facts.sms) {
-    const auto kernel = w <= 16 * kSpan ? select_kernel<16, kSelectCluster> : select_kernel<32, kSelectCluster>;
+    const auto kernel =
+        w <= 16 * kSpan ? select_held_kernel<16, kSelectCluster> : select_held_kernel<32, kSelectCluster>;
     bool pdl = false;
     if (int r = ukv::pdl_supported(device, &pdl)) return r;
     const ukv_error_t e = ukv_launch_dependent(kernel, dim3((unsigned)p.num_tokens, 1, kSelectCluster),
                                                dim3(kSelectThreads), 0, (ukv_stream_t)stream, pdl, kSelectCluster, p);
     if (e == UKV_SUCCESS) return UKV_SHIM_OK;
     (void)ukv_get_last_error();
-    return ukv::report(e, "indexer select_kernel (cluster)");
+    return ukv::report(e, "indexer select_held_kernel (cluster)");
   }
 #endif
-  const auto kernel = w <= 16 * kSelectThreads   ? select_kernel<16>
-                      : w <= 64 * kSelectThreads ? select_kernel<64>
-                                                 : select_kernel<0>;
+  // Register arrays for the row's width (the span a row uses follows its own
+  // length); a 1024-thread block with 4 or 8 keys per thread was no faster at
+  // 4096 or 8192 keys (bench/notes/v39.md).
+  const auto kernel = w <= 4 * kSelectThreads    ? select_held_kernel<4, 1>
+                      : w <= 8 * kSelectThreads  ? select_held_kernel<8, 1>
+                      : w <= 16 * kSelectThreads ? select_held_kernel<16, 1>
+                      : w <= 64 * kSelectThreads ? select_held_kernel<64, 1>
+                                                 : select_reread_kernel;
   return ukv::launch_early(device, kernel, dim3((unsigned)p.num_tokens), dim3(kSelectThreads), stream,
-                           "indexer select_kernel", p);
+                           "indexer select kernel", p);
 }
 
 // Test hook (unikv_gpu_test_indexer_score_kernel): 0 the launch's choice,

@@ -237,10 +237,11 @@ fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, 
 }
 
 /// The selection alone on tie-heavy scores (±0, NaN, -inf, repeated values),
-/// rows held in registers (logits up to 8192 and 32768 wide), in a cluster's
-/// registers (small batches of rows past 8192: 16 and 32 keys per thread) and
-/// re-read from memory (rows past 32768 in batches too large for clusters):
-/// the GPU's table equals the CPU's entry for entry.
+/// rows of random lengths held in registers (logits up to 2048, 4096, 8192
+/// and 32768 wide: 4 to 64 keys per thread; batches too large for clusters),
+/// in a cluster's registers (small batches of rows past 8192: 16 and 32 keys
+/// per thread) and re-read from memory (rows past 32768 in batches too large
+/// for clusters): the GPU's table equals the CPU's entry for entry.
 #[test]
 fn indexer_topk_selection_matches_cpu_exactly() {
     let Some(s) = setup() else { return };
@@ -254,7 +255,9 @@ fn indexer_topk_selection_matches_cpu_exactly() {
             (2, 1, 33000, 1024),
             (2, 1, 70000, 512),
             (20, 4, 33000, 512),
+            (20, 4, 20000, 512),
             (7, 3, 2100, 1024),
+            (5, 2, 1500, 512),
             (3, 2, 130, 1),
             (5, 2, 40, 2048),
         ]
