@@ -1,7 +1,9 @@
 //! Benchmark rows of the KV compressor (issue 25): decode at T = 1..64 tokens
 //! (one per request, every token closing a group: the worst case, each pools
-//! a whole window) and a prefill of 8192 tokens of one request from position
-//! 0, for each compressor type (ratio 4 attention, ratio 4 indexer, ratio 128
+//! a whole window), decode of 64 tokens of which one closes a group ("dec1":
+//! a decode step's usual call, a request closing a group every 4 or 128
+//! tokens) and a prefill of 8192 tokens of one request from position 0, for
+//! each compressor type (ratio 4 attention, ratio 4 indexer, ratio 128
 //! attention). Bytes count what must move once per call: the raw rows read
 //! (the call's `kv_score` rows and, for decode, the window's ring rows), the
 //! ring rows written, the stored rows (pool row 1024 bytes, indexer key 132),
@@ -101,21 +103,25 @@ pub fn bench_compressor(
             page_size,
             eps: 1e-6,
         };
-        for t in [1usize, 8, 32, 64] {
-            // Request b in slot b + 1 at the last position of its group 4 + b.
+        for (t, closing) in [(1usize, 1usize), (8, 8), (32, 32), (64, 64), (64, 1)] {
+            // Request b in slot b + 1 at the last position of its group 4 + b
+            // (b < closing) or the one before it.
             let kv: Vec<f32> = (0..t * row).map(|_| rng.random_range(-2.0..2.0)).collect();
             let kv = Dev::upload(ctx, &kv);
             let batch = Dev::upload(ctx, &(0..t as i32).collect::<Vec<_>>());
-            let pos: Vec<i32> = (0..t).map(|b| ((5 + b) * ratio - 1) as i32).collect();
+            let pos: Vec<i32> = (0..t)
+                .map(|b| ((5 + b) * ratio - if b < closing { 1 } else { 2 }) as i32)
+                .collect();
             let pos = Dev::upload(ctx, &pos);
             let loc = Dev::upload(ctx, &(0..t as i32).collect::<Vec<_>>());
             let a = args(&kv, &batch, &pos, &loc, t);
             let us = per_call_us(stream, 20, |_, s| {
                 ok(unsafe { unikv_compress_decode(pool, &a, s) }, name);
             });
-            let bytes = t * ((window - 1) * row * 4 + 2 * row * 4 + out_bytes) + ape.bytes;
+            let bytes =
+                closing * ((window - 1) * row * 4 + out_bytes) + t * 2 * row * 4 + ape.bytes;
             Row {
-                op: format!("{name} dec"),
+                op: format!("{name} dec{}", if closing < t { "1" } else { "" }),
                 t,
                 h: 0,
                 keys: 0,

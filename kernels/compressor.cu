@@ -106,34 +106,52 @@ __device__ __forceinline__ int row_floats(const ukv_compress_params& p) {
   return 2 * (p.ratio == 4 ? 2 : 1) * p.dim;
 }
 
-// Copies a caller row into ring row `slot * ring + pos % ring` (one warp).
+// The state row of position `pos` (>= 0) of request slot `slot`: row
+// pos % ring of the slot's ring. Rings are powers of two (8, 16, 128, 256;
+// the launch checks), so the remainder is a mask, not a 64-bit division at
+// the head of every group's chain.
+__device__ __forceinline__ float* ring_row(const ukv_compress_params& p, int slot, int64_t pos, int floats) {
+  return p.state + ((int64_t)slot * p.ring + (pos & (p.ring - 1))) * floats;
+}
+
+// Copies a caller row into its position's ring row (one warp).
 template <typename In>
 __device__ __forceinline__ void write_row(const ukv_compress_params& p, const In* src, int slot, int64_t pos) {
   const int floats = row_floats(p);
-  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * floats);
+  float4* dst = reinterpret_cast<float4*>(ring_row(p, slot, pos, floats));
 #pragma unroll 4
   for (int i = threadIdx.x % UKV_WARP; i < floats / 4; i += UKV_WARP) dst[i] = load_quad(src, i);
 }
 
 // A token's request slot, position and group location; false for padding and
 // for a batch id, slot or position outside the call. The three per-token
-// loads are issued together (none depends on another), then the slot.
-__device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, int& b, int& slot, int64_t& pos,
-                                      int64_t& loc) {
+// loads are issued together (none depends on another; token_fields), then
+// the slot (token_slot).
+__device__ __forceinline__ void token_fields(const ukv_compress_params& p, int64_t t, int& b, int64_t& pos,
+                                             int64_t& loc) {
   b = p.batch_id[t];
   pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
   loc = ukv_index_at(p.loc, p.loc_i64 != 0, t);
+}
+__device__ __forceinline__ bool token_slot(const ukv_compress_params& p, int b, int64_t pos, int& slot) {
   if (b < 0 || b >= p.num_requests) return false;
   slot = p.req_slots[b];
   return slot >= 0 && slot < p.num_slots && pos >= 0;
 }
+__device__ __forceinline__ bool token(const ukv_compress_params& p, int64_t t, int& b, int& slot, int64_t& pos,
+                                      int64_t& loc) {
+  token_fields(p, t, b, pos, loc);
+  return token_slot(p, b, pos, slot);
+}
 
-// A token that closes a group the call stores: its group's first position
-// inside the RoPE table, its location inside the target.
+// Whether a token at `pos` (>= 0) closes a group the call stores: its
+// group's first position inside the RoPE table, its location inside the target.
+__device__ __forceinline__ bool stores_group(const ukv_compress_params& p, int ratio, int64_t pos, int64_t loc) {
+  return (pos + 1) % ratio == 0 && pos + 1 - ratio < p.max_pos && loc >= 0 && loc < p.capacity;
+}
 __device__ __forceinline__ bool closes_group(const ukv_compress_params& p, int ratio, int64_t t, int& b, int& slot,
                                              int64_t& pos, int64_t& loc) {
-  return token(p, t, b, slot, pos, loc) && (pos + 1) % ratio == 0 && pos + 1 - ratio < p.max_pos && loc >= 0 &&
-         loc < p.capacity;
+  return token(p, t, b, slot, pos, loc) && stores_group(p, ratio, pos, loc);
 }
 
 // One pooling block of kBlock candidates (src/compressor.rs pool_block):
@@ -355,7 +373,7 @@ __device__ __forceinline__ void window_rows(const ukv_compress_params& p, int64_
       from_input = back == 0 || (p.prefill && u >= 0 && p.batch_id[u] == b &&
                                  ukv_index_at(p.positions, p.positions_i64 != 0, u) == q);
       row = from_input ? static_cast<const void*>(static_cast<const In*>(p.kv_score) + u * p.kv_stride)
-                       : static_cast<const void*>(p.state + ((int64_t)slot * p.ring + q % p.ring) * kRow);
+                       : static_cast<const void*>(ring_row(p, slot, q, kRow));
     }
     rows[i] = row;
     input[i] = from_input;
@@ -427,7 +445,7 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
     if (!p.prefill && i < kRowQuads) mine[q] = load_quad(own, i);
   }
   const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
-  if ((pos + 1) % Ratio == 0 && first < p.max_pos && loc >= 0 && loc < p.capacity) {
+  if (stores_group(p, Ratio, pos, loc)) {
     // The epilogue's inputs, loaded before the pooling: per thread (kPerDim),
     // or into L1 by warp 0.
     float w = 0.f, c = 0.f, s = 0.f;
@@ -475,7 +493,7 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
   // Written after the pooling, whose loads would otherwise wait for these
   // stores (the compiler cannot tell the ring rows apart).
   if (p.prefill) return;
-  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
+  float4* dst = reinterpret_cast<float4*>(ring_row(p, slot, pos, kRow));
 #pragma unroll
   for (int q = 0; q < kQuadsPer; ++q) {
     const int i = threadIdx.x + q * kT;
@@ -617,52 +635,69 @@ __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compr
 
 #if !defined(__HIPCC__)
 // Ratio 128 on sm_90: a group pooled by a cluster of kSlices blocks, block
-// `rank` (blockIdx.z) channels kSliceDims rank ..; 4 threads per channel,
-// each with 4 pooling blocks (32 candidates, all loads in flight), so the
-// group's 512 KB of raw rows load on 8 SMs at once instead of one. The
-// channel's block results are combined in block order as in pool_channel
-// (the same bits); block 0 then gathers the pooled row through distributed
-// shared memory and finishes the group.
-//   Decode: cluster x is token x, which then appends its row (after the
-// pooling, see compress_kernel). Prefill: cluster x takes the closing tokens
-// among tokens 128 x .. 128 x + 127, in token order (one per request crossing
-// a group boundary there: one or two for long chunks), so 8192 tokens are 64
-// clusters, not 8192; compress_write_kernel appends the rows after it.
-constexpr int kSlices = 8, kSliceDims = 512 / kSlices, kSlotTokens = 128;
-template <typename In, bool kPrefill>
-__global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_compress_params p) {
+// `rank` (blockIdx.z) channels kSliceDims rank ..: a lane per channel, a warp
+// per 16 (kSlices 16) or 32 (kSlices 8) candidates, all loads in flight, so
+// the group's 512 KB of raw rows and 256 KB of `ape` load on 16 (8) SMs at
+// once. The channel's block results are combined in block order as in
+// pool_channel (the same bits), the exps of the combine spread over the
+// warps. Blocks 1.. then send their slices into block 0's shared memory by
+// st.async, completing on block 0's mbarrier: no cluster-scope fence (a
+// release barrier's MEMBAR.ALL.GPU) and no second barrier before they exit;
+// block 0 finishes the group.
+//   Decode (16 blocks): cluster x is token x, which then appends its row
+// (after the pooling, see compress_kernel). Prefill (8 blocks: its clusters
+// are latency chains, and twice as many fit at once): cluster x takes the
+// closing tokens among tokens 128 x .. 128 x + 127, in token order (one per
+// request crossing a group boundary there: one or two for long chunks), so
+// 8192 tokens are 64 clusters, not 8192; compress_write_kernel appends the
+// rows after it.
+//   Two blocks per SM (at most 128 registers; the forms take 96-114).
+constexpr int kSlotTokens = 128;
+template <typename In, bool kPrefill, int kSlices>
+__global__ void __launch_bounds__(kThreads, 2) compress_c128_cluster_kernel(ukv_compress_params p) {
   constexpr int kRatio = 128, kDim = 512, kRow = 2 * kDim, kBlocks = kRatio / kBlock;
-  constexpr int kQuarters = kThreads / kSliceDims, kBlocksPer = kBlocks / kQuarters;
-  static_assert(kQuarters * kSliceDims == kThreads && kBlocksPer * kQuarters == kBlocks, "whole blocks per thread");
+  constexpr int kSliceDims = kDim / kSlices, kWarps = kThreads / UKV_WARP;
+  // Warp w: channels 32 (w % kLanes) .. of the slice, pooling blocks
+  // kBlocksPer (w / kLanes) ..
+  constexpr int kLanes = kSliceDims / UKV_WARP, kBlocksPer = kBlocks * kLanes / kWarps;
+  static_assert(kLanes * UKV_WARP == kSliceDims && kBlocksPer * kWarps == kBlocks * kLanes, "whole blocks per warp");
+  // Per pooling block and channel: max, sum, weighted sum; then the sum and
+  // weighted sum scaled to the group's max.
   __shared__ float part[3][kBlocks][kSliceDims];
-  __shared__ float pooled[kDim];
+  __shared__ float scaled[2][kBlocks][kSliceDims];
+  __shared__ __align__(16) float pooled[kDim];  // block 0: every block's slice
+  __shared__ uint64_t landed;                   // block 0: the slices' bytes
   __shared__ const void* rows[kRatio];
   __shared__ int input[kRatio];
   __shared__ int closing[kSlotTokens];
+  const int rank = (int)blockIdx.z, lane = (int)threadIdx.x % UKV_WARP, warp = (int)threadIdx.x / UKV_WARP;
+  const int ch = warp % kLanes * UKV_WARP + lane, chunk = warp / kLanes;
+  if (rank == 0 && threadIdx.x == 0) {
+    ukv_mbar_init(&landed, 1);
+    ukv_mbar_init_fence();
+  }
+  ukv_cluster_arrive_relaxed();  // waited for before the first st.async
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
-  const int rank = (int)blockIdx.z;
-  // The slot's closing tokens, in token order (the same list in every block
-  // of the cluster). Decode: the one token, if it closes a group.
   const int64_t t0 = kPrefill ? (int64_t)blockIdx.x * kSlotTokens : (int64_t)blockIdx.x;
-  const auto closes = [&](int64_t t) {
-    int b, slot;
-    int64_t pos, loc;
-    return closes_group(p, kRatio, t, b, slot, pos, loc);
-  };
   // Decode: block `rank`'s share of the token's raw row (one quad for each of
   // its first kShareQuads threads), loaded now and appended after the pooling.
   constexpr int kShareQuads = kRow / 4 / kSlices;
   float4 share = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (!kPrefill && threadIdx.x < kShareQuads && t0 < p.num_tokens)
+  if (!kPrefill && threadIdx.x < kShareQuads)
     share = load_quad(static_cast<const In*>(p.kv_score) + t0 * p.kv_stride, rank * kShareQuads + threadIdx.x);
-  int count;
+  // The groups: prefill, the slot's closing tokens in token order, the same
+  // list in every block of the cluster (warp w's ballot places its lanes
+  // after the lower warps'); decode, the one token if it closes a group.
+  int count, b, slot;
+  int64_t pos, loc;
+  bool live = false;
+  const int d = rank * kSliceDims + ch, i0 = chunk * kBlocksPer * kBlock;
+  float bias[kPrefill ? 1 : kBlocksPer * kBlock];  // decode: the thread's `ape` values
   if constexpr (kPrefill) {
-    // The slot's closing tokens in token order, the same list in every block
-    // of the cluster: warp w's ballot places its lanes after the lower warps'.
     __shared__ int warp_counts[kSlotTokens / UKV_WARP];
-    const int i = threadIdx.x, warp = i / UKV_WARP, lane = i % UKV_WARP;
-    const bool mine = i < kSlotTokens && t0 + i < p.num_tokens && closes(t0 + i);
+    const int i = threadIdx.x;
+    const bool mine = i < kSlotTokens && t0 + i < p.num_tokens && closes_group(p, kRatio, t0 + i, b, slot, pos, loc);
     const uint64_t lanes = ukv_ballot(mine);
     if (i < kSlotTokens && lane == 0) warp_counts[warp] = ukv_popc64(lanes);
     __syncthreads();
@@ -675,79 +710,109 @@ __global__ void __launch_bounds__(kThreads) compress_c128_cluster_kernel(ukv_com
     if (mine) closing[before + ukv_popc64(lanes & ((1ull << lane) - 1ull))] = i;
     __syncthreads();
   } else {
-    count = closes(t0) ? 1 : 0;
+    // A closing token's `ape` values load beside its slot (batch id -> slot
+    // -> ring rows), not behind it.
+    token_fields(p, t0, b, pos, loc);
+    const bool closes = pos >= 0 && stores_group(p, kRatio, pos, loc);
+    if (closes) {
+#pragma unroll
+      for (int n = 0; n < kBlocksPer * kBlock; ++n) bias[n] = p.ape[(i0 + n) * p.ape_stride + d];
+    }
+    live = token_slot(p, b, pos, slot);
+    count = live && closes ? 1 : 0;
   }
-  const int ch = threadIdx.x % kSliceDims, quarter = threadIdx.x / kSliceDims;
-  const int d = rank * kSliceDims + ch;
-  const int i0 = quarter * kBlocksPer * kBlock;
+  ukv_cluster_wait();  // block 0's mbarrier initialized
+  const uint32_t remote_pooled = ukv_cluster_smem_addr(&pooled[d], 0);
+  const uint32_t remote_landed = ukv_cluster_smem_addr(&landed, 0);
   for (int c = 0; c < count; ++c) {
     const int64_t t = kPrefill ? t0 + closing[c] : t0;
-    int b, slot;
-    int64_t pos, loc;
-    token(p, t, b, slot, pos, loc);
+    if constexpr (kPrefill) token(p, t, b, slot, pos, loc);
     const int64_t first = pos + 1 - kRatio;
-    if (rank == 0 && threadIdx.x < UKV_WARP) prefetch_epilogue(p, first);
+    if (rank == 0 && warp == 0) prefetch_epilogue(p, first);
     if constexpr (kPrefill) {
       window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input, (int)threadIdx.x, (int)blockDim.x);
       __syncthreads();
     }
-    // Decode: candidate i is position first + i, the token's own row last and
-    // the earlier ones in the ring from the ring row of candidate i0 on
-    // (wrapping at most once: the ring holds at least a window).
-    const int r0 = (int)((first + i0) % p.ring);
-    const float* ring = p.state + (int64_t)slot * p.ring * kRow;
-    const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
-    float l[kBlocksPer][kBlock], v[kBlocksPer][kBlock];
+    // Decode: candidate i is position first + i, the token's own row last
+    // (the last warp's last candidate) and the earlier ones in the ring. A
+    // warp's 16 (32) rows are consecutive ring rows: first is a multiple of
+    // 128, so they start at a multiple of 16 (32) and do not wrap (rings of
+    // 128, 256).
+    const float* ring = ring_row(p, slot, first + i0, kRow) + d;
+    const float* ape = p.ape + d + i0 * p.ape_stride;
+    // Two pooling blocks' loads in flight at a time (32 values and 16 of
+    // `ape` per thread): all of a warp's four (kSlices 8) took 243 registers.
+    constexpr int kStep = 2;
+    static_assert(kBlocksPer % kStep == 0, "whole steps");
+#pragma unroll 1
+    for (int k0 = 0; k0 < kBlocksPer; k0 += kStep) {
+      float l[kStep][kBlock], v[kStep][kBlock];
 #pragma unroll
-    for (int k = 0; k < kBlocksPer; ++k) {
+      for (int k = 0; k < kStep; ++k) {
 #pragma unroll
-      for (int j = 0; j < kBlock; ++j) {
-        const int i = i0 + k * kBlock + j;
-        if constexpr (kPrefill) {
-          v[k][j] = raw_at<In>(rows[i], input[i], d);
-          l[k][j] = raw_at<In>(rows[i], input[i], kDim + d);
-        } else if (i == kRatio - 1) {
-          v[k][j] = raw_value(own, d);
-          l[k][j] = raw_value(own, kDim + d);
-        } else {
-          const int n = r0 + (i - i0);
-          const float* row = ring + (int64_t)(n < p.ring ? n : n - p.ring) * kRow;
-          v[k][j] = raw_value(row, d);
-          l[k][j] = raw_value(row, kDim + d);
+        for (int j = 0; j < kBlock; ++j) {
+          const int n = (k0 + k) * kBlock + j, i = i0 + n;  // n: the warp's candidate n
+          if constexpr (kPrefill) {
+            v[k][j] = raw_at<In>(rows[i], input[i], d);
+            l[k][j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kDim + d), ape[n * p.ape_stride]);
+          } else {
+            if (n == kBlocksPer * kBlock - 1 && i0 + kBlocksPer * kBlock == kRatio) {  // i == kRatio - 1
+              const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
+              v[k][j] = raw_value(own, d);
+              l[k][j] = raw_value(own, kDim + d);
+            } else {
+              v[k][j] = raw_value(ring, n * kRow);
+              l[k][j] = raw_value(ring, n * kRow + kDim);
+            }
+            l[k][j] = ukv_add_rn(l[k][j], bias[n]);
+          }
         }
-        l[k][j] = ukv_add_rn(l[k][j], p.ape[i * p.ape_stride + d]);
       }
-    }
 #pragma unroll
-    for (int k = 0; k < kBlocksPer; ++k) {
-      const int blk = quarter * kBlocksPer + k;
-      pool_block<0, false>(l[k], v[k], part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
+      for (int k = 0; k < kStep; ++k) {
+        const int blk = chunk * kBlocksPer + k0 + k;
+        pool_block<0, false>(l[k], v[k], part[0][blk][ch], part[1][blk][ch], part[2][blk][ch]);
+      }
     }
     __syncthreads();
-    if (threadIdx.x < kSliceDims) {
-      float bm[kBlocks], bs[kBlocks], ba[kBlocks];
+    // combine_blocks, its exps by the warps that pooled the blocks, its sums
+    // in block order by the first kLanes warps.
+    float big = part[0][0][ch];
 #pragma unroll
-      for (int k = 0; k < kBlocks; ++k) bm[k] = part[0][k][ch], bs[k] = part[1][k][ch], ba[k] = part[2][k][ch];
-      pooled[d] = combine_blocks<false>(bm, bs, ba);
+    for (int k = 1; k < kBlocks; ++k) big = part[0][k][ch] > big ? part[0][k][ch] : big;
+#pragma unroll
+    for (int k = chunk * kBlocksPer; k < (chunk + 1) * kBlocksPer; ++k) {
+      const float e = pool_exp<false>(ukv_sub_rn(part[0][k][ch], big));
+      scaled[0][k][ch] = ukv_mul_rn(part[1][k][ch], e);
+      scaled[1][k][ch] = ukv_mul_rn(part[2][k][ch], e);
     }
-    ukv_cluster_sync();  // every block's slice pooled
-    if (rank == 0) {
-      for (int i = threadIdx.x; i < kDim; i += kThreads) {
-        if (i >= kSliceDims) pooled[i] = *ukv_cluster_map(&pooled[i], i / kSliceDims);
+    __syncthreads();
+    if (chunk == 0) {
+      float s = 0.f, a = 0.f;
+#pragma unroll
+      for (int k = 0; k < kBlocks; ++k) s = ukv_add_rn(s, scaled[0][k][ch]), a = ukv_add_rn(a, scaled[1][k][ch]);
+      if (rank == 0) {
+        pooled[d] = a / s;
+      } else {
+        ukv_st_async4(remote_pooled, __float_as_uint(a / s), remote_landed);
       }
     }
-    // Block 0 has read every slice: the others may exit or pool the next
-    // group into `pooled`.
-    ukv_cluster_sync();
-    if (rank == 0) finish_group(p, pooled, first, loc);
-    __syncthreads();  // before the next group's tables and pooled values
+    if (rank == 0) {
+      if (threadIdx.x == 0) ukv_mbar_arrive_expect(&landed, (kSlices - 1) * kSliceDims * (uint32_t)sizeof(float));
+      ukv_mbar_wait(&landed, (uint32_t)c & 1u);
+      __syncthreads();  // and the block's own slice
+      finish_group(p, pooled, first, loc);
+    }
+    if (c + 1 < count) {
+      // Block 0 has read `pooled` (its values stored) before the next group's
+      // slices overwrite it, and every block its tables and partial results.
+      __syncthreads();
+      ukv_cluster_sync_exit();
+    }
   }
-  if (kPrefill) return;
-  int b, slot;
-  int64_t pos, loc;
-  if (!token(p, t0, b, slot, pos, loc)) return;
+  if (kPrefill || !live) return;
   // Block `rank` appends its share of the row after the pooling (see compress_kernel).
-  float4* dst = reinterpret_cast<float4*>(p.state + ((int64_t)slot * p.ring + pos % p.ring) * kRow);
+  float4* dst = reinterpret_cast<float4*>(ring_row(p, slot, pos, kRow));
   if (threadIdx.x < kShareQuads) dst[rank * kShareQuads + threadIdx.x] = share;
 }
 #endif
@@ -806,6 +871,10 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       ukv::set_error("compress: no kernel for this ratio, dim and target");
       return UKV_SHIM_INVALID;
     }
+    if (p->ring <= 0 || (p->ring & (p->ring - 1)) != 0) {  // ring_row masks
+      ukv::set_error("compress: the state ring is not a power of two");
+      return UKV_SHIM_INVALID;
+    }
     dim3 grid((unsigned)p->num_tokens);
     const dim3 block(kThreads);
     dim3 kernel_block(p->ratio == 4 ? (p->dim == 512 ? block_threads<4, 512>() : block_threads<4, 128>())
@@ -816,7 +885,8 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       grid = dim3((unsigned)ukv::cdiv(p->num_tokens, kSpan));
     }
 #if !defined(__HIPCC__)
-    // Ratio 128 decode: one cluster of kSlices blocks per token where the
+    // Ratio 128: one cluster per token (decode, 16 blocks: past the portable
+    // cluster size) or per 128-token slot (prefill, 8 blocks) where the
     // loaded image has clusters (DeviceFacts::sm90_code).
     ukv::DeviceFacts facts;
     if (int r = ukv::device_facts(device, &facts)) return r;
@@ -824,13 +894,18 @@ int unikv_gpu_compress(int device, const ukv_compress_params* p, void* stream) {
       bool pdl = false;
       if (int r = ukv::pdl_supported(device, &pdl)) return r;
       const bool f32 = p->kv_f32 != 0, prefill = p->prefill != 0;
-      const auto cluster_kernel = prefill ? (f32 ? compress_c128_cluster_kernel<float, true>
-                                                 : compress_c128_cluster_kernel<ukv_bf16, true>)
-                                          : (f32 ? compress_c128_cluster_kernel<float, false>
-                                                 : compress_c128_cluster_kernel<ukv_bf16, false>);
+      constexpr int kDecodeSlices = 16, kPrefillSlices = 8;
+      const auto cluster_kernel =
+          prefill ? (f32 ? compress_c128_cluster_kernel<float, true, kPrefillSlices>
+                         : compress_c128_cluster_kernel<ukv_bf16, true, kPrefillSlices>)
+                  : (f32 ? compress_c128_cluster_kernel<float, false, kDecodeSlices>
+                         : compress_c128_cluster_kernel<ukv_bf16, false, kDecodeSlices>);
       const unsigned clusters = (unsigned)(prefill ? ukv::cdiv(p->num_tokens, kSlotTokens) : p->num_tokens);
-      const ukv_error_t e = ukv_launch_dependent(cluster_kernel, dim3(clusters, 1, kSlices), block, 0,
-                                                 (ukv_stream_t)stream, pdl, kSlices, *p);
+      const int slices = prefill ? kPrefillSlices : kDecodeSlices;
+      ukv_error_t e = ukv_func_allow_large_clusters(cluster_kernel);
+      if (e == UKV_SUCCESS)
+        e = ukv_launch_dependent(cluster_kernel, dim3(clusters, 1, (unsigned)slices), block, 0, (ukv_stream_t)stream,
+                                 pdl, slices, *p);
       if (e != UKV_SUCCESS) {
         (void)ukv_get_last_error();
         return ukv::report(e, "compress_c128_cluster_kernel");

@@ -29,15 +29,27 @@ __device__ __forceinline__ void ukv_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
+// The two halves of an execution-only cluster barrier, apart: a block arrives
+// early (after initializing an mbarrier other blocks signal, behind
+// ukv_mbar_init_fence) and waits only before it first signals another block.
+__device__ __forceinline__ void ukv_cluster_arrive_relaxed() {
+#if defined(UKV_HAS_CLUSTER)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ukv_cluster_wait() {
+#if defined(UKV_HAS_CLUSTER)
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
 // The cluster barrier before a block exits, after the blocks have read each
 // other's shared memory (the loaded values already used, so the reads are
-// done): an execution barrier only. The release form above issues a GPU-scope
+// done): an execution barrier only. ukv_cluster_sync's release issues a GPU-scope
 // fence (MEMBAR.ALL.GPU in SASS), which waits for the block's output stores
 // to complete: about 2 of a 20 us batch-1 decode (bench/notes/v34.md).
 __device__ __forceinline__ void ukv_cluster_sync_exit() {
-#if defined(UKV_HAS_CLUSTER)
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
+  ukv_cluster_arrive_relaxed();
+  ukv_cluster_wait();
 }
 template <typename T>
 __device__ __forceinline__ const T* ukv_cluster_map(const T* smem, int rank) {
