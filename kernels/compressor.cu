@@ -200,11 +200,20 @@ __device__ __forceinline__ float combine_blocks(const float (&bm)[kBlocks], cons
   return a / s;
 }
 
+// The `ape` element candidate i of channel d adds to its score: ratio 4's
+// candidates 0..3 are the previous group's overlap channel, 4..7 the own
+// channel (offset Dim in ape's row).
+template <int Ratio, int Dim>
+__device__ __forceinline__ float ape_at(const ukv_compress_params& p, int i, int d) {
+  if constexpr (Ratio == 4) return p.ape[(i & 3) * p.ape_stride + (i >= 4 ? Dim : 0) + d];
+  return p.ape[i * p.ape_stride + d];
+}
+
 // One channel's pooled value (src/compressor.rs pool_channel / pool_group):
-// window row i's candidate, masked below kFirstValid (ratio 4, group 0: 4).
-template <int Ratio, int Dim, typename In, int kFirstValid, bool kBranchFree>
-__device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, const float* ape,
-                                              int64_t ape_stride, int d) {
+// window row i's candidate, masked below kFirstValid (ratio 4, group 0: 4),
+// its score plus bias(i) (ape_at, or its value loaded earlier).
+template <int Ratio, int Dim, typename In, int kFirstValid, bool kBranchFree, typename Bias>
+__device__ __forceinline__ float pool_channel(const void* const* rows, const int* input, Bias bias, int d) {
   constexpr int kWindow = Ratio == 4 ? 8 : Ratio;
   constexpr int kValues = (Ratio == 4 ? 2 : 1) * Dim;
   constexpr int kBlocks = kWindow / kBlock;
@@ -218,19 +227,10 @@ __device__ __forceinline__ float pool_channel(const void* const* rows, const int
       const int i = k * kBlock + j;
       l[j] = v[j] = 0.f;
       if (i < kFirstValid) continue;
-      int64_t ch, bias;
-      if (Ratio == 4) {
-        // Candidates 0..3: the previous group's overlap channel; 4..7: the
-        // own channel (offset Dim in the row and in ape's row).
-        const bool own = i >= 4;
-        ch = own ? Dim + d : d;
-        bias = (i & 3) * ape_stride + (own ? Dim : 0) + d;
-      } else {
-        ch = d;
-        bias = i * ape_stride + d;
-      }
+      // Ratio 4: candidates 4..7 are the own channel, offset Dim in the row.
+      const int64_t ch = Ratio == 4 && i >= 4 ? Dim + d : d;
       v[j] = raw_at<In>(rows[i], input[i], ch);
-      l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), ape[bias]);
+      l[j] = ukv_add_rn(raw_at<In>(rows[i], input[i], kValues + ch), bias(i));
     }
     pool_block<kFirstValid, kBranchFree>(l, v, bm[k], bs[k], ba[k]);
   }
@@ -431,9 +431,6 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int64_t t = blockIdx.x;
-  int b, slot;
-  int64_t pos, loc;
-  if (!token(p, t, b, slot, pos, loc)) return;  // uniform: one token per block
   const In* own = static_cast<const In*>(p.kv_score) + t * p.kv_stride;
   // Decode: this thread's quads of the token's raw row, loaded now (their
   // latency hides behind the pooling) and stored into the ring after it.
@@ -444,11 +441,17 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
     const int i = threadIdx.x + q * kT;
     if (!p.prefill && i < kRowQuads) mine[q] = load_quad(own, i);
   }
+  int b, slot;
+  int64_t pos, loc;
+  token_fields(p, t, b, pos, loc);
   const int64_t first = (pos + 1) / Ratio * Ratio - Ratio;
-  if (stores_group(p, Ratio, pos, loc)) {
-    // The epilogue's inputs, loaded before the pooling: per thread (kPerDim),
-    // or into L1 by warp 0.
-    float w = 0.f, c = 0.f, s = 0.f;
+  const bool closes = pos >= 0 && stores_group(p, Ratio, pos, loc);
+  // A closing token's epilogue inputs (per thread where kPerDim, else into L1
+  // by warp 0) and, ratio 4, the thread's `ape` values: loaded beside the
+  // slot (batch id -> slot -> window rows), not behind it.
+  float w = 0.f, c = 0.f, s = 0.f;
+  float bias[Ratio == 4 ? kWindow : 1];
+  if (closes) {
     if constexpr (kPerDim) {
       const int d = threadIdx.x;
       w = weight_at(p, d);
@@ -459,6 +462,13 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
     } else if (threadIdx.x < UKV_WARP) {
       prefetch_epilogue(p, first);
     }
+    if constexpr (Ratio == 4) {
+#pragma unroll
+      for (int i = 0; i < kWindow; ++i) bias[i] = ape_at<Ratio, Dim>(p, i, (int)threadIdx.x);
+    }
+  }
+  if (!token_slot(p, b, pos, slot)) return;  // uniform: one token per block
+  if (closes) {
     const int64_t start = first - (kWindow - Ratio);
     window_rows<kWindow, kRow, In>(p, t, b, slot, pos, start, rows, input, (int)threadIdx.x, kT);
     __syncthreads();
@@ -469,11 +479,13 @@ __global__ void __launch_bounds__((block_threads<Ratio, Dim>())) compress_kernel
     // latent decode 0.2-0.4 us slower and the indexer decode 0.1 us faster.
     constexpr bool kBranchFree = Dim == 128;
     const auto pool = [&](int d) {
-      if constexpr (Ratio == 4) {
-        if (first_valid != 0)
-          return pool_channel<Ratio, Dim, In, 4, kBranchFree>(rows, input, p.ape, p.ape_stride, d);
+      if constexpr (Ratio == 4) {  // one channel per thread: d is threadIdx.x
+        const auto held = [&](int i) { return bias[i]; };
+        if (first_valid != 0) return pool_channel<Ratio, Dim, In, 4, kBranchFree>(rows, input, held, d);
+        return pool_channel<Ratio, Dim, In, 0, kBranchFree>(rows, input, held, d);
       }
-      return pool_channel<Ratio, Dim, In, 0, kBranchFree>(rows, input, p.ape, p.ape_stride, d);
+      const auto load = [&](int i) { return ape_at<Ratio, Dim>(p, i, d); };
+      return pool_channel<Ratio, Dim, In, 0, kBranchFree>(rows, input, load, d);
     };
     const int d0 = threadIdx.x, d1 = threadIdx.x + kT;
     float out0 = 0.f, out1 = 0.f;
@@ -636,9 +648,9 @@ __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compr
 #if !defined(__HIPCC__)
 // Ratio 128 on sm_90: a group pooled by a cluster of kSlices blocks, block
 // `rank` (blockIdx.z) channels kSliceDims rank ..: a lane per channel, a warp
-// per 16 (kSlices 16) or 32 (kSlices 8) candidates, all loads in flight, so
-// the group's 512 KB of raw rows and 256 KB of `ape` load on 16 (8) SMs at
-// once. The channel's block results are combined in block order as in
+// per 16 (kSlices 16) or 32 (kSlices 8) candidates, so the group's 512 KB of
+// raw rows and 256 KB of `ape` load on 16 (8) SMs at once. The channel's
+// block results are combined in block order as in
 // pool_channel (the same bits), the exps of the combine spread over the
 // warps. Blocks 1.. then send their slices into block 0's shared memory by
 // st.async, completing on block 0's mbarrier: no cluster-scope fence (a
@@ -651,7 +663,9 @@ __global__ void __launch_bounds__(kThreads) compress_c4_prefill_kernel(ukv_compr
 // request crossing a group boundary there: one or two for long chunks), so
 // 8192 tokens are 64 clusters, not 8192; compress_write_kernel appends the
 // rows after it.
-//   Two blocks per SM (at most 128 registers; the forms take 96-114).
+//   Two blocks per SM (at most 128 registers; the forms take 96-111). Decode
+// blocks of 512 threads (a warp per 8 candidates) were 5-18% slower
+// (bench/notes/v40.md).
 constexpr int kSlotTokens = 128;
 template <typename In, bool kPrefill, int kSlices>
 __global__ void __launch_bounds__(kThreads, 2) compress_c128_cluster_kernel(ukv_compress_params p) {
@@ -730,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, 2) compress_c128_cluster_kernel(ukv_
     const int64_t first = pos + 1 - kRatio;
     if (rank == 0 && warp == 0) prefetch_epilogue(p, first);
     if constexpr (kPrefill) {
-      window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input, (int)threadIdx.x, (int)blockDim.x);
+      window_rows<kRatio, kRow, In>(p, t, b, slot, pos, first, rows, input, (int)threadIdx.x, kThreads);
       __syncthreads();
     }
     // Decode: candidate i is position first + i, the token's own row last
