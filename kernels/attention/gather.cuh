@@ -164,9 +164,19 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   char* row = tile + (uint32_t)r * 128u;
   const uint32_t swizzle = (uint32_t)r & 7u;
   const auto chunk = [&](int c) { return row + (uint32_t)(c >> 3) * AtomTile::kAtomBytes + ((((uint32_t)c & 7u) ^ swizzle) << 4); };
+  // Store order. A job's bf16 chunks lie in atom column first / 4, and atom
+  // columns are 8 KB apart, so the same store of every job of a row hits the
+  // same banks: in a warp's store the jobs of all 7 atom columns meet in one
+  // half of the banks, 7 wavefronts for 448 bytes (bench/notes/v41.md). Jobs
+  // in odd atom columns store in the other order (two-chunk jobs their second
+  // code chunk first, one-chunk jobs a chunk's second half first), which puts
+  // them in the other half of the banks: 4 wavefronts.
+  const int flip = (first >> 2) & 1;
+  // The code chunk raw[q] holds.
+  const auto code_chunk = [&](int q) { return first + (kJobChunks == 2 ? q ^ flip : q); };
   uint4 raw[kJobChunks];
 #pragma unroll
-  for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(first + q));
+  for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(code_chunk(q)));
   // The row's whole scale chunk, loaded beside the codes (row_scale).
   const uint32_t s = row_scale(*reinterpret_cast<const uint4*>(chunk(kScaleChunk)), kind, first / 4);
   ukv_syncwarp();  // every raw chunk read before any lane writes
@@ -177,24 +187,27 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   if (!fp8) return;
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) {
-    char* lo = chunk(2 * (first + q));
-    char* hi = chunk(2 * (first + q) + 1);
+    // The half stored first (codes 8..15 of the chunk when `second`) and the other.
+    const int second = kJobChunks == 1 ? flip : 0;
+    const uint4 codes = second != 0 ? make_uint4(raw[q].z, raw[q].w, raw[q].x, raw[q].y) : raw[q];
+    char* dst0 = chunk(2 * code_chunk(q) + second);
+    char* dst1 = chunk(2 * code_chunk(q) + (second ^ 1));
     uint4 a, b;
     if (all_fast) {
-      dequantize_fast16(raw[q], s, a, b);
-      *reinterpret_cast<uint4*>(lo) = a;
-      *reinterpret_cast<uint4*>(hi) = b;
+      dequantize_fast16(codes, s, a, b);
+      *reinterpret_cast<uint4*>(dst0) = a;
+      *reinterpret_cast<uint4*>(dst1) = b;
     } else {
-      dequantize_piece(make_uint2(raw[q].x, raw[q].y), s, fmt, lo);
-      dequantize_piece(make_uint2(raw[q].z, raw[q].w), s, fmt, hi);
+      dequantize_piece(make_uint2(codes.x, codes.y), s, fmt, dst0);
+      dequantize_piece(make_uint2(codes.z, codes.w), s, fmt, dst1);
       if constexpr (kShare) {
-        a = *reinterpret_cast<const uint4*>(lo);  // this thread's own stores
-        b = *reinterpret_cast<const uint4*>(hi);
+        a = *reinterpret_cast<const uint4*>(dst0);  // this thread's own stores
+        b = *reinterpret_cast<const uint4*>(dst1);
       }
     }
     if constexpr (kShare) {
-      ukv_st_async16(ukv_smem_addr(lo) + peer_delta, a, peer_bar);
-      ukv_st_async16(ukv_smem_addr(hi) + peer_delta, b, peer_bar);
+      ukv_st_async16(ukv_smem_addr(dst0) + peer_delta, a, peer_bar);
+      ukv_st_async16(ukv_smem_addr(dst1) + peer_delta, b, peer_bar);
     }
   }
 }
