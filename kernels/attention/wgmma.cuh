@@ -353,15 +353,11 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   const bool direct = work.direct;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
 
-  // Consumer barriers: the whole block, or (FP8) the consumer warpgroups only,
-  // each running its own copy of the consumer code (hence the non-aligned form).
-  const auto consumers_sync = [] {
-    if constexpr (kFp8) {
-      ukv_named_sync_unaligned(kWgConsumers, kThreads);
-    } else {
-      __syncthreads();
-    }
-  };
+  // Consumer barriers: the consumer warpgroups (bf16: the whole block), each
+  // running its own copy of the consumer code, hence the non-aligned form
+  // (__syncthreads is bar.sync.aligned, which every thread must reach at the
+  // same instruction: synccheck reported the bf16 kernel's per-warpgroup copies).
+  const auto consumers_sync = [] { ukv_named_sync_unaligned(kWgConsumers, kThreads); };
   TileLoads<WgSmem::kStages, AtomTile, false> loads{smem + WgSmem::kK, valid_s, WgSmem::bars(smem), tile_begin,
                                                     tile_end};
   uint64_t* bars = WgSmem::bars(smem);
@@ -589,7 +585,7 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
         // rewritten only past the next tile's first barrier.
         producer.release(stage);
       } else {
-        __syncthreads();  // the stage, P and the exchange buffers are rewritten next tile
+        consumers_sync();  // the stage, P and the exchange buffers are rewritten next tile
       }
     }
 
