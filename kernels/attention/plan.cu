@@ -81,7 +81,19 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] RawVariant raw,
   }
 #if defined(UKV_NVIDIA_KERNELS)
   switch (plan.wgmma) {
-    case 64: *kernel = fp8 ? (plan.pair != 0 ? &kWgmmaFp8Pair : &kWgmmaFp8) : &kWgmmaBf16; return UKV_SHIM_OK;
+    case 64: {
+      // bf16 plans of at least kBf16ProducerTokens tokens take the kernel
+      // with producer warpgroups too (it copies bf16 rows without converting):
+      // up to 9% faster there (640-key rows within 2%), 2-8% slower below,
+      // where CTAs have few tiles (bench/notes/v42.md 42a).
+      constexpr int kBf16ProducerTokens = 128;
+      if (fp8) {
+        *kernel = plan.pair != 0 ? &kWgmmaFp8Pair : &kWgmmaProducers;
+      } else {
+        *kernel = plan.max_tokens >= kBf16ProducerTokens ? &kWgmmaProducers : &kWgmmaBf16;
+      }
+      return UKV_SHIM_OK;
+    }
     case 16:
       // FP8 plans take the raw variant with five stages, or three (the
       // in-place producer pipeline) when a source holds bf16 rows.

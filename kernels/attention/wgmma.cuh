@@ -78,15 +78,16 @@ enum WgBarrier : int {
 };
 
 #if defined(UKV_HAS_WGMMA)
-// The FP8 kernel's producer warpgroups (bench/notes/v31.md, v32.md): they gather each
-// tile's stored rows into an AtomTile stage with 16-byte cp.async and
-// dequantizes them in place while the consumer warpgroups run the MMAs and
-// softmax of the tile before, so neither the copies' issue nor the conversion
-// sits on the consumers' path. Each producer warp owns a fixed set of keys of
-// every tile: it copies them, waits for its own copies, and converts them, so
-// no barrier spans the producer warps. Per stage two mbarriers: `ready` (the
-// producers arrive once the stage holds bf16 rows) and `empty` (the consumers
-// arrive once their PV has read it).
+// The producer warpgroups of attention_wgmma_kernel<true> (bench/notes/v31.md,
+// v32.md), which FP8 plans and bf16 plans of large batches run (plan.cu,
+// v42.md): they gather each tile's stored rows into an AtomTile stage with
+// 16-byte cp.async and dequantize its FP8 rows in place while the consumer
+// warpgroups run the MMAs and softmax of the tile before, so neither the
+// copies' issue nor the conversion sits on the consumers' path. Each producer
+// warp owns a fixed set of keys of every tile: it copies them, waits for its
+// own copies, and converts them, so no barrier spans the producer warps. Per
+// stage two mbarriers: `ready` (the producers arrive once the stage holds bf16
+// rows) and `empty` (the consumers arrive once their PV has read it).
 //
 // kPair: the two head blocks of a token (128 heads) run as a cluster of two
 // blocks, and each converts only half of every tile (keys 32 r .. 32 r + 31 in
