@@ -96,6 +96,26 @@ __device__ __forceinline__ uint32_t p_chunk(int r, int c) {
 }
 #endif
 
+// The (token, head block) a block runs. Blocks start in linear id order (x
+// fastest), so the linear id is read token-major: a token's head blocks start
+// together and the later ones read its rows from L2. In the grid's own order
+// (token fastest) the 128-head wgmma kernel hit L2 7% of the time and read
+// every row twice from DRAM (bench/notes/v42.md 42e). blockIdx.z (the split)
+// is not remapped, so a cluster of a token's splits, (1, 1, S), keeps its
+// (token, head block); the pair kernel, whose cluster spans the head blocks,
+// keeps the grid's order.
+struct BlockTask {
+  int t, hb;
+};
+__device__ __forceinline__ BlockTask token_major_block() {
+  // One token or one head block: the grid's order is token-major already,
+  // and a batch-1 block's chain (token -> its key range -> rows) keeps out
+  // the division (bf16 decode at T = 1 was 1-1.7% slower with it, v43.md).
+  if (gridDim.x == 1 || gridDim.y == 1) return {(int)blockIdx.x, (int)blockIdx.y};
+  const int linear = (int)(blockIdx.x + gridDim.x * blockIdx.y), blocks = (int)gridDim.y;
+  return {linear / blocks, linear % blocks};
+}
+
 // Resolved key list of one token: source 0 then source 1.
 struct TokenKeys {
   const int32_t* idx[2];

@@ -112,12 +112,12 @@ __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)
 // drained key stages) or stored to the workspace. Every thread of the block
 // calls it; `consumer`: the thread holds accumulators.
 template <int NH, bool kRaw, int kRows>
-__device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const SplitConfig& cfg,
+__device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const SplitConfig& cfg, BlockTask task,
                                             const SplitWork& work, char* stages, const float* m_h, const float* l_h,
                                             float* scale_h, bool consumer, int wg, int q, int lane,
                                             const float (&o)[kRows][NH / 2]) {
   constexpr int kRegs = NH / 2;
-  const int tid = threadIdx.x, t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const int tid = threadIdx.x, t = task.t, hb = task.hb, split = blockIdx.z;
   const int h0 = hb * NH, g = lane >> 2, tq = lane & 3;
   const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
   if (tid < NH) {

@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kThreads, Smem<MT, ST>::kCtasPerSm)
     attention_kernel(ukv_attention_params p, SplitConfig cfg) {
   constexpr int kHb = 16 * MT;
   extern __shared__ __align__(1024) char smem[];
-  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const BlockTask task = token_major_block();
+  const int t = task.t, hb = task.hb, split = blockIdx.z;
   const int h0 = hb * kHb;
   const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP;
   const int g = lane >> 2, tq = lane & 3;  // mma fragment row / column-pair

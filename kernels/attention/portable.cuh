@@ -160,7 +160,8 @@ __global__ void UKV_LAUNCH_BOUNDS(kPortableThreads, 1)
     attention_portable_kernel(ukv_attention_params p, SplitConfig cfg) {
   using L = PortableSmem<kMatrix>;
   extern __shared__ __align__(1024) char smem[];
-  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const BlockTask task = token_major_block();
+  const int t = task.t, hb = task.hb, split = blockIdx.z;
   const int h0 = hb * kPortableHeads;
   const int tid = threadIdx.x, lane = tid % UKV_WARP, warp = tid / UKV_WARP;
   const char* q_s = smem + L::kQ;

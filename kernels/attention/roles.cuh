@@ -127,8 +127,9 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   const int qk_slots[2] = {qk_slot(16 * q + g), qk_slot(16 * q + g + 8)};
 
   SplitWork work;
-  if (!split_work(p, blockIdx.x, blockIdx.z, cfg, work)) return;
-  const int t = blockIdx.x, h0 = blockIdx.y * NH;
+  const BlockTask task = token_major_block();
+  if (!split_work(p, task.t, blockIdx.z, cfg, work)) return;
+  const int t = task.t, h0 = task.hb * NH;
   const int tile_begin = work.tile_begin, tile_end = work.tile_end;
   const RawPipeline<kStages, kLayout> pipe{smem + L::kK, valid_s, bars, tile_begin, tile_end};
   pipe.init(kThreads + 128);
@@ -343,7 +344,7 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     ukv_named_arrive(kRegsBackBarrier, kRoleThreads);
   }
   __syncthreads();
-  swap_finish<NH, true>(p, cfg, work, smem + L::kK, m_h, l_h, scale_h, value, wg, q, lane, o);
+  swap_finish<NH, true>(p, cfg, task, work, smem + L::kK, m_h, l_h, scale_h, value, wg, q, lane, o);
 #endif
 }
 

@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
   constexpr int kOwn = NH / 4;     // S^T registers of this warpgroup's heads
   constexpr int kGroup = 4;        // QK fragments per wgmma commit group
   extern __shared__ __align__(1024) char smem[];
-  const int t = blockIdx.x, hb = blockIdx.y, split = blockIdx.z;
+  const BlockTask task = token_major_block();
+  const int t = task.t, hb = task.hb, split = blockIdx.z;
   const int h0 = hb * NH;
   // The warpgroup and warp indices through a shuffle from lane 0: the
   // compiler then knows them warp-uniform and keeps the wgmma descriptors
@@ -593,7 +594,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     if (tid < NH) l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
   }
   static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
-  swap_finish<NH, kRaw>(p, cfg, work, smem + L::kK, m_h, l_h, scale_h, consumer, wg, q, lane, o);
+  swap_finish<NH, kRaw>(p, cfg, task, work, smem + L::kK, m_h, l_h, scale_h, consumer, wg, q, lane, o);
 #endif
 }
 

@@ -336,13 +336,9 @@ __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, c
   static_assert(kFp8 || !kPair, "pairs share converted FP8 rows");
   constexpr int kHb = WgSmem::kHb;
   extern __shared__ __align__(1024) char smem[];
-  // A token's head blocks take consecutive linear block ids (blocks start in
-  // that order), so they run at once and the second reads each row from L2:
-  // with the grid's own order (token fastest) the 128-head bf16 kernel hit L2
-  // 7% of the time and read every row twice from DRAM (bench/notes/v42.md).
   // The pair keeps the grid's order: its cluster is blocks (t, 0) and (t, 1).
-  const int linear = blockIdx.x + gridDim.x * blockIdx.y;
-  const int t = kPair ? blockIdx.x : linear / gridDim.y, hb = kPair ? blockIdx.y : linear % gridDim.y;
+  const BlockTask task = kPair ? BlockTask{(int)blockIdx.x, (int)blockIdx.y} : token_major_block();
+  const int t = task.t, hb = task.hb;
   const int split = blockIdx.z;
   const int h0 = hb * kHb;
   const int tid = threadIdx.x, lane = tid % UKV_WARP, warpgroup = tid / 128, wq = (tid / UKV_WARP) % 4;
