@@ -84,10 +84,11 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] RawVariant raw,
     case 64: {
       // bf16 plans of enough tokens take the kernel with producer warpgroups
       // too (they copy bf16 rows, no conversion): from 128 tokens at 64 heads
-      // (T >= 128 2-7% faster), from 16 at 128 heads, two head blocks a token
-      // (T = 64 3-14% faster; T = 16 1.2% slower at 640 keys, 13% faster at
-      // 8320). Smaller plans, whose CTAs have few tiles, keep the gather
-      // kernel (bench/notes/v42.md 42a, v43.md 43c).
+      // (there up to 9% faster than the gather kernel, and 2-7% more since
+      // its producers skip the conversion rounds), from 16 at 128 heads, two
+      // head blocks a token (T = 64 3-14% faster; T = 16 1.2% slower at 640
+      // keys, 13% faster at 8320). Smaller plans, whose CTAs have few tiles,
+      // keep the gather kernel (bench/notes/v42.md 42a, v43.md 43b, 43c).
       const int producer_tokens = plan.head_blocks > 1 ? 16 : 128;
       if (fp8) {
         *kernel = plan.pair != 0 ? &kWgmmaFp8Pair : &kWgmmaProducers;
