@@ -286,15 +286,13 @@ struct WgProducer {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
     };
     const ukv_fp8_format fmt = (ukv_fp8_format)p.src[0].kv.fp8_format;
-    // Whether a source holds FP8 rows: calls over bf16 rows only (bf16 plans
-    // of large batches, plan.cu) skip the conversion rounds, which would
-    // only load, vote and return for every row, on issue-bound warps. A test
-    // of the arguments, not of each tile's rows: a ballot of the rows a tile
-    // holds made FP8 calls 1.4-3.5% slower (bench/notes/v43.md 43b).
-    const auto fp8_source = [&](int s) {
-      return s < p.num_sources && (p.src[s].kv.fp8 != 0 || p.src[s].layout == kLayoutFlashMla);
-    };
-    const bool convert = fp8_source(0) || fp8_source(1);
+    // Whether a source holds FP8 rows (every FP8 layout sets kv.fp8, as the
+    // gathers assume): calls over bf16 rows only (bf16 plans of large
+    // batches, plan.cu) skip the conversion rounds, which would only load,
+    // vote and return for every row, on issue-bound warps. A test of the
+    // arguments, not of each tile's rows: a ballot of the rows a tile holds
+    // made FP8 calls 1.4-3.5% slower (bench/notes/v43.md 43b).
+    const bool convert = p.src[0].kv.fp8 != 0 || (p.num_sources > 1 && p.src[1].kv.fp8 != 0);
     const int n = tile_end - tile_begin;
     const PendingKey first = fetch(tile_begin), second = fetch(tile_begin + 1);
     // kPair: how far the peer's copy of a shared-memory byte lies from it in
