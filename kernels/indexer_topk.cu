@@ -17,7 +17,7 @@
 // shuffles and one multiply by the key's scale gives the score.
 //
 // Selection: one block per token, 512 threads (select_held_kernel; small
-// batches of rows past 8192 keys on a cluster of 8 blocks per token), the
+// batches of rows past 4096 keys on a cluster of 8 blocks per token), the
 // row's keys read once into registers, 4 to 64 consecutive keys per thread;
 // rows past 32768 keys in batches too large for clusters re-read the logits
 // in every pass (select_reread_kernel). At most topk keys: all of them.
@@ -25,7 +25,10 @@
 // src/indexer.rs order_key: -0 = +0, NaN lowest), 8 bits per pass from the
 // top, finds the topk-th largest key T; the output keeps key > T, and key ==
 // T while fewer than topk - count(key > T) ties were kept in index order, so
-// ties go to lower indices and the set is the CPU backend's exactly. Prefix
+// ties go to lower indices and the set is the CPU backend's exactly. The
+// passes stop early once every key sharing T's known top bits is taken (then
+// "T" is those bits and its ties all keys under them): with distinct scores
+// the third pass usually settles it. Prefix
 // sums place the kept keys in ascending index order; -1 fills the rest of
 // the row.
 //
@@ -433,6 +436,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
   __shared__ int scratch[kSelectWarps];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining;
+  __shared__ bool s_complete;
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
   const int t = blockIdx.x, tid = threadIdx.x;
@@ -444,12 +448,13 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
   if (n <= p.topk) {
     for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
   } else {
-    // Radix select: after pass r the top 8(r + 1) bits of T are known.
-    uint32_t prefix = 0;
+    // Radix select: after pass r the top 8(r + 1) bits of T are known, and
+    // once every key under them is taken the lower bits do not matter.
+    uint32_t prefix = 0, known = 0;
     int remaining = p.topk;  // keys still to take among those matching the prefix
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
-      const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
+      const uint32_t mask = known;
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
       for (int i = tid; i < n; i += kSelectThreads) {
@@ -468,12 +473,16 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
       if (tid < 256 && at_or_above >= remaining && at_or_above - count < remaining) {
         s_prefix = prefix | ((uint32_t)digit << shift);
         s_remaining = remaining - (at_or_above - count);
+        s_complete = at_or_above == remaining;  // T's bin is taken whole
       }
       __syncthreads();
       prefix = s_prefix;
       remaining = s_remaining;
+      known = 0xFFFFFFFFu << shift;
+      if (s_complete) break;
     }
-    // prefix = T; `remaining` ties at T are taken, lowest indices first.
+    // prefix = T's known bits; `remaining` ties (keys equal to T on those
+    // bits) are taken, lowest indices first.
     const int warp = tid / UKV_WARP, lane = tid % UKV_WARP;
     const int seg = (n + kSelectWarps - 1) / kSelectWarps;
     const int begin = min(n, warp * seg), end = min(n, begin + seg);
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
     const auto walk = [&](auto body) {
       for (int i0 = begin; i0 < end; i0 += UKV_WARP) {
         const int i = i0 + lane;
-        body(i, i < end ? order_key(logits[i]) : 0u, i < end);
+        body(i, i < end ? order_key(logits[i]) & known : 0u, i < end);
       }
     };
     int ties = 0;
@@ -641,11 +650,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
       for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
   } else {
     __syncthreads();  // the histograms are clear
-    uint32_t prefix = 0;
-    int remaining = p.topk;  // keys still to take among those matching the prefix
+    uint32_t prefix = 0, known = 0;  // T's bits found so far, and which
+    int remaining = p.topk;            // keys still to take among those matching the prefix
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
-      const uint32_t mask = pass == 0 ? 0u : 0xFFFFFFFFu << (shift + 8);
+      const uint32_t mask = known;
       int* h = hist[pass & 1][warp];
       if (warp_keys) {
         const uint32_t lead = (held[0] >> shift) & 0xFFu;
@@ -691,17 +700,22 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
       const int strictly_above = before + (lane == 0 ? 0 : above[seg * UKV_WARP + lane - 1]);
       const int hit = max(0, ukv_first_lane(at_or_above >= remaining && strictly_above < remaining));
       prefix |= (uint32_t)(kDigits - 1 - (seg * UKV_WARP + hit)) << shift;
+      known = 0xFFFFFFFFu << shift;
       remaining -= ukv_shfl(strictly_above, hit, UKV_WARP);
+      // T's bin holds exactly the keys still to take: all are taken, and T's
+      // lower bits do not matter.
+      if (ukv_shfl(at_or_above - strictly_above, hit, UKV_WARP) == remaining) break;
       // Pass + 2 counts into this set: every thread has read it (the barrier above).
       if (pass < 2)
         for (int i = tid; i < kSelectWarps * kDigits; i += kSelectThreads) (&hist[pass & 1][0][0])[i] = 0;
     }
-    // prefix = T; `remaining` ties at T are taken, lowest indices first.
+    // prefix = T's known bits; `remaining` ties (keys equal to T on those
+    // bits) are taken, lowest indices first.
     int gt = 0, eq = 0;
     if (warp_keys) {
       for_span<kHeld>(span, [&](int j) {
-        gt += j < mine && held[j] > prefix;
-        eq += j < mine && held[j] == prefix;
+        gt += j < mine && (held[j] & known) > prefix;
+        eq += j < mine && (held[j] & known) == prefix;
       });
     }
     const int gt_incl = ukv_warp_inclusive_sum(gt), eq_incl = ukv_warp_inclusive_sum(eq);
@@ -732,8 +746,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
     int slot = gt_before + min(tie_rank, remaining);
     if (gt + eq > 0) {
       for_span<kHeld>(span, [&](int j) {
-        const bool tie = j < mine && held[j] == prefix;
-        if (j < mine && (held[j] > prefix || (tie && tie_rank < remaining)))
+        const bool tie = j < mine && (held[j] & known) == prefix;
+        if (j < mine && ((held[j] & known) > prefix || (tie && tie_rank < remaining)))
           out[slot++] = (int32_t)(page_base + (first_key + j) % kPage);
         tie_rank += tie;
       });
@@ -747,19 +761,21 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
 }
 
 // Rows of up to 32768 keys select from registers (select_held_kernel), on
-// one block per token, or for small batches of rows past 8192 keys on a
+// one block per token, or for small batches of rows past 4096 keys on a
 // cluster; longer rows re-read the logits (select_reread_kernel).
 int launch_select(int device, const ukv_indexer_topk_params& p, void* stream) {
   const int w = p.logits_width;
 #if !defined(__HIPCC__)
   // Small batches of long rows on sm_90: a cluster of kSelectCluster blocks
-  // per token, so the row's passes run on 8 SMs.
+  // per token, so the row's passes run on 8 SMs. From 4097 keys wide: at
+  // 8192 one block (16 keys a thread) took about 1.1 us more a call
+  // (bench/notes/v44.md).
   constexpr int kSelectCluster = 8;
   ukv::DeviceFacts facts;
   if (int r = ukv::device_facts(device, &facts)) return r;
   constexpr int kSpan = kSelectCluster * kSelectThreads;  // keys per held register over the cluster
   // Up to 32 held keys per thread: at 64 the cluster kernel spilled 392 bytes.
-  if (facts.sm90_code() && w > 16 * kSelectThreads && w <= 32 * kSpan &&
+  if (facts.sm90_code() && w > 8 * kSelectThreads && w <= 32 * kSpan &&
       p.num_tokens * kSelectCluster <= facts.sms) {
     const auto kernel =
         w <= 16 * kSpan ? select_held_kernel<16, kSelectCluster> : select_held_kernel<32, kSelectCluster>;

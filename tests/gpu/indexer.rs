@@ -8,7 +8,7 @@
 
 use super::*;
 use common::indexer::{
-    KeyCase, KeyPointers, QueryCase, QueryPointers, ScoreTol, TopkCase, TopkPointers, DIM,
+    KeyCase, KeyPointers, QueryCase, QueryPointers, ScoreTol, Spread, TopkCase, TopkPointers, DIM,
     FP8_TENSOR_CORE_EPS, PAGE, PAGE_BYTES,
 };
 use unikv::ffi::indexer::{
@@ -239,7 +239,7 @@ fn topk_on(ctx: &Ctx, case: &TopkCase, score: bool) -> (unikv_status, Vec<f32>, 
 /// The selection alone on tie-heavy scores (±0, NaN, -inf, repeated values),
 /// rows of random lengths held in registers (logits up to 2048, 4096, 8192
 /// and 32768 wide: 4 to 64 keys per thread; batches too large for clusters),
-/// in a cluster's registers (small batches of rows past 8192: 16 and 32 keys
+/// in a cluster's registers (small batches of rows past 4096: 4 to 32 keys
 /// per thread) and re-read from memory (rows past 32768 in batches too large
 /// for clusters): the GPU's table equals the CPU's entry for entry.
 #[test]
@@ -252,6 +252,7 @@ fn indexer_topk_selection_matches_cpu_exactly() {
         &[
             (64, 8, 8000, 512),
             (3, 2, 9000, 512),
+            (2, 2, 6000, 512),
             (2, 1, 33000, 1024),
             (2, 1, 70000, 512),
             (20, 4, 33000, 512),
@@ -262,9 +263,18 @@ fn indexer_topk_selection_matches_cpu_exactly() {
             (5, 2, 40, 2048),
         ]
     };
-    for &(t, requests, max_keys, topk) in cases {
-        let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 1, Fp8Format::E4m3Fn);
-        let what = format!("T={t} keys {max_keys} topk {topk}");
+    // Each shape also with distinct scores and with exactly topk keys in a
+    // top octave, where the radix passes stop early (third and first pass).
+    let spreads = [None, Some(Spread::Distinct), Some(Spread::TopOctave)];
+    for (&(t, requests, max_keys, topk), spread) in
+        cases.iter().flat_map(|c| spreads.map(|s| (c, s)))
+    {
+        let mut case =
+            TopkCase::random(&mut rng, t, requests, max_keys, topk, 1, Fp8Format::E4m3Fn);
+        if let Some(spread) = spread {
+            case.respread(&mut rng, spread);
+        }
+        let what = format!("T={t} keys {max_keys} topk {topk} {spread:?}");
         let (status, _, want) = topk_on(&s.cpu, &case, false);
         ok(status);
         let (status, _, got) = topk_on(&s.gpu, &case, false);

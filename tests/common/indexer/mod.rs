@@ -26,7 +26,7 @@ pub use key::{KeyCase, KeyPointers};
 #[allow(unused_imports)]
 pub use query::{QueryCase, QueryPointers};
 #[allow(unused_imports)]
-pub use topk::{TopkCase, TopkPointers};
+pub use topk::{Spread, TopkCase, TopkPointers};
 
 pub const DIM: usize = 128;
 /// Keys per indexer cache page, and its page stride in bytes.

@@ -31,6 +31,13 @@ pub struct TopkCase {
     pub cache: Vec<u8>,
 }
 
+/// How `TopkCase::respread` fills a row's logits.
+#[derive(Debug, Clone, Copy)]
+pub enum Spread {
+    Distinct,
+    TopOctave,
+}
+
 /// Where a top-k call's buffers live.
 pub struct TopkPointers {
     pub q: *mut c_void,
@@ -144,6 +151,32 @@ impl TopkCase {
                 .map(|_| rng.random_range(-1.0f32..1.0))
                 .collect(),
             cache,
+        }
+    }
+
+    /// Replaces the logits of every token's visible keys: all distinct (the
+    /// radix select usually settles T in its third pass), or with `spread` =
+    /// `TopOctave` exactly `topk` keys an octave above the rest (the first
+    /// pass settles it). Columns past a row's keys keep their values.
+    pub fn respread(&mut self, rng: &mut StdRng, spread: Spread) {
+        use rand::seq::SliceRandom;
+        for t in 0..self.tokens {
+            let n = self.keys(t).unwrap_or(0).min(self.logits_width);
+            let row = &mut self.logits[t * self.logits_width..][..n];
+            match spread {
+                Spread::Distinct => row
+                    .iter_mut()
+                    .for_each(|x| *x = rng.random_range(-1e3f32..1e3)),
+                Spread::TopOctave => {
+                    row.iter_mut()
+                        .for_each(|x| *x = rng.random_range(0.0f32..1.0));
+                    let mut order: Vec<usize> = (0..n).collect();
+                    order.shuffle(rng);
+                    for &i in order.iter().take(self.topk) {
+                        row[i] = rng.random_range(1024.0f32..2048.0);
+                    }
+                }
+            }
         }
     }
 
