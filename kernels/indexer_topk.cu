@@ -595,8 +595,8 @@ __device__ __forceinline__ void load_span(const float* logits, int first, int li
 //    its keys of its first key's digit in one atomic (the early passes' keys
 //    share their top bits);
 //  - after the histogram barrier the first 256 threads sum their digit's
-//    counts (kCluster > 1: over the cluster's blocks, through distributed
-//    shared memory after a cluster barrier) and scan them per warp; after one
+//    counts (kCluster > 1: over the cluster's blocks, each block's counts
+//    pushed into every block by st.async) and scan them per warp; after one
 //    more barrier every warp finds T's digit itself from the warps' totals and
 //    one row of the scan;
 //  - one block scan of (keys above T, ties) per thread, plus the lower
@@ -611,13 +611,35 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
   __shared__ int above[kDigits];  // per digit warp: keys at or above the lane's digit
   __shared__ int digit_totals[kDigitWarps];
   __shared__ int scan_totals[2][kSelectWarps];
-  // kCluster > 1: the block's digit counts, one buffer per pass parity (a
-  // block may start pass r + 1 while another still reads its pass r counts),
-  // and its (keys above T, ties).
-  __shared__ int counts[kCluster > 1 ? 2 : 1][kDigits];
-  __shared__ int block_totals[2];
+  // kCluster > 1: every block pushes its digit counts (16 bits: at most
+  // kHeld * kSelectThreads keys a block) into each block's recv[pass & 1]
+  // [sender] by st.async, completing on that block's landed[pass & 1]; then
+  // its (keys above T, ties) into totals[sender]. Pushes instead of a cluster
+  // barrier and remote loads: the barrier's release fences at GPU scope, and
+  // made a cluster's pass twice a block's (bench/notes/v44.md). One buffer
+  // per pass parity: a block may push pass r + 1 while another still sums
+  // its pass r counts, never pass r + 2 (that needs this block's r + 1).
+#if !defined(__HIPCC__)  // clusters: NVIDIA only
+  constexpr int kRecv = kCluster > 1 ? kCluster : 1;
+  constexpr uint32_t kCountBytes = kRecv * kDigits * sizeof(uint16_t);
+  __shared__ __align__(4) uint16_t recv[2][kRecv][kDigits];
+  __shared__ int totals[kRecv][2];
+  __shared__ uint64_t landed[3];  // the two count buffers, then totals
+#endif
   const int t = blockIdx.x, tid = threadIdx.x, warp = tid / UKV_WARP, lane = tid % UKV_WARP;
   const int rank = kCluster > 1 ? (int)blockIdx.z : 0;
+#if !defined(__HIPCC__)
+  if constexpr (kCluster > 1) {
+    if (tid == 0) {
+      for (int b = 0; b < 3; ++b) ukv_mbar_init(&landed[b], 1);
+      ukv_mbar_init_fence();
+      ukv_mbar_arrive_expect(&landed[0], kCountBytes);
+      ukv_mbar_arrive_expect(&landed[1], kCountBytes);
+      ukv_mbar_arrive_expect(&landed[2], kRecv * 2 * sizeof(int));
+    }
+    ukv_cluster_arrive_relaxed();  // waited for before the first push
+  }
+#endif
   ukv_pdl_launch_dependents();
   for (int i = tid; i < 2 * kSelectWarps * kDigits; i += kSelectThreads) (&hist[0][0][0])[i] = 0;
   ukv_pdl_wait();
@@ -638,6 +660,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
     span = row_span<kHeld, kCluster>(n);
     load_span(logits, (rank * kSelectThreads + tid) * span, n, span, held);
   }
+  if constexpr (kCluster > 1) ukv_cluster_wait();
   const int first_key = (rank * kSelectThreads + tid) * span;
   // This thread's keys below n, whether its warp holds any, and their page.
   const int mine = max(0, min(span, n - first_key));
@@ -675,14 +698,26 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
 #pragma unroll
         for (int w = 0; w < kSelectWarps; ++w) c += hist[pass & 1][w][kDigits - 1 - tid];
       }
+#if !defined(__HIPCC__)
       if constexpr (kCluster > 1) {
-        if (tid < kDigits) counts[pass & 1][tid] = c;
-        ukv_cluster_sync();
+        // Even lanes push their digit's and the next one's counts as a word.
+        const uint32_t pair = (uint32_t)c | (uint32_t)ukv_shfl(c, lane + 1, UKV_WARP) << 16;
         if (tid < kDigits) {
+          if (lane % 2 == 0) {
+            for (int r = 0; r < kCluster; ++r)
+              ukv_st_async4(ukv_cluster_smem_addr(&recv[pass & 1][rank][tid], r), pair,
+                            ukv_cluster_smem_addr(&landed[pass & 1], r));
+          }
+          ukv_mbar_wait(&landed[pass & 1], (uint32_t)(pass >> 1) & 1u);
           c = 0;
-          for (int r = 0; r < kCluster; ++r) c += ukv_cluster_map(&counts[pass & 1][0], r)[tid];
+#pragma unroll
+          for (int r = 0; r < kCluster; ++r) c += recv[pass & 1][r][tid];
         }
+        // Re-armed for pass + 2, whose counts only come after every thread
+        // here has read these (the next pass's histogram barrier).
+        if (tid == 0) ukv_mbar_arrive_expect(&landed[pass & 1], kCountBytes);
       }
+#endif
       if (tid < kDigits) {
         const int x = ukv_warp_inclusive_sum(c);
         above[tid] = x;
@@ -732,17 +767,23 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
       gt_all += scan_totals[0][w];
       eq_all += scan_totals[1][w];
     }
+#if defined(__HIPCC__)
+    (void)gt_all, (void)eq_all;  // the block's totals serve clusters only
+#else
     if constexpr (kCluster > 1) {
-      if (tid == 0) {
-        block_totals[0] = gt_all;
-        block_totals[1] = eq_all;
+      if (tid < kCluster) {
+        ukv_st_async4(ukv_cluster_smem_addr(&totals[rank][0], tid), (uint32_t)gt_all,
+                      ukv_cluster_smem_addr(&landed[2], tid));
+        ukv_st_async4(ukv_cluster_smem_addr(&totals[rank][1], tid), (uint32_t)eq_all,
+                      ukv_cluster_smem_addr(&landed[2], tid));
       }
-      ukv_cluster_sync();
+      ukv_mbar_wait(&landed[2], 0u);
       for (int r = 0; r < rank; ++r) {
-        gt_before += ukv_cluster_map(&block_totals[0], r)[0];
-        tie_rank += ukv_cluster_map(&block_totals[0], r)[1];
+        gt_before += totals[r][0];
+        tie_rank += totals[r][1];
       }
     }
+#endif
     int slot = gt_before + min(tie_rank, remaining);
     if (gt + eq > 0) {
       for_span<kHeld>(span, [&](int j) {
@@ -756,8 +797,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
   }
   if (rank == 0)
     for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
-  // No block leaves while another may still read its shared memory.
-  if constexpr (kCluster > 1) ukv_cluster_sync_exit();
+  // No exit barrier: no block reads another's shared memory, and each has
+  // waited for every push into its own.
 }
 
 // Rows of up to 32768 keys select from registers (select_held_kernel), on
