@@ -454,12 +454,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
     int remaining = p.topk;  // keys still to take among those matching the prefix
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
-      const uint32_t mask = known;
       for (int b = tid; b < kSelectWarps * 256; b += kSelectThreads) hist[b / 256][b % 256] = 0;
       __syncthreads();
       for (int i = tid; i < n; i += kSelectThreads) {
         const uint32_t k = order_key(logits[i]);
-        if ((k & mask) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
+        if ((k & known) == prefix) atomicAdd(&hist[tid / UKV_WARP][(k >> shift) & 0xFFu], 1);
       }
       __syncthreads();
       // Thread d takes digit 255 - d: the inclusive sum counts the keys at or
@@ -677,14 +676,13 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
     int remaining = p.topk;            // keys still to take among those matching the prefix
     for (int pass = 0; pass < 4; ++pass) {
       const int shift = 24 - 8 * pass;
-      const uint32_t mask = known;
       int* h = hist[pass & 1][warp];
       if (warp_keys) {
         const uint32_t lead = (held[0] >> shift) & 0xFFu;
         int lead_count = 0;
         for_span<kHeld>(span, [&](int j) {
           const uint32_t d = (held[j] >> shift) & 0xFFu;
-          const bool match = j < mine && (held[j] & mask) == prefix;
+          const bool match = j < mine && (held[j] & known) == prefix;
           lead_count += match && d == lead;
           if (match && d != lead) atomicAdd(&h[d], 1);
         });
