@@ -339,10 +339,14 @@ __device__ __forceinline__ uint2 pack_out4(const float* cs, int d0, float a, flo
   return make_uint2(ukv_pack_bf16x2(a, b), ukv_pack_bf16x2(c, d));
 }
 
-// Folds the sink into (m, l) and returns the scale of acc (0 when the output is
-// zero) and the natural-log LSE.
-__device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h, float m, float l, float* lse) {
-  const float z = p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+// Head h's sink logit in the log2 domain (-inf without a sink).
+__device__ __forceinline__ float sink_log2(const ukv_attention_params& p, int h) {
+  return p.sink != nullptr ? p.sink[h] * kLog2e : -INFINITY;
+}
+
+// Folds the sink logit z (sink_log2) into (m, l) and returns the scale of acc
+// (0 when the output is zero) and the natural-log LSE.
+__device__ __forceinline__ float fold_sink(float z, float m, float l, float* lse) {
   const float mf = fmaxf(m, z);
   if (mf == -INFINITY) {
     *lse = -INFINITY;
@@ -353,19 +357,28 @@ __device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h,
   *lse = (mf + log2f(lf)) * kLn2;
   return lf > 0.f ? a_kv / lf : 0.f;
 }
+__device__ __forceinline__ float fold_sink(const ukv_attention_params& p, int h, float m, float l, float* lse) {
+  return fold_sink(sink_log2(p, h), m, l, lse);
+}
 
 // The end of a split merge (cluster or workspace): four output values of
 // (token t, head h) from dim d0, unnormalized with the merged (m, l), get the
-// sink and 1/l, the inverse-RoPE epilogue where asked, and are written as
-// bf16; `with_lse`: this thread also writes the head's LSE.
+// sink (logit z) and 1/l, the inverse-RoPE epilogue where asked (cs:
+// inverse_rope_row), and are written as bf16; `with_lse`: this thread also
+// writes the head's LSE.
 __device__ __forceinline__ void write_merged4(const ukv_attention_params& p, int t, int h, int d0,
-                                              const float (&acc)[4], float m, float l, bool with_lse) {
+                                              const float (&acc)[4], float m, float l, bool with_lse, float z,
+                                              const float* cs) {
   float lse;
-  const float scale = fold_sink(p, h, m, l, &lse);
+  const float scale = fold_sink(z, m, l, &lse);
   ukv_bf16* out = static_cast<ukv_bf16*>(p.out) + (int64_t)t * p.out_stride_token + (int64_t)h * p.out_stride_head;
   *reinterpret_cast<uint2*>(out + d0) =
-      pack_out4(inverse_rope_row(p, t), d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
+      pack_out4(cs, d0, acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
   if (p.lse != nullptr && with_lse) p.lse[(int64_t)t * p.lse_stride_token + h] = lse;
+}
+__device__ __forceinline__ void write_merged4(const ukv_attention_params& p, int t, int h, int d0,
+                                              const float (&acc)[4], float m, float l, bool with_lse) {
+  write_merged4(p, t, h, d0, acc, m, l, with_lse, sink_log2(p, h), inverse_rope_row(p, t));
 }
 
 #if defined(UKV_NVIDIA_KERNELS)
@@ -416,6 +429,110 @@ __device__ __forceinline__ void merge_in_cluster(const ukv_attention_params& p, 
   ukv_cluster_sync();
   if (merges) cluster_merge<kHb>(p, t, h0, count, rank, ranks, m_s, l_s, acc_s);
   ukv_cluster_sync_exit();
+}
+
+// The split merge of the heads-on-N kernels (16 or 32 heads a block), pushed
+// rather than pulled: pulling each split's partial through remote loads took
+// 2.5 us of a 9.3 us batch-1 call at 640 keys (bench/notes/v45.md), while
+// remote stores issue without waiting. Each block owns a 1/ranks share of the
+// outputs; each split block sends every other block its share of the split's
+// partial and its (m, l) by st.async, which complete on the receiving block's
+// mbarrier, and each block merges its share in split order (its own split's
+// from its own staged partial), as cluster_merge and combine_kernel do (the
+// same bits). A block's region (its query and key stages, free once its tiles
+// are done) holds, at PushedMerge's offsets: the staged partial, f32
+// [kHb][512] (partial_at); per split its share for this block, [per] float4;
+// per split its (m[kHb], l[kHb]).
+template <int kHb>
+struct PushedMerge {
+  static constexpr int kItems = kHb * (kD / 4);  // 4-dim output groups
+  static constexpr size_t kRecv = (size_t)kHb * kD * 4;
+  static constexpr size_t kMl = kRecv + (size_t)(kItems + kMaxClusterSplits - 1) * 16;  // ranks x per <= this
+  static constexpr size_t kBytes = kMl + (size_t)kMaxClusterSplits * 2 * kHb * 4;
+};
+
+// A split block's end in cluster mode, once its partial is staged at the start
+// of `region` and its (m, l) in m_s, l_s: every thread of the block calls it
+// (all of them push; `merges`: this thread, of the first kThreads, also
+// merges). No block reads another's shared memory, so none waits for the
+// others before it exits: its own barrier `bar` (used by nothing else) holds
+// it until every push to it has landed.
+template <int kHb>
+__device__ __forceinline__ void merge_pushed(const ukv_attention_params& p, int t, int h0, int count, int rank,
+                                             int ranks, const float* m_s, const float* l_s, char* region,
+                                             uint64_t* bar, bool merges) {
+  using M = PushedMerge<kHb>;
+  static_assert(kHb % 4 == 0, "(m, l) travel in 16-byte pieces");
+  constexpr int kMlPieces = 2 * kHb / 4;
+  const float* acc_s = reinterpret_cast<const float*>(region);
+  float4* recv = reinterpret_cast<float4*>(region + M::kRecv);
+  float* recv_ml = reinterpret_cast<float*>(region + M::kMl);
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const int per = (M::kItems + ranks - 1) / ranks;
+  const int begin = rank * per, end = min(M::kItems, begin + per);
+  if (tid == 0) {
+    const int senders = count - (rank < count ? 1 : 0);
+    ukv_mbar_init(bar, 1);
+    ukv_mbar_init_fence();
+    ukv_mbar_arrive_expect(bar, (uint32_t)(senders * (max(0, end - begin) * 16 + 2 * kHb * 4)));
+  }
+  __syncthreads();  // the staged partial
+  // The blocks meet once: past it every block's tiles are done (the stages
+  // they overwrite are no longer read: the last MMA and copy have completed
+  // before the arrival) and its barrier initialized (thread 0 arrives after
+  // initializing it). Relaxed: the pushes carry their own release
+  // (ukv_st_async16).
+  ukv_cluster_arrive_relaxed();
+  ukv_cluster_wait();
+  if (rank < count) {
+    // Output group k goes to block k / per (r, advanced as k grows).
+    for (int k = tid, r = tid / per; k < M::kItems; k += threads) {
+      while (k >= (r + 1) * per) ++r;
+      if (r == rank) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(acc_s + partial_at(k / (kD / 4), (k % (kD / 4)) * 4));
+      ukv_st_async16(ukv_cluster_smem_addr(recv + rank * per + (k - r * per), r), v, ukv_cluster_smem_addr(bar, r));
+    }
+    for (int k = tid; k < ranks * kMlPieces; k += threads) {
+      const int r = k / kMlPieces, c = k % kMlPieces;
+      if (r == rank) continue;
+      const float* src = c < kHb / 4 ? m_s + 4 * c : l_s + 4 * (c - kHb / 4);
+      const uint4 v = make_uint4(__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]),
+                                 __float_as_uint(src[3]));
+      ukv_st_async16(ukv_cluster_smem_addr(recv_ml + rank * 2 * kHb + 4 * c, r), v, ukv_cluster_smem_addr(bar, r));
+    }
+  }
+  // This thread's first output group: its head's sink logit and the token's
+  // inverse-RoPE row, loaded while the pushes travel.
+  const int first_h = h0 + (begin + tid) / (kD / 4);
+  const bool first_ok = merges && begin + tid < end && first_h < p.num_heads;
+  const float first_z = first_ok ? sink_log2(p, first_h) : 0.f;
+  const float* cs = merges ? inverse_rope_row(p, t) : nullptr;
+  ukv_mbar_wait(bar, 0u);
+  if (!merges) return;
+  // Split j's (m, l) of row r and its 4 values of output group `item`.
+  const auto m_of = [&](int j, int r) { return j == rank ? m_s[r] : recv_ml[2 * j * kHb + r]; };
+  const auto l_of = [&](int j, int r) { return j == rank ? l_s[r] : recv_ml[(2 * j + 1) * kHb + r]; };
+  for (int item = begin + tid; item < end; item += kThreads) {
+    const int r = item / (kD / 4), d0 = (item % (kD / 4)) * 4;
+    const int h = h0 + r;
+    if (h >= p.num_heads) continue;
+    float m = -INFINITY;
+    for (int j = 0; j < count; ++j) m = fmaxf(m, m_of(j, r));
+    float l = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < count; ++j) {
+      const float mj = m_of(j, r);
+      const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
+      l += w * l_of(j, r);
+      const float4 a = j == rank ? *reinterpret_cast<const float4*>(acc_s + partial_at(r, d0))
+                                 : recv[j * per + (item - begin)];
+      acc[0] += w * a.x;
+      acc[1] += w * a.y;
+      acc[2] += w * a.z;
+      acc[3] += w * a.w;
+    }
+    write_merged4(p, t, h, d0, acc, m, l, d0 == 0, item == begin + tid ? first_z : sink_log2(p, h), cs);
+  }
 }
 #endif  // UKV_NVIDIA_KERNELS
 

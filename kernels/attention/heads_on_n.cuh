@@ -50,10 +50,11 @@ struct SwapSmem {
   // score factor
   static constexpr size_t kHead = kWarp + (size_t)(kAlt ? 2 : 1) * 4 * NH * 4;
   static constexpr size_t kValid = kHead + (size_t)(kRaw ? 5 : 4) * NH * 4;  // int [stages][64]
-  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;  // u64 [3][stages]: full, ready, empty
+  // u64 [3][stages]: full, ready, empty; then the cluster merge's (merge_pushed)
+  static constexpr size_t kBar = kValid + (size_t)kStages * kBK * 4;
   // Raw variant: the PV factor words (raw_fac_at; kAlt: per warpgroup), then
   // per warpgroup the warps' scale maxima, [4 warps][4] (kAlt: u16x2 pairs).
-  static constexpr size_t kFac = (kBar + 3 * kStages * 8 + 15) / 16 * 16;
+  static constexpr size_t kFac = (kBar + (3 * kStages + 1) * 8 + 15) / 16 * 16;
   static constexpr size_t kSmax = kFac + (kRaw ? (kAlt ? 2 : 1) * kRawFacWords * 4 : 0);
   static constexpr size_t kBytes = kSmax + (kRaw ? 2 * 16 * 4 : 0);
   // Typed views of the carve-outs.
@@ -64,6 +65,7 @@ struct SwapSmem {
   __device__ __forceinline__ static uint32_t* fac(char* smem) { return smem_at<uint32_t>(smem, kFac); }
   __device__ __forceinline__ static uint32_t* smax(char* smem) { return smem_at<uint32_t>(smem, kSmax); }
   __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  __device__ __forceinline__ static uint64_t* merge_bar(char* smem) { return bars(smem) + 3 * kStages; }
   // The key stages as f32 once every tile is done (partials, exchanges).
   __device__ __forceinline__ static float* drained(char* smem) { return smem_at<float>(smem, kK); }
 };
@@ -107,28 +109,20 @@ __device__ __forceinline__ void swap_mma(float (&d)[NH / 2], const uint32_t (&a)
 #if defined(UKV_HAS_WGMMA)
 // The end of a heads-on-N kernel, once m_h and l_h hold the block's per-head
 // (m, l) and each consumer thread its accumulators o[mb][i] (fragment layout
-// below, warpgroup wg owning dims 256 wg .. 256 wg + 255): the sink and the
-// LSE, then the output written directly, merged in the cluster (through the
-// drained key stages) or stored to the workspace. Every thread of the block
-// calls it; `consumer`: the thread holds accumulators.
+// below, warpgroup wg owning dims 256 wg .. 256 wg + 255): merged in the
+// cluster (merge_pushed, in `region`: the block's query and key stages, on its
+// own mbarrier), or the sink and the LSE, then the output written directly or
+// stored to the workspace. Every thread of the block calls it; `consumer`: the
+// thread holds accumulators.
 template <int NH, bool kRaw, int kRows>
 __device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const SplitConfig& cfg, BlockTask task,
-                                            const SplitWork& work, char* stages, const float* m_h, const float* l_h,
-                                            float* scale_h, bool consumer, int wg, int q, int lane,
-                                            const float (&o)[kRows][NH / 2]) {
+                                            const SplitWork& work, char* region, uint64_t* merge_bar,
+                                            const float* m_h, const float* l_h, float* scale_h, bool consumer, int wg,
+                                            int q, int lane, const float (&o)[kRows][NH / 2]) {
   constexpr int kRegs = NH / 2;
   const int tid = threadIdx.x, t = task.t, hb = task.hb, split = blockIdx.z;
   const int h0 = hb * NH, g = lane >> 2, tq = lane & 3;
   const auto head_of = [&](int i) { return 8 * (i / 4) + 2 * tq + (i & 1); };
-  if (tid < NH) {
-    float lse = -INFINITY;
-    scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
-    if (work.direct && p.lse != nullptr && h0 + tid < p.num_heads) {
-      p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
-    }
-  }
-  __syncthreads();
-
   // Fragment (mb, i) of this thread: dim 64 (4 wg + mb) + 16 q + g (+8), head 8 (i/4) + 2 tq + (i & 1);
   // the raw variant's code blocks: 64 (4 wg + mb) + 16 q + 2 g (+1) (raw_pv_codes).
   const auto dim_of = [&](int mb, int i) {
@@ -139,16 +133,26 @@ __device__ __forceinline__ void swap_finish(const ukv_attention_params& p, const
     return 64 * (4 * wg + mb) + 16 * q + g + 8 * hi;
   };
   if (!work.direct && cfg.cluster != 0) {
-    ukv_cp_async_wait<0>();
-    float* acc_s = reinterpret_cast<float*>(stages);
+    ukv_cp_async_wait<0>();  // no copy still lands in the stages
+    float* acc_s = reinterpret_cast<float*>(region);
     if (consumer) {
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
         for (int i = 0; i < kRegs; ++i) acc_s[partial_at(head_of(i), dim_of(mb, i))] = o[mb][i];
     }
-    merge_in_cluster<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, acc_s, consumer);
-  } else if (!consumer) {
+    merge_pushed<NH>(p, t, h0, work.cut.count, split, cfg.splits, m_h, l_h, region, merge_bar, consumer);
+    return;
+  }
+  if (tid < NH) {
+    float lse = -INFINITY;
+    scale_h[tid] = h0 + tid < p.num_heads ? fold_sink(p, h0 + tid, m_h[tid], l_h[tid], &lse) : 0.f;
+    if (work.direct && p.lse != nullptr && h0 + tid < p.num_heads) {
+      p.lse[(int64_t)t * p.lse_stride_token + h0 + tid] = lse;
+    }
+  }
+  __syncthreads();
+  if (!consumer) {
     return;
   } else if (work.direct) {
     const float* cs = inverse_rope_row(p, t);

@@ -46,9 +46,9 @@ struct RoleSmem {
   static constexpr size_t kSmax = kWarp + 2 * 4 * NH * 4;        // u32 [2 value warpgroups][4 warps][4 blocks]
   static constexpr size_t kHead = kSmax + 2 * 16 * 4;           // f32 [4][NH]: m, l, scale, score factor
   static constexpr size_t kValid = kHead + 4 * NH * 4;          // int [stages][64]
-  // u64: full, empty [stages]; pfull, pempty [2]; done
+  // u64: full, empty [stages]; pfull, pempty [2]; done; the cluster merge's (merge_pushed)
   static constexpr size_t kBar = kValid + kStages * kBK * 4;
-  static constexpr size_t kBytes = kBar + (2 * kStages + 5) * 8;
+  static constexpr size_t kBytes = kBar + (2 * kStages + 6) * 8;
   // Typed views of the carve-outs.
   __device__ __forceinline__ static int* valid(char* smem) { return smem_at<int>(smem, kValid); }
   __device__ __forceinline__ static float* head(char* smem) { return smem_at<float>(smem, kHead); }
@@ -56,6 +56,7 @@ struct RoleSmem {
   __device__ __forceinline__ static float* alpha(char* smem) { return smem_at<float>(smem, kAlpha); }
   __device__ __forceinline__ static uint32_t* rescale(char* smem) { return smem_at<uint32_t>(smem, kRescale); }
   __device__ __forceinline__ static uint64_t* bars(char* smem) { return smem_at<uint64_t>(smem, kBar); }
+  __device__ __forceinline__ static uint64_t* merge_bar(char* smem) { return bars(smem) + 2 * kStages + 5; }
   __device__ __forceinline__ static float* warp(char* smem) { return smem_at<float>(smem, kWarp); }
   __device__ __forceinline__ static uint32_t* smax(char* smem) { return smem_at<uint32_t>(smem, kSmax); }
 };
@@ -90,7 +91,8 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
   constexpr int kRegs = NH / 2;  // S^T and each O^T block: fragment registers per thread
   constexpr int kCols = NH / 4;  // head columns per thread
   constexpr int kScoreTid = kThreads + kProducerWarps * UKV_WARP;
-  static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
+  static_assert(PushedMerge<NH>::kBytes <= L::kK - L::kQ + kStages * L::kTileBytes,
+                "the cluster merge fits in the query and key stages");
   extern __shared__ __align__(1024) char smem[];
   // Warpgroup and warp indices through a shuffle from lane 0 (warp-uniform,
   // so descriptors stay in uniform registers).
@@ -344,7 +346,8 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
     ukv_named_arrive(kRegsBackBarrier, kRoleThreads);
   }
   __syncthreads();
-  swap_finish<NH, true>(p, cfg, task, work, smem + L::kK, m_h, l_h, scale_h, value, wg, q, lane, o);
+  swap_finish<NH, true>(p, cfg, task, work, smem + L::kQ, L::merge_bar(smem), m_h, l_h, scale_h, value, wg, q, lane,
+                        o);
 #endif
 }
 

@@ -593,8 +593,10 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
     __syncthreads();
     if (tid < NH) l_h[tid] = ((warp_s[tid] + warp_s[NH + tid]) + warp_s[2 * NH + tid]) + warp_s[3 * NH + tid];
   }
-  static_assert(NH * kD * 4 <= kStages * L::kTileBytes, "the partial fits in the key stages");
-  swap_finish<NH, kRaw>(p, cfg, task, work, smem + L::kK, m_h, l_h, scale_h, consumer, wg, q, lane, o);
+  static_assert(PushedMerge<NH>::kBytes <= L::kK - L::kQ + kStages * L::kTileBytes,
+                "the cluster merge fits in the query and key stages");
+  swap_finish<NH, kRaw>(p, cfg, task, work, smem + L::kQ, L::merge_bar(smem), m_h, l_h, scale_h, consumer, wg, q,
+                        lane, o);
 #endif
 }
 
