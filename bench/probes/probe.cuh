@@ -81,6 +81,14 @@ __global__ void empty_kernel() {
   ukv_pdl_wait();
 }
 
+// Microseconds per call of the empty kernel under graph replay, `calls` a graph.
+inline float empty_call_us(cudaStream_t s, int calls) {
+  return per_call_us(s, calls, [&](int, cudaLaunchConfig_t cfg) {
+    cfg.gridDim = dim3(1);
+    CHECK(cudaLaunchKernelEx(&cfg, empty_kernel));
+  });
+}
+
 // `elems` random bf16 values (normal, mean 0, deviation 1) in fresh device memory.
 inline uint16_t* random_bf16_device(size_t elems, std::mt19937& rng) {
   std::vector<uint16_t> host(elems);

@@ -59,10 +59,7 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 1.f);
-  const float empty_us = per_call_us(s, 64, [&](int, cudaLaunchConfig_t cfg) {
-    cfg.gridDim = dim3(1);
-    CHECK(cudaLaunchKernelEx(&cfg, empty_kernel));
-  });
+  const float empty_us = empty_call_us(s, 64);
   std::printf(
       "empty kernel %.2f us per call\n| T | keys | width | k | us per call | over empty | output |\n"
       "|---|---|---|---|---|---|---|\n",

@@ -93,10 +93,7 @@ int main() {
     row("library", store_indexer_kernel<UKV_FP8_E4M3FN, ukv_bf16, int32_t>, grid);
     row("move: codes and scale", move_kernel<true>, grid);
     row("move: codes only", move_kernel<false>, grid);
-    const float us = per_call_us(s, sets, [&](int, cudaLaunchConfig_t cfg) {
-      cfg.gridDim = dim3(1);
-      CHECK(cudaLaunchKernelEx(&cfg, empty_kernel));
-    });
+    const float us = empty_call_us(s, sets);
     std::printf("| empty kernel | %d | %.2f | | |\n", t, us);
     for (auto& p : params) CHECK(cudaFree(const_cast<void*>(p.loc)));
     CHECK(cudaFree(rows));

@@ -382,6 +382,28 @@ __device__ __forceinline__ void write_merged4(const ukv_attention_params& p, int
 }
 
 #if defined(UKV_NVIDIA_KERNELS)
+// One output group of a cluster merge over `count` splits, in split order:
+// split j's (m, l) from m_of(j), l_of(j), its four values from acc_of(j);
+// returns the merged (m, l) and the unnormalized values.
+template <class MOf, class LOf, class AccOf>
+__device__ __forceinline__ void merge_splits(int count, MOf m_of, LOf l_of, AccOf acc_of, float& m, float& l,
+                                             float (&acc)[4]) {
+  m = -INFINITY;
+  for (int j = 0; j < count; ++j) m = fmaxf(m, m_of(j));
+  l = 0.f;
+  acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+  for (int j = 0; j < count; ++j) {
+    const float mj = m_of(j);
+    const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
+    l += w * l_of(j);
+    const float4 a = acc_of(j);
+    acc[0] += w * a.x;
+    acc[1] += w * a.y;
+    acc[2] += w * a.z;
+    acc[3] += w * a.w;
+  }
+}
+
 // A split's partial accumulator, f32 [Hb][512], in its block's shared memory
 // for the in-cluster merge; 8-float groups XOR-swizzled by row so the fragment
 // stores of 8 rows at once hit distinct banks.
@@ -401,20 +423,11 @@ __device__ __forceinline__ void cluster_merge(const ukv_attention_params& p, int
     const int r = item / (kD / 4), d0 = (item % (kD / 4)) * 4;
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
-    float m = -INFINITY;
-    for (int j = 0; j < count; ++j) m = fmaxf(m, ukv_cluster_map(m_s, j)[r]);
-    float l = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < count; ++j) {
-      const float mj = ukv_cluster_map(m_s, j)[r];
-      const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
-      l += w * ukv_cluster_map(l_s, j)[r];
-      const float4 a = *reinterpret_cast<const float4*>(ukv_cluster_map(acc_s, j) + partial_at(r, d0));
-      acc[0] += w * a.x;
-      acc[1] += w * a.y;
-      acc[2] += w * a.z;
-      acc[3] += w * a.w;
-    }
+    float m, l, acc[4];
+    merge_splits(
+        count, [&](int j) { return ukv_cluster_map(m_s, j)[r]; }, [&](int j) { return ukv_cluster_map(l_s, j)[r]; },
+        [&](int j) { return *reinterpret_cast<const float4*>(ukv_cluster_map(acc_s, j) + partial_at(r, d0)); }, m, l,
+        acc);
     write_merged4(p, t, h, d0, acc, m, l, d0 == 0);
   }
 }
@@ -509,28 +522,19 @@ __device__ __forceinline__ void merge_pushed(const ukv_attention_params& p, int 
   const float* cs = merges ? inverse_rope_row(p, t) : nullptr;
   ukv_mbar_wait(bar, 0u);
   if (!merges) return;
-  // Split j's (m, l) of row r and its 4 values of output group `item`.
-  const auto m_of = [&](int j, int r) { return j == rank ? m_s[r] : recv_ml[2 * j * kHb + r]; };
-  const auto l_of = [&](int j, int r) { return j == rank ? l_s[r] : recv_ml[(2 * j + 1) * kHb + r]; };
   for (int item = begin + tid; item < end; item += kThreads) {
     const int r = item / (kD / 4), d0 = (item % (kD / 4)) * 4;
     const int h = h0 + r;
     if (h >= p.num_heads) continue;
-    float m = -INFINITY;
-    for (int j = 0; j < count; ++j) m = fmaxf(m, m_of(j, r));
-    float l = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < count; ++j) {
-      const float mj = m_of(j, r);
-      const float w = mj == -INFINITY ? 0.f : exp2f(mj - m);  // a split of only invalid keys adds nothing
-      l += w * l_of(j, r);
-      const float4 a = j == rank ? *reinterpret_cast<const float4*>(acc_s + partial_at(r, d0))
-                                 : recv[j * per + (item - begin)];
-      acc[0] += w * a.x;
-      acc[1] += w * a.y;
-      acc[2] += w * a.z;
-      acc[3] += w * a.w;
-    }
+    // Split j's (m, l) and values: received, or this block's own.
+    float m, l, acc[4];
+    merge_splits(
+        count, [&](int j) { return j == rank ? m_s[r] : recv_ml[2 * j * kHb + r]; },
+        [&](int j) { return j == rank ? l_s[r] : recv_ml[(2 * j + 1) * kHb + r]; },
+        [&](int j) {
+          return j == rank ? *reinterpret_cast<const float4*>(acc_s + partial_at(r, d0)) : recv[j * per + (item - begin)];
+        },
+        m, l, acc);
     write_merged4(p, t, h, d0, acc, m, l, d0 == 0, item == begin + tid ? first_z : sink_log2(p, h), cs);
   }
 }
