@@ -165,6 +165,19 @@ struct Step {
     csa: f64,
     hca: f64,
     streams: f64,
+    budget: Vec<BudgetRow>,
+}
+
+/// One call of a layer's chain: its name and its launch for layer `i` of the
+/// kind's layers.
+type Call<'a> = (&'static str, &'a dyn Fn(usize, *mut c_void));
+
+/// A chain call's time alone and the chain's time up to and including it.
+struct BudgetRow {
+    layer: &'static str,
+    call: &'static str,
+    alone: f64,
+    prefix: f64,
 }
 
 impl Step {
@@ -234,6 +247,33 @@ pub fn bench_layer_steps(
             s.estimate(LAYERS_61),
             targets
         );
+    }
+    println!(
+        "\nLayer chains at 8k, call by call: each call alone in its own graph, the chain up to \
+         it, and its marginal cost in the chain (the difference of two prefixes)"
+    );
+    println!(
+        "| pool |     T | layer | call              | alone us | chain to it us | marginal us |"
+    );
+    println!(
+        "|------|-------|-------|-------------------|----------|----------------|-------------|"
+    );
+    for s in &steps {
+        let mut before = ("", 0.0);
+        for b in &s.budget {
+            let start = if before.0 == b.layer { before.1 } else { 0.0 };
+            println!(
+                "| {:<4} | {:>5} | {:<5} | {:<17} | {:>8.2} | {:>14.2} | {:>11.2} |",
+                s.pool,
+                s.t,
+                b.layer,
+                b.call,
+                b.alone,
+                b.prefix,
+                b.prefix - start
+            );
+            before = (b.layer, b.prefix);
+        }
     }
 }
 
@@ -400,8 +440,7 @@ fn bench_step(
         };
         ok(unsafe { unikv_prepare_qkv(pool, &args, s) }, "prepare_qkv");
     };
-    // `cache_block`: the layer's indexer cache among the CSA layers'.
-    let index = |l: usize, cache_block: usize, s: *mut c_void| {
+    let index_prepare = |l: usize, s: *mut c_void| {
         let args = unikv_indexer_prepare_q_args {
             struct_size: std::mem::size_of::<unikv_indexer_prepare_q_args>(),
             q: block(&index_q, 1, 2, &[t, INDEXER_HEADS, INDEXER_DIM], l),
@@ -419,6 +458,9 @@ fn bench_step(
             unsafe { unikv_indexer_prepare_q(ctx, &args, s) },
             "indexer_prepare_q",
         );
+    };
+    // `cache_block`: the layer's indexer cache among the CSA layers'.
+    let topk_call = |cache_block: usize, s: *mut c_void| {
         let args = unikv_indexer_topk_args {
             struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
             q_fp8: q_fp8.t(6, 1, &[t, INDEXER_HEADS, INDEXER_DIM]),
@@ -435,6 +477,8 @@ fn bench_step(
             topk: TOPK as u32,
         };
         ok(unsafe { unikv_indexer_topk(ctx, &args, s) }, "indexer_topk");
+    };
+    let tail = |s: *mut c_void| {
         let args = unikv_csa_tail_args {
             struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
             batch_id: batch.i32s(&[t]),
@@ -489,7 +533,9 @@ fn bench_step(
         us[k] = per_call_us(stream, counts[k], |i, s| {
             prepare(first + i, s);
             if kind == Kind::Csa {
-                index(first + i, i, s);
+                index_prepare(first + i, s);
+                topk_call(i, s);
+                tail(s);
             }
             attend(first + i, stream_of, cap, s);
         });
@@ -505,6 +551,43 @@ fn bench_step(
         }
         .print(c);
     }
+
+    // The budget of the chains the targets name (at 8k): each call alone in
+    // its own graph over the same layers, and every prefix of the chain, so
+    // each call's marginal cost (PDL overlap included) is a difference.
+    let mut budget = Vec::new();
+    if context == CONTEXTS[0] {
+        let (csa0, hca0) = (counts[0], counts[0] + counts[1]);
+        let csa_chain: [Call; 5] = [
+            ("prepare_qkv", &|i, s| prepare(csa0 + i, s)),
+            ("indexer_prepare_q", &|i, s| index_prepare(csa0 + i, s)),
+            ("indexer_topk", &|i, s| topk_call(i, s)),
+            ("fill_csa_tail", &|_, s| tail(s)),
+            ("sparse_decode", &|i, s| attend(csa0 + i, &csa, caps[2], s)),
+        ];
+        let hca_chain: [Call; 2] = [
+            ("prepare_qkv", &|i, s| prepare(hca0 + i, s)),
+            ("sparse_decode", &|i, s| attend(hca0 + i, &hca, caps[1], s)),
+        ];
+        for (kind, chain, layers) in [
+            (Kind::Csa, &csa_chain[..], counts[1]),
+            (Kind::Hca, &hca_chain[..], counts[2]),
+        ] {
+            for n in 1..=chain.len() {
+                let (call, f) = chain[n - 1];
+                let alone = per_call_us(stream, layers, f);
+                let prefix = per_call_us(stream, layers, |i, s| {
+                    chain[..n].iter().for_each(|(_, g)| g(i, s))
+                });
+                budget.push(BudgetRow {
+                    layer: kind.name(),
+                    call,
+                    alone,
+                    prefix,
+                });
+            }
+        }
+    }
     unsafe {
         unikv_decode_plan_destroy(plan);
         unikv_pool_destroy(pool);
@@ -517,5 +600,6 @@ fn bench_step(
         csa: us[1],
         hca: us[2],
         streams: streams_us,
+        budget,
     }
 }
