@@ -373,7 +373,7 @@ PIN_AT(unikv_capabilities, max_tokens, 72);
 PIN_AT(unikv_capabilities, reserved, 76);
 PIN_AT(unikv_capabilities, gpu_archs, 80);
 
-PIN_SIZE(unikv_plan_info, 72);
+PIN_SIZE(unikv_plan_info, 80);
 PIN_AT(unikv_plan_info, struct_size, 0);
 PIN_AT(unikv_plan_info, kind, 8);
 PIN_AT(unikv_plan_info, backend, 12);
@@ -390,6 +390,8 @@ PIN_AT(unikv_plan_info, dependent_launch, 52);
 PIN_AT(unikv_plan_info, raw_fp8_variant, 56);
 PIN_AT(unikv_plan_info, sm_count, 60);
 PIN_AT(unikv_plan_info, workspace_bytes, 64);
+PIN_AT(unikv_plan_info, long_key_splits, 72);
+PIN_AT(unikv_plan_info, long_keys, 76);
 #else
 #error "the pinned layout is for LP64 targets; add this target's numbers"
 #endif

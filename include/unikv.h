@@ -1996,13 +1996,15 @@ typedef struct unikv_plan_info {
    */
   uint32_t head_blocks;
   /**
-   * Most key splits per (token, head block); 1 when keys are never split.
-   * A token's split count depends on its length and the plan only.
+   * Most key splits per (token, head block) of calls that do not take
+   * `long_key_splits`; 1 when those keys are never split. A token's split
+   * count depends on its length, the plan and (through `long_keys`) the
+   * call's index capacity only.
    */
   uint32_t max_splits;
   /**
-   * 1 when a token's splits merge inside a thread-block cluster (sm_90+;
-   * no workspace, no combine launch), 0 when they merge through the
+   * 1 when the `max_splits` splits of a token merge inside a thread-block
+   * cluster (sm_90+; no combine launch), 0 when they merge through the
    * workspace and a combine kernel (or there is one split).
    */
   uint32_t cluster_merge;
@@ -2030,6 +2032,19 @@ typedef struct unikv_plan_info {
    * Bytes of workspace every launch needs (as `*_plan_workspace_size`).
    */
   uint64_t workspace_bytes;
+  /**
+   * Key splits per (token, head block) of calls with long key lists,
+   * merged through the workspace and a combine kernel (sm_90+ cluster
+   * plans whose clusters cap the split count for few tokens); 0 when the
+   * plan has none and every call takes `max_splits`.
+   */
+  uint32_t long_key_splits;
+  /**
+   * The index capacity per token (summed over the call's key sources,
+   * divided by `num_tokens`) from which a call takes `long_key_splits`;
+   * 0 with `long_key_splits` set: every call does.
+   */
+  uint32_t long_keys;
 } unikv_plan_info;
 
 /**

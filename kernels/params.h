@@ -275,6 +275,8 @@ typedef struct ukv_attention_plan {
   int32_t kv_fp8;           /* 1: the kernels for FP8 pools (in-tile dequantization) */
   int32_t portable;         /* portable kernel: 1 scalar, 2 matrix (HIP builds; NVIDIA: test hook) */
   int32_t pair;             /* 1: a token's two 64-head FP8 blocks share the conversion in a cluster */
+  int32_t long_splits;      /* > 0: calls with long key lists split this far, merged through the workspace */
+  int32_t long_keys;        /* index capacity per token from which calls take long_splits (0: every call) */
   int32_t reserved;         /* keeps the struct free of tail padding */
 } ukv_attention_plan;
 

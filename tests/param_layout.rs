@@ -312,6 +312,8 @@ fn rust_layouts() -> Vec<Layout> {
                 kv_fp8,
                 portable,
                 pair,
+                long_splits,
+                long_keys,
                 reserved
             }
         ),

@@ -6,6 +6,11 @@
 
 namespace {
 
+// Keys a token from which heads-on-N and FP8 plans take their long splits: at
+// 2176 keys they won at some shapes and lost at others, at 8320 they won at
+// every one where plans have them (bench/notes/v46.md).
+constexpr int kLongKeys = 4096;
+
 // Split cap S for a plan: one wave of resident CTAs when max_tokens tokens run,
 // so small batches spread each token over many SMs without a second wave, and
 // large ones write no partials at all.
@@ -145,6 +150,15 @@ RawVariant raw_variant(const ukv_attention_params& p) {
   return layout == kLayoutFlashMla ? kRawFlashMla : kRawPool;
 }
 
+// Whether a call takes the plan's long splits: a choice by capture-time
+// shapes only (the index capacity per token bounds its keys).
+bool long_path(const ukv_attention_plan& plan, const ukv_attention_params& p) {
+  if (plan.long_splits == 0) return false;
+  int64_t capacity = 0;
+  for (int s = 0; s < p.num_sources; ++s) capacity += p.src[s].capacity;
+  return capacity >= (int64_t)plan.long_keys * p.num_tokens;
+}
+
 }  // namespace
 
 extern "C" {
@@ -264,8 +278,31 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
       if (int r = configure(kWgmmaFp8Pair)) return r;
     }
 #endif
+    // Splits past what one resident cluster per (token, head block) allows,
+    // merged through the workspace and the combine kernel instead (calls
+    // choose, long_path): a cluster holds at most 16 blocks, and fewer once
+    // all clusters must be resident, so a few tokens with long key lists kept
+    // 8 or more tiles on each of few SMs (bench/notes/v46.md). Calls take
+    // them from kLongKeys keys a token on, and bf16 blocks of the heads-on-M
+    // kernels at any length where occupancy, not the 16-block cap, limited
+    // their clusters (their pulled merge lost to the combine kernel at every
+    // measured length there). FP8 plans have them only where they stay within 16 splits
+    // (more, thinner FP8 splits measured slower); the pair kernel has no
+    // workspace path.
+    pl.long_splits = 0;
+    pl.long_keys = 0;
+    if (pl.cluster != 0 && pl.pair == 0) {
+      const int wide = split_cap(max_tokens, pl.head_blocks, resident, kMaxSplits);
+      const bool within_cluster = wide <= kMaxClusterSplits;
+      if (wide > pl.max_splits && (pl.kv_fp8 == 0 || within_cluster)) {
+        const bool heads_on_m = pl.wgmma != 16 && pl.wgmma != 32;
+        pl.long_splits = wide;
+        pl.long_keys = pl.kv_fp8 == 0 && heads_on_m && within_cluster ? 0 : kLongKeys;
+      }
+    }
+    const int record_splits = pl.cluster == 0 ? pl.max_splits : pl.long_splits;
     const size_t records =
-        pl.cluster == 0 && pl.max_splits > 1 ? (size_t)max_tokens * pl.head_blocks * pl.max_splits : 0;
+        record_splits > 1 ? (size_t)max_tokens * pl.head_blocks * record_splits : 0;
     pl.workspace_bytes = (int64_t)(records * partial_floats(16 * pl.block_m_tiles) * sizeof(float));
     *plan = pl;
     return UKV_SHIM_OK;
@@ -280,7 +317,8 @@ int unikv_gpu_attention(int device, const ukv_attention_plan* plan, const ukv_at
       ukv::set_error("num_tokens exceeds the plan's max_tokens");
       return UKV_SHIM_INVALID;
     }
-    const SplitConfig cfg{plan->max_splits, plan->cluster};
+    const SplitConfig cfg =
+        long_path(*plan, *p) ? SplitConfig{plan->long_splits, 0} : SplitConfig{plan->max_splits, plan->cluster};
     const AttentionLauncher* kernel = nullptr;
     if (int r = plan_kernel(*plan, raw_variant(*p), &kernel)) return r;
     // Launched early (PDL) so its launch overlaps the previous kernel's tail;

@@ -210,6 +210,8 @@
   X(ukv_attention_plan, kv_fp8)                   \
   X(ukv_attention_plan, portable)                 \
   X(ukv_attention_plan, pair)                     \
+  X(ukv_attention_plan, long_splits)              \
+  X(ukv_attention_plan, long_keys)                \
   X(ukv_attention_plan, reserved)                 \
   X(ukv_fp8_check_params, x)                      \
   X(ukv_fp8_check_params, sw)                     \

@@ -172,6 +172,12 @@ pub struct LaunchSummary {
     pub raw_fp8_variant: bool,
     /// Multiprocessors the plan was sized for (0 on the CPU).
     pub sm_count: usize,
+    /// Splits of calls with long key lists, merged by the combine kernel
+    /// through the workspace (0: none beyond `max_splits`).
+    pub long_splits: usize,
+    /// Index capacity per token (summed over the key sources) from which a
+    /// call takes `long_splits`; 0 with `long_splits` set: every call.
+    pub long_keys: usize,
 }
 
 /// What a backend decided for a plan: its workspace needs and private state.

@@ -67,11 +67,13 @@ pub struct unikv_plan_info {
     pub head_block: u32,
     /// Blocks per token along the heads: ceil(num_heads / head_block).
     pub head_blocks: u32,
-    /// Most key splits per (token, head block); 1 when keys are never split.
-    /// A token's split count depends on its length and the plan only.
+    /// Most key splits per (token, head block) of calls that do not take
+    /// `long_key_splits`; 1 when those keys are never split. A token's split
+    /// count depends on its length, the plan and (through `long_keys`) the
+    /// call's index capacity only.
     pub max_splits: u32,
-    /// 1 when a token's splits merge inside a thread-block cluster (sm_90+;
-    /// no workspace, no combine launch), 0 when they merge through the
+    /// 1 when the `max_splits` splits of a token merge inside a thread-block
+    /// cluster (sm_90+; no combine launch), 0 when they merge through the
     /// workspace and a combine kernel (or there is one split).
     pub cluster_merge: u32,
     /// Key-tile pipeline stages of the kernel instantiation (0 on the CPU).
@@ -88,6 +90,15 @@ pub struct unikv_plan_info {
     pub sm_count: u32,
     /// Bytes of workspace every launch needs (as `*_plan_workspace_size`).
     pub workspace_bytes: u64,
+    /// Key splits per (token, head block) of calls with long key lists,
+    /// merged through the workspace and a combine kernel (sm_90+ cluster
+    /// plans whose clusters cap the split count for few tokens); 0 when the
+    /// plan has none and every call takes `max_splits`.
+    pub long_key_splits: u32,
+    /// The index capacity per token (summed over the call's key sources,
+    /// divided by `num_tokens`) from which a call takes `long_key_splits`;
+    /// 0 with `long_key_splits` set: every call does.
+    pub long_keys: u32,
 }
 
 unsafe impl Versioned for unikv_plan_info {
@@ -141,6 +152,8 @@ pub fn plan_info(plan: &AttentionPlan) -> unikv_plan_info {
         raw_fp8_variant: s.raw_fp8_variant as u32,
         sm_count: s.sm_count as u32,
         workspace_bytes: plan.workspace_bytes() as u64,
+        long_key_splits: s.long_splits as u32,
+        long_keys: s.long_keys as u32,
     }
 }
 
@@ -156,11 +169,18 @@ pub fn describe(plan: &AttentionPlan) -> String {
         PlanKind::Prefill => "prefill",
     };
     let backend = format!("{:?}", plan.context().kind()).to_lowercase();
-    let splits = match (s.max_splits, s.cluster_merge) {
+    let mut splits = match (s.max_splits, s.cluster_merge) {
         (1, _) => "no key splits".to_string(),
         (n, true) => format!("up to {n} key splits merged in a cluster"),
         (n, false) => format!("up to {n} key splits merged by a combine kernel"),
     };
+    match (s.long_splits, s.long_keys) {
+        (0, _) => {}
+        (n, 0) => splits = format!("up to {n} key splits merged by a combine kernel"),
+        (n, keys) => {
+            splits += &format!(" (from {keys} keys a token: up to {n} merged by a combine kernel)")
+        }
+    }
     let mut line = format!(
         "{kind} plan: {backend}, {} kernel{}, {} block{} of {} heads ({} heads), {splits}",
         family_name(s.family),

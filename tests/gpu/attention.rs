@@ -227,14 +227,26 @@ fn attention_pools_of(s: &Setup, rng: &mut impl Rng, kv_dtype: unikv_dtype) -> (
 /// Decode of a fresh random case on the GPU against the CPU backend, and twice
 /// on the GPU bitwise.
 fn check_decode(s: &Setup, pc: &Pool, pg: &Pool, rows: usize, t: usize, h: usize, what: &str) {
-    let c = random_case(&mut rand::rng(), t, h, rows, false);
+    check_decode_case(
+        s,
+        pc,
+        pg,
+        &random_case(&mut rand::rng(), t, h, rows, false),
+        what,
+    );
+}
+
+/// Decode of case `c` on the GPU against the CPU backend, and twice on the
+/// GPU bitwise.
+fn check_decode_case(s: &Setup, pc: &Pool, pg: &Pool, c: &AttnCase, what: &str) {
+    let (t, h) = (c.t, c.h);
     let kv = pc.info().kv_dtype;
     let cp = plan_kv(&s.cpu, true, t, h, kv);
     let gp = plan_kv(&s.gpu, true, t, h, kv);
-    let want = run_attention(&s.cpu, pc, 1, &c, &cp);
-    let got = run_attention(&s.gpu, pg, 1, &c, &gp);
+    let want = run_attention(&s.cpu, pc, 1, c, &cp);
+    let got = run_attention(&s.gpu, pg, 1, c, &gp);
     compare((c.t, c.h), &got, &want, &format!("{what} T={t} H={h}"));
-    let again = run_attention(&s.gpu, pg, 1, &c, &gp);
+    let again = run_attention(&s.gpu, pg, 1, c, &gp);
     assert_eq!(
         bytes_of(&got.0),
         bytes_of(&again.0),

@@ -156,6 +156,21 @@ impl Plan<'_> {
     pub(crate) fn ws_ptr(&self) -> *mut c_void {
         self.ws.as_ref().map_or(ptr::null_mut(), |w| w.ptr)
     }
+
+    /// What the plan chose (`unikv_*_plan_get_info`).
+    pub(crate) fn info(&self) -> unikv::ffi::introspect::unikv_plan_info {
+        use unikv::ffi::introspect::*;
+        let mut info: unikv_plan_info = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<unikv_plan_info>();
+        ok(unsafe {
+            if self.decode {
+                unikv_decode_plan_get_info(self.handle.cast(), &mut info)
+            } else {
+                unikv_prefill_plan_get_info(self.handle.cast(), &mut info)
+            }
+        });
+        info
+    }
 }
 
 impl Drop for Plan<'_> {

@@ -39,9 +39,7 @@ fn plans_report_their_kernels_splits_and_workspace() {
         for &max_tokens in &[1usize, 64, 2048] {
             for kv_dtype in [1u32, 7, 8] {
                 let p = plan_kv(&gpu, true, max_tokens, heads, kv_dtype);
-                let mut info: unikv_plan_info = unsafe { std::mem::zeroed() };
-                info.struct_size = std::mem::size_of::<unikv_plan_info>();
-                ok(unsafe { unikv_decode_plan_get_info(p.handle.cast(), &mut info) });
+                let info = p.info();
                 let what = format!("H={heads} T={max_tokens} kv={kv_dtype}: {info:?}");
                 assert_eq!(info.backend, 2, "{what}");
                 assert!(
@@ -61,11 +59,21 @@ fn plans_report_their_kernels_splits_and_workspace() {
                 assert!(info.max_splits >= 1 && info.stages >= 1, "{what}");
                 assert!(info.sm_count > 0, "{what}");
                 assert_eq!(info.workspace_bytes, p.bytes as u64, "{what}");
-                if info.cluster_merge != 0 || info.max_splits == 1 {
-                    assert_eq!(info.workspace_bytes, 0, "{what}");
+                // Partial records of every split that merges through the
+                // workspace: the long splits' where the plan has them.
+                let ws_splits = if info.long_key_splits > 0 {
+                    assert!(info.long_key_splits > info.max_splits, "{what}");
+                    assert_eq!(info.cluster_merge, 1, "{what}");
+                    info.long_key_splits
+                } else if info.cluster_merge != 0 || info.max_splits == 1 {
+                    assert_eq!(info.long_keys, 0, "{what}");
+                    0
                 } else {
-                    assert!(info.workspace_bytes > 0, "{what}");
-                }
+                    info.max_splits
+                };
+                let records = (max_tokens as u64) * info.head_blocks as u64 * ws_splits as u64;
+                let per_record = (info.head_block as u64) * (2 + 512) * 4;
+                assert_eq!(info.workspace_bytes, records * per_record, "{what}");
                 if info.raw_fp8_variant != 0 {
                     assert_ne!(kv_dtype, 1, "{what}");
                     assert_eq!(info.kernel_family, UNIKV_KERNEL_WGMMA_HEADS_ON_N as u32);

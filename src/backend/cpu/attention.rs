@@ -166,5 +166,7 @@ pub fn summary(shape: &PlanShape) -> LaunchSummary {
         dependent_launch: false,
         raw_fp8_variant: false,
         sm_count: 0,
+        long_splits: 0,
+        long_keys: 0,
     }
 }

@@ -75,6 +75,8 @@ fn summary(plan: &shim::AttentionPlan) -> LaunchSummary {
         dependent_launch: plan.dependent_launch != 0,
         raw_fp8_variant: plan.kv_fp8 != 0 && family == KernelFamily::WgmmaHeadsOnN,
         sm_count: count(plan.sm_count),
+        long_splits: count(plan.long_splits),
+        long_keys: count(plan.long_keys),
     }
 }
 

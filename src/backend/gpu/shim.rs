@@ -269,6 +269,8 @@ pub struct AttentionPlan {
     pub kv_fp8: i32,
     pub portable: i32,
     pub pair: i32,
+    pub long_splits: i32,
+    pub long_keys: i32,
     pub reserved: i32,
 }
 

@@ -21,6 +21,37 @@ fn decode_matches_cpu() {
     }
 }
 
+/// Key lists past 4096 keys a token: plans for a few tokens split them
+/// further than a cluster holds and merge through the workspace (the plan's
+/// long key splits). Rows repeat (the pools hold fewer), which the math allows.
+/// bf16 (heads-on-N at 16 heads, heads-on-M at 64) and FP8 pools (16-head
+/// blocks at 128 heads, 32-head blocks at 64 heads and T = 4).
+#[test]
+fn long_key_lists_match_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rand::rng();
+    for (dtype, shapes) in [
+        (unikv_dtype::UNIKV_DTYPE_BF16, [(1, 16), (2, 64)]),
+        (unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN, [(1, 128), (4, 64)]),
+    ] {
+        let (pc, pg, rows) = attention_pools_of(&s, &mut rng, dtype);
+        for (t, h) in shapes {
+            let mut c = random_case(&mut rng, t, h, rows, false);
+            c.indices.clear();
+            c.indptr = vec![0];
+            for _ in 0..t {
+                let keys = rng.random_range(4096..6000);
+                c.indices
+                    .extend((0..keys).map(|_| rng.random_range(0..rows as i32)));
+                c.indptr.push(c.indices.len() as i32);
+            }
+            let info = plan_kv(&s.gpu, true, t, h, pc.info().kv_dtype).info();
+            assert!(info.long_key_splits > 0, "{dtype:?} T={t} H={h}: {info:?}");
+            check_decode_case(&s, &pc, &pg, &c, &format!("{dtype:?} long keys"));
+        }
+    }
+}
+
 /// `out` may be `q` itself (the header's exact in-place use): every kernel
 /// family, decode and prefill, bf16 and FP8 pools, split and unsplit tokens,
 /// gives the bits it gives out of place.
