@@ -410,6 +410,8 @@ PlanInfo = _sized(
         ("raw_fp8_variant", c_uint32),
         ("sm_count", c_uint32),
         ("workspace_bytes", c_uint64),
+        ("long_key_splits", c_uint32),
+        ("long_keys", c_uint32),
     ],
 )
 
