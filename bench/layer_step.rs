@@ -172,12 +172,14 @@ struct Step {
 /// kind's layers.
 type Call<'a> = (&'static str, &'a dyn Fn(usize, *mut c_void));
 
-/// A chain call's time alone and the chain's time up to and including it.
+/// A chain call's time alone, the chain's time up to and including it, and
+/// what the call adds to the chain before it.
 struct BudgetRow {
     layer: &'static str,
     call: &'static str,
     alone: f64,
     prefix: f64,
+    marginal: f64,
 }
 
 impl Step {
@@ -259,20 +261,11 @@ pub fn bench_layer_steps(
         "|------|-------|-------|-------------------|----------|----------------|-------------|"
     );
     for s in &steps {
-        let mut before = ("", 0.0);
         for b in &s.budget {
-            let start = if before.0 == b.layer { before.1 } else { 0.0 };
             println!(
                 "| {:<4} | {:>5} | {:<5} | {:<17} | {:>8.2} | {:>14.2} | {:>11.2} |",
-                s.pool,
-                s.t,
-                b.layer,
-                b.call,
-                b.alone,
-                b.prefix,
-                b.prefix - start
+                s.pool, s.t, b.layer, b.call, b.alone, b.prefix, b.marginal
             );
-            before = (b.layer, b.prefix);
         }
     }
 }
@@ -573,6 +566,7 @@ fn bench_step(
             (Kind::Csa, &csa_chain[..], counts[1]),
             (Kind::Hca, &hca_chain[..], counts[2]),
         ] {
+            let mut before = 0.0;
             for n in 1..=chain.len() {
                 let (call, f) = chain[n - 1];
                 let alone = per_call_us(stream, layers, f);
@@ -584,7 +578,9 @@ fn bench_step(
                     call,
                     alone,
                     prefix,
+                    marginal: prefix - before,
                 });
+                before = prefix;
             }
         }
     }

@@ -286,9 +286,9 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // them from kLongKeys keys a token on, and bf16 blocks of the heads-on-M
     // kernels at any length where occupancy, not the 16-block cap, limited
     // their clusters (their pulled merge lost to the combine kernel at every
-    // measured length there). FP8 plans have them only where they stay within 16 splits
-    // (more, thinner FP8 splits measured slower); the pair kernel has no
-    // workspace path.
+    // measured length there). FP8 plans have them only where they stay
+    // within 16 splits (more, thinner FP8 splits measured slower); the pair
+    // kernel has no workspace path.
     pl.long_splits = 0;
     pl.long_keys = 0;
     if (pl.cluster != 0 && pl.pair == 0) {
