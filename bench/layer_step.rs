@@ -5,9 +5,11 @@
 //! follow include/unikv.h:
 //!
 //! - CSA (ratio 4): `unikv_prepare_qkv` (Q/KV norm + RoPE, the KV row into its
-//!   ring row) -> `unikv_indexer_prepare_q` -> `unikv_indexer_topk` ->
-//!   `unikv_fill_csa_tail` -> `unikv_sparse_decode` over the CSA stream with
-//!   the inverse-RoPE epilogue;
+//!   ring row) -> `unikv_indexer_prepare_q` -> `unikv_indexer_topk_fill_csa`
+//!   (the top-k and the layer's CSA tail in one call) ->
+//!   `unikv_sparse_decode` over the CSA stream with the inverse-RoPE epilogue;
+//!   the budget table also times the chain with `unikv_indexer_topk` and
+//!   `unikv_fill_csa_tail` apart;
 //! - HCA (ratio 128): `unikv_prepare_qkv` -> `unikv_sparse_decode` over the
 //!   HCA stream with the epilogue (the stream is built once per step);
 //! - dense (for the step estimate): `unikv_prepare_qkv` ->
@@ -43,8 +45,8 @@ use unikv::ffi::index::{
     unikv_build_decode_streams, unikv_csa_tail_args, unikv_decode_streams_args, unikv_fill_csa_tail,
 };
 use unikv::ffi::indexer::{
-    unikv_indexer_prepare_q, unikv_indexer_prepare_q_args, unikv_indexer_topk,
-    unikv_indexer_topk_args,
+    unikv_csa_stream, unikv_indexer_prepare_q, unikv_indexer_prepare_q_args, unikv_indexer_topk,
+    unikv_indexer_topk_args, unikv_indexer_topk_fill_csa,
 };
 use unikv::ffi::pool::{unikv_pool_create, unikv_pool_destroy, unikv_pool_params};
 use unikv::ffi::prepare::{unikv_prepare_qkv, unikv_prepare_qkv_args};
@@ -255,15 +257,15 @@ pub fn bench_layer_steps(
          it, and its marginal cost in the chain (the difference of two prefixes)"
     );
     println!(
-        "| pool |     T | layer | call              | alone us | chain to it us | marginal us |"
+        "| pool |     T | layer           | call                  | alone us | chain to it us | marginal us |"
     );
     println!(
-        "|------|-------|-------|-------------------|----------|----------------|-------------|"
+        "|------|-------|-----------------|-----------------------|----------|----------------|-------------|"
     );
     for s in &steps {
         for b in &s.budget {
             println!(
-                "| {:<4} | {:>5} | {:<5} | {:<17} | {:>8.2} | {:>14.2} | {:>11.2} |",
+                "| {:<4} | {:>5} | {:<15} | {:<21} | {:>8.2} | {:>14.2} | {:>11.2} |",
                 s.pool, s.t, b.layer, b.call, b.alone, b.prefix, b.marginal
             );
         }
@@ -453,23 +455,37 @@ fn bench_step(
         );
     };
     // `cache_block`: the layer's indexer cache among the CSA layers'.
+    let topk_args = |cache_block: usize| unikv_indexer_topk_args {
+        struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
+        q_fp8: q_fp8.t(6, 1, &[t, INDEXER_HEADS, INDEXER_DIM]),
+        weights: weights.t(3, 4, &[t, INDEXER_HEADS]),
+        cache: block(&cache, 6, 1, &[pages, INDEXER_PAGE_BYTES], cache_block),
+        page_table: page_table.i32s(&[t, pages_per_request]),
+        batch_id: batch.i32s(&[t]),
+        positions: positions.i32s(&[t]),
+        logits: logits.t(3, 4, &[t, visible]),
+        topk_indices: topk.i32s(&[t, TOPK]),
+        cache_dtype: 7,
+        num_tokens: t as u32,
+        num_heads: INDEXER_HEADS as u32,
+        topk: TOPK as u32,
+    };
     let topk_call = |cache_block: usize, s: *mut c_void| {
-        let args = unikv_indexer_topk_args {
-            struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
-            q_fp8: q_fp8.t(6, 1, &[t, INDEXER_HEADS, INDEXER_DIM]),
-            weights: weights.t(3, 4, &[t, INDEXER_HEADS]),
-            cache: block(&cache, 6, 1, &[pages, INDEXER_PAGE_BYTES], cache_block),
-            page_table: page_table.i32s(&[t, pages_per_request]),
-            batch_id: batch.i32s(&[t]),
-            positions: positions.i32s(&[t]),
-            logits: logits.t(3, 4, &[t, visible]),
-            topk_indices: topk.i32s(&[t, TOPK]),
-            cache_dtype: 7,
-            num_tokens: t as u32,
-            num_heads: INDEXER_HEADS as u32,
-            topk: TOPK as u32,
+        ok(
+            unsafe { unikv_indexer_topk(ctx, &topk_args(cache_block), s) },
+            "indexer_topk",
+        );
+    };
+    let topk_tail = |cache_block: usize, s: *mut c_void| {
+        let stream = unikv_csa_stream {
+            struct_size: std::mem::size_of::<unikv_csa_stream>(),
+            csa_indptr: csa.0.i32s(&[t + 1]),
+            csa_indices: csa.1.i32s(&[caps[2]]),
         };
-        ok(unsafe { unikv_indexer_topk(ctx, &args, s) }, "indexer_topk");
+        ok(
+            unsafe { unikv_indexer_topk_fill_csa(pool, &topk_args(cache_block), &stream, s) },
+            "indexer_topk_fill_csa",
+        );
     };
     let tail = |s: *mut c_void| {
         let args = unikv_csa_tail_args {
@@ -527,8 +543,7 @@ fn bench_step(
             prepare(first + i, s);
             if kind == Kind::Csa {
                 index_prepare(first + i, s);
-                topk_call(i, s);
-                tail(s);
+                topk_tail(i, s);
             }
             attend(first + i, stream_of, cap, s);
         });
@@ -551,7 +566,14 @@ fn bench_step(
     let mut budget = Vec::new();
     if context == CONTEXTS[0] {
         let (csa0, hca0) = (counts[0], counts[0] + counts[1]);
-        let csa_chain: [Call; 5] = [
+        let csa_chain: [Call; 4] = [
+            ("prepare_qkv", &|i, s| prepare(csa0 + i, s)),
+            ("indexer_prepare_q", &|i, s| index_prepare(csa0 + i, s)),
+            ("indexer_topk_fill_csa", &|i, s| topk_tail(i, s)),
+            ("sparse_decode", &|i, s| attend(csa0 + i, &csa, caps[2], s)),
+        ];
+        // The same chain with the tail in its own call, for comparison.
+        let apart_chain: [Call; 5] = [
             ("prepare_qkv", &|i, s| prepare(csa0 + i, s)),
             ("indexer_prepare_q", &|i, s| index_prepare(csa0 + i, s)),
             ("indexer_topk", &|i, s| topk_call(i, s)),
@@ -562,9 +584,10 @@ fn bench_step(
             ("prepare_qkv", &|i, s| prepare(hca0 + i, s)),
             ("sparse_decode", &|i, s| attend(hca0 + i, &hca, caps[1], s)),
         ];
-        for (kind, chain, layers) in [
-            (Kind::Csa, &csa_chain[..], counts[1]),
-            (Kind::Hca, &hca_chain[..], counts[2]),
+        for (layer, chain, layers) in [
+            ("csa", &csa_chain[..], counts[1]),
+            ("csa, tail apart", &apart_chain[..], counts[1]),
+            ("hca", &hca_chain[..], counts[2]),
         ] {
             let mut before = 0.0;
             for n in 1..=chain.len() {
@@ -574,7 +597,7 @@ fn bench_step(
                     chain[..n].iter().for_each(|(_, g)| g(i, s))
                 });
                 budget.push(BudgetRow {
-                    layer: kind.name(),
+                    layer,
                     call,
                     alone,
                     prefix,

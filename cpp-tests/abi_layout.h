@@ -327,6 +327,11 @@ PIN_AT(unikv_indexer_topk_args, num_tokens, 652);
 PIN_AT(unikv_indexer_topk_args, num_heads, 656);
 PIN_AT(unikv_indexer_topk_args, topk, 660);
 
+PIN_SIZE(unikv_csa_stream, 168);
+PIN_AT(unikv_csa_stream, struct_size, 0);
+PIN_AT(unikv_csa_stream, csa_indptr, 8);
+PIN_AT(unikv_csa_stream, csa_indices, 88);
+
 PIN_SIZE(unikv_compress_args, 752);
 PIN_AT(unikv_compress_args, struct_size, 0);
 PIN_AT(unikv_compress_args, kv_score, 8);

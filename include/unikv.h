@@ -1953,6 +1953,25 @@ typedef struct unikv_indexer_topk_args {
 } unikv_indexer_topk_args;
 
 /**
+ * The CSA stream `unikv_indexer_topk_fill_csa` completes (docs/index-streams.md §4).
+ */
+typedef struct unikv_csa_stream {
+  /**
+   * sizeof(unikv_csa_stream).
+   */
+  size_t struct_size;
+  /**
+   * `[>= num_tokens + 1]` i32 CSA stream offsets from
+   * `unikv_build_decode_streams`.
+   */
+  struct unikv_tensor csa_indptr;
+  /**
+   * CSA stream indices from `unikv_build_decode_streams`, updated in place.
+   */
+  struct unikv_tensor csa_indices;
+} unikv_csa_stream;
+
+/**
  * The launch configuration a plan chose (`unikv_decode_plan_get_info`,
  * `unikv_prefill_plan_get_info`). Fixed at plan creation: every launch
  * through the plan uses it (a kernel with a raw FP8 variant picks it per call
@@ -2912,6 +2931,28 @@ UNIKV_NODISCARD
 unikv_status unikv_indexer_topk(const struct unikv_context *ctx,
                                 const struct unikv_indexer_topk_args *args,
                                 void *stream);
+
+/**
+ * `unikv_indexer_topk` on the pool's context, then `unikv_fill_csa_tail`
+ * of the same ratio-4 layer with `args`' batch ids, positions (i32 or i64)
+ * and `topk_indices` as its table, in one call: GPU backends write the CSA
+ * tail from the selection's own launch (a CSA layer's chain 1.8 us shorter
+ * at batch 1 on an H200 than with the two calls). Results equal the two
+ * calls'. Checks are
+ * both calls', except that a token's tail may hold at most the
+ * `min((p + 1) / 4, topk)` keys its top-k selects, and, since which keys
+ * those are is known only after scoring, every key a token with a tail
+ * sees must have a page index below the pool's CSA rows (OUT_OF_RANGE on
+ * the CPU backend and in `validate`, nothing written). `csa_indices`,
+ * updated in place, may not overlap another argument
+ * (UNIKV_OVERLAPPING_BUFFERS). Graph-safe; thread-safe for disjoint
+ * outputs.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_indexer_topk_fill_csa(const struct unikv_pool *pool,
+                                         const struct unikv_indexer_topk_args *args,
+                                         const struct unikv_csa_stream *csa,
+                                         void *stream);
 
 /**
  * `unikv_indexer_topk` without the scoring: selects from the caller's

@@ -53,7 +53,7 @@
 //   unikv_pool_get_info / get_layer / get_compressor / acquire_slot /
 //   release_slot / release_slot_async   -> pool::get_info, ...
 //   unikv_build_decode_streams, unikv_fill_csa_tail,
-//   unikv_build_prefill_streams, unikv_prepare_qkv, unikv_store_swa,
+//   unikv_indexer_topk_fill_csa, unikv_build_prefill_streams, unikv_prepare_qkv, unikv_store_swa,
 //   unikv_store_compressed, unikv_compress_decode,
 //   unikv_compress_prefill              -> pool::build_decode_streams, ...
 //   unikv_decode_plan_create / _destroy / _workspace_size / _get_info /
@@ -274,6 +274,7 @@ using kv_cache = unikv_kv_cache;
 using store_indexer_args = unikv_store_indexer_args;
 using decode_streams_args = unikv_decode_streams_args;
 using csa_tail_args = unikv_csa_tail_args;
+using csa_stream = unikv_csa_stream;
 using prefill_streams_args = unikv_prefill_streams_args;
 using indexer_prepare_q_args = unikv_indexer_prepare_q_args;
 using indexer_prepare_k_args = unikv_indexer_prepare_k_args;
@@ -778,6 +779,10 @@ public:
     }
     void fill_csa_tail(const unikv_csa_tail_args& args, void* stream = nullptr) const {
         detail::check(unikv_fill_csa_tail(get(), &args, stream), "unikv_fill_csa_tail");
+    }
+    void indexer_topk_fill_csa(const unikv_indexer_topk_args& args, const unikv_csa_stream& csa,
+                               void* stream = nullptr) const {
+        detail::check(unikv_indexer_topk_fill_csa(get(), &args, &csa, stream), "unikv_indexer_topk_fill_csa");
     }
     void build_prefill_streams(const unikv_prefill_streams_args& args, void* stream = nullptr) const {
         detail::check(unikv_build_prefill_streams(get(), &args, stream), "unikv_build_prefill_streams");

@@ -115,6 +115,8 @@ __global__ void decode_fill_kernel(ukv_decode_streams_params p) {
 }
 
 __global__ void csa_tail_kernel(ukv_csa_tail_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int t = blockIdx.x;
   if (p.batch_id[t] < 0 || p.positions[t] < 0) return;
   const int swa = (int)min((int64_t)p.positions[t] + 1, (int64_t)p.window);
@@ -196,8 +198,8 @@ int unikv_gpu_build_decode_streams(int device, const ukv_decode_streams_params* 
 int unikv_gpu_fill_csa_tail(int device, const ukv_csa_tail_params* p, void* stream) {
   UKV_ENTRY(device, {
     if (p->num_tokens == 0) return UKV_SHIM_OK;
-    csa_tail_kernel<<<p->num_tokens, kFillThreads, 0, (ukv_stream_t)stream>>>(*p);
-    return ukv::check_launch("csa_tail_kernel");
+    return ukv::launch_early(device, csa_tail_kernel, dim3((unsigned)p->num_tokens), dim3(kFillThreads), stream,
+                             "csa_tail_kernel", *p);
   })
 }
 

@@ -30,7 +30,9 @@
 // "T" is those bits and its ties all keys under them): with distinct scores
 // the third pass usually settles it. Prefix
 // sums place the kept keys in ascending index order; -1 fills the rest of
-// the row.
+// the row. With the fused CSA tail (unikv_indexer_topk_fill_csa) every
+// write of an output entry also writes its pool row into the token's CSA
+// stream (RowOut), so the tail costs no launch of its own.
 //
 // Device values are never trusted: a batch id outside the page table makes
 // the token padding (a row of -1), its keys are clamped to the logits row and
@@ -71,6 +73,48 @@ __device__ __forceinline__ TokenKeys token_keys(const ukv_indexer_topk_params& p
 // Key i's page index: page_table[b][i / 64] * 64 + i % 64.
 __device__ __forceinline__ int32_t page_index(const ukv_indexer_topk_params& p, int b, int i) {
   return (int32_t)((int64_t)p.page_table[b * p.page_table_stride + i / kPage] * kPage + i % kPage);
+}
+
+// Token t's output row: its topk_indices row and, for the fused CSA tail,
+// where its selected keys go in its CSA slice (docs/index-streams.md §4).
+// The tail's bounds are clamped as csa_tail_kernel (index.cu) clamps them.
+struct RowOut {
+  int32_t* out;
+  int64_t csa_at;  // CSA entry of selected key 0
+  int csa_len;     // 0: no tail
+  // Entry j holds `page`: a -1, or a page index outside the pool's CSA rows,
+  // puts the token's newest SWA row (the entry before the tail) in the stream.
+  __device__ __forceinline__ void put(const ukv_indexer_topk_params& p, int j, int32_t page) const {
+    out[j] = page;
+    if (j < csa_len && csa_at + j < p.csa_capacity)
+      p.csa_indices[csa_at + j] = page >= 0 && page < p.csa_rows ? p.csa_row_base + page : p.csa_indices[csa_at - 1];
+  }
+};
+
+// Where token t's CSA tail starts and ends (swa: its window entries, 0 for
+// no tail). The indptr loads are issued beside the row's first loads and
+// used only at the output: a CSA stream built at the start of the step is
+// out of L2 by a later layer, and waiting for it before the radix passes
+// cost about 0.5 us a call (bench/notes/v47.md).
+struct CsaSlice {
+  int start, end, swa;
+};
+
+__device__ __forceinline__ CsaSlice csa_slice(const ukv_indexer_topk_params& p, int t) {
+  if (p.csa_indices == nullptr) return CsaSlice{0, 0, 0};
+  const int start = p.csa_indptr[t], end = p.csa_indptr[t + 1];
+  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
+  const int swa = p.batch_id[t] < 0 || pos < 0 ? 0 : (int)min(pos + 1, (int64_t)p.csa_window);
+  return CsaSlice{start, end, swa};
+}
+
+// Made where the row is written.
+__device__ __forceinline__ RowOut row_out(const ukv_indexer_topk_params& p, int t, const CsaSlice& c) {
+  RowOut r{p.topk_indices + t * p.topk_stride, 0, 0};
+  if (c.swa < 1 || c.start < 0 || (int64_t)c.start + c.swa > p.csa_capacity) return r;
+  r.csa_at = (int64_t)c.start + c.swa;
+  r.csa_len = (int)max((int64_t)0, min((int64_t)c.end - c.start - c.swa, (int64_t)p.topk_width));
+  return r;
 }
 
 // src/indexer.rs order_key.
@@ -441,12 +485,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
   ukv_pdl_wait();
   const int t = blockIdx.x, tid = threadIdx.x;
   const TokenKeys tk = token_keys(p, t);
-  int32_t* out = p.topk_indices + t * p.topk_stride;
   const float* logits = p.logits + t * p.logits_stride;
   const int n = tk.keys;
   int written = n;
+  // Made where the output starts (slice loaded there too): held across the
+  // radix passes, its fields spilled to local memory.
+  RowOut out;
   if (n <= p.topk) {
-    for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
+    out = row_out(p, t, csa_slice(p, t));
+    for (int i = tid; i < n; i += kSelectThreads) out.put(p, i, page_index(p, tk.request, i));
   } else {
     // Radix select: after pass r the top 8(r + 1) bits of T are known, and
     // once every key under them is taken the lower bits do not matter.
@@ -509,18 +556,19 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
     int slot = block_inclusive_sum(lane == 0 ? keeps : 0, scratch, &all) - (lane == 0 ? keeps : 0);
     slot = ukv_shfl(slot, 0, UKV_WARP);
     tie_seen = 0;
+    out = row_out(p, t, csa_slice(p, t));
     walk([&](int i, uint32_t k, bool in) {
       const bool tie = in && k == prefix;
       const uint64_t tie_lanes = ukv_ballot(tie);
       const bool keep = in && (k > prefix || (tie && tie_base + tie_seen + ukv_popc64(tie_lanes & lower) < remaining));
       const uint64_t keep_lanes = ukv_ballot(keep);
-      if (keep) out[slot + ukv_popc64(keep_lanes & lower)] = page_index(p, tk.request, i);
+      if (keep) out.put(p, slot + ukv_popc64(keep_lanes & lower), page_index(p, tk.request, i));
       slot += ukv_popc64(keep_lanes);
       tie_seen += ukv_popc64(tie_lanes);
     });
     written = p.topk;
   }
-  for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+  for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out.put(p, j, -1);
 }
 
 // Keys per thread of a row of n keys in select_held_kernel: the smallest of
@@ -653,7 +701,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
     load_span(logits, tid * span, p.logits_width, span, held);
   }
   const TokenKeys tk = token_keys(p, t);
-  int32_t* out = p.topk_indices + t * p.topk_stride;
+  const CsaSlice slice = csa_slice(p, t);
   const int n = tk.keys;
   if (row_span<kHeld, kCluster>(n) != span) {  // uniform over the cluster
     span = row_span<kHeld, kCluster>(n);
@@ -666,10 +714,12 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
   const bool warp_keys = (rank * kSelectThreads + warp * UKV_WARP) * span < n;
   const int64_t page_base =
       mine > 0 ? (int64_t)p.page_table[tk.request * p.page_table_stride + first_key / kPage] * kPage : 0;
+  RowOut out;  // made at the output (CsaSlice)
   int written = n;
   if (n <= p.topk) {
+    out = row_out(p, t, slice);
     if (rank == 0)
-      for (int i = tid; i < n; i += kSelectThreads) out[i] = page_index(p, tk.request, i);
+      for (int i = tid; i < n; i += kSelectThreads) out.put(p, i, page_index(p, tk.request, i));
   } else {
     __syncthreads();  // the histograms are clear
     uint32_t prefix = 0, known = 0;  // T's bits found so far, and which
@@ -783,18 +833,19 @@ __global__ void __launch_bounds__(kSelectThreads) select_held_kernel(ukv_indexer
     }
 #endif
     int slot = gt_before + min(tie_rank, remaining);
+    out = row_out(p, t, slice);
     if (gt + eq > 0) {
       for_span<kHeld>(span, [&](int j) {
         const bool tie = j < mine && (held[j] & known) == prefix;
         if (j < mine && ((held[j] & known) > prefix || (tie && tie_rank < remaining)))
-          out[slot++] = (int32_t)(page_base + (first_key + j) % kPage);
+          out.put(p, slot++, (int32_t)(page_base + (first_key + j) % kPage));
         tie_rank += tie;
       });
     }
     written = p.topk;
   }
   if (rank == 0)
-    for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out[j] = -1;
+    for (int j = written + tid; j < p.topk_width; j += kSelectThreads) out.put(p, j, -1);
   // No exit barrier: no block reads another's shared memory, and each has
   // waited for every push into its own.
 }

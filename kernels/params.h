@@ -369,6 +369,15 @@ typedef struct ukv_indexer_topk_params {
   int32_t num_tokens, num_heads, topk, positions_i64;
   uint32_t format;          /* 0 e4m3fn, 1 e4m3fnuz (score only) */
   int32_t score;            /* 1: compute the logits, then select */
+  /* The fused CSA tail (NULL csa_indices: none): token t's entries after its
+   * min(pos + 1, csa_window) SWA entries of csa_indices[csa_indptr[t]..]
+   * receive csa_row_base + the page index of its j-th selected key (a page
+   * index outside [0, csa_rows), or a j past the selected keys, the newest
+   * SWA row, as csa_tail_kernel writes). */
+  int32_t* csa_indices;      /* [csa_capacity] */
+  const int32_t* csa_indptr; /* [num_tokens + 1] */
+  int64_t csa_capacity;
+  int32_t csa_window, csa_row_base, csa_rows, csa_reserved;
 } ukv_indexer_topk_params;
 
 /* The KV compressor (docs/compressor.md; kernels/compressor.cu). Decode: one

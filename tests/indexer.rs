@@ -13,7 +13,9 @@
 
 mod common;
 
-use common::indexer::{hadamard_ref, KeyCase, QueryCase, ScoreTol, TopkCase, DIM};
+use common::indexer::{
+    csa_pool, hadamard_ref, run_topk_csa, CsaStream, KeyCase, QueryCase, ScoreTol, TopkCase, DIM,
+};
 use common::*;
 use unikv::ffi::types::unikv_dtype;
 use unikv::fp8::Fp8Format;
@@ -340,4 +342,150 @@ fn indexer_topk_rejects_bad_input() {
     bad.page_table[0] = bad.cache_pages as i32;
     bad.page_table[bad.max_pages] = bad.cache_pages as i32;
     run(&bad, true, &|_| {}, UNIKV_OUT_OF_RANGE, "page_table");
+}
+
+/// `unikv_indexer_topk_fill_csa` writes what `unikv_indexer_topk` then
+/// `unikv_fill_csa_tail` write, bit for bit (logits, table, CSA stream), and
+/// its tails are the pool rows of the table's leading entries, the window
+/// entries and the entries past the stream untouched: int32 and int64
+/// positions, tails as long as the selection and shorter.
+#[test]
+fn indexer_topk_fill_csa_equals_the_two_calls() {
+    let (mut rng, _) = seeded("indexer_topk_fill_csa_equals_the_two_calls");
+    let ctx = Ctx::cpu(2);
+    for &(t, requests, max_keys, topk, heads) in
+        &[(5, 2, 300, 64, 8), (9, 3, 700, 512, 4), (3, 1, 40, 64, 1)]
+    {
+        for (shorten, i64_positions) in [(false, false), (true, false), (false, true)] {
+            let what =
+                format!("T={t} keys {max_keys} topk {topk} shorten {shorten} i64 {i64_positions}");
+            let mut case = TopkCase::random(
+                &mut rng,
+                t,
+                requests,
+                max_keys,
+                topk,
+                heads,
+                Fp8Format::E4m3Fn,
+            );
+            case.positions_i64 = i64_positions;
+            let stream = CsaStream::for_case(&mut rng, &case, shorten);
+            let pool = csa_pool(&ctx, &case, case.cache_pages);
+            let row_base = pool.layer(0).swa_rows as i32;
+            let (status, logits, table, got) =
+                run_topk_csa(&ctx, &pool, &case, &stream, true, |_, _| {});
+            ok(status);
+            case.check_logits(&logits, ScoreTol::EXACT);
+            case.check_selection(&logits, &table);
+            stream.check(&got, &table, case.width, row_base, &what);
+            if !i64_positions {
+                let (status, pair_logits, pair_table, pair_got) =
+                    run_topk_csa(&ctx, &pool, &case, &stream, false, |_, _| {});
+                ok(status);
+                assert_eq!(bytes_of(&pair_logits), bytes_of(&logits), "{what}: logits");
+                assert_eq!(pair_table, table, "{what}: table");
+                assert_eq!(pair_got, got, "{what}: CSA stream");
+            }
+        }
+    }
+}
+
+#[test]
+fn indexer_topk_fill_csa_rejects_bad_input() {
+    use unikv::ffi::indexer::unikv_indexer_topk_fill_csa;
+    let (mut rng, _) = seeded("indexer_topk_fill_csa_rejects_bad_input");
+    let ctx = Ctx::cpu(1);
+    let mut case = TopkCase::random(&mut rng, 4, 2, 200, 64, 4, Fp8Format::E4m3Fn);
+    // Every real token sees more than 8 keys.
+    for p in case.positions.iter_mut() {
+        *p = (*p).max(40);
+    }
+    let stream = CsaStream::for_case(&mut rng, &case, false);
+    let pool = csa_pool(&ctx, &case, case.cache_pages);
+    type Edit<'e> = &'e dyn Fn(
+        &mut unikv::ffi::indexer::unikv_indexer_topk_args,
+        &mut unikv::ffi::indexer::unikv_csa_stream,
+    );
+    let run = |pool: &Pool, stream: &CsaStream, edit: Edit, want, arg: &str| {
+        let (status, logits, table, got) = run_topk_csa(&ctx, pool, &case, stream, true, edit);
+        fails(status, want, arg);
+        assert!(
+            bytes_of(&table).iter().all(|&b| b == POISON_BYTE),
+            "{arg}: table written"
+        );
+        assert!(
+            bytes_of(&logits).iter().all(|&b| b == POISON_BYTE),
+            "{arg}: logits written"
+        );
+        assert_eq!(got, stream.indices, "{arg}: CSA stream written");
+    };
+    // The top-k's own checks come first.
+    run(
+        &pool,
+        &stream,
+        &|a, _| a.topk = 0,
+        UNIKV_INVALID_ARGUMENT,
+        "topk",
+    );
+    // Tails sized for top-64 past what a top-8 selects.
+    run(
+        &pool,
+        &stream,
+        &|a, _| a.topk = 8,
+        UNIKV_OUT_OF_RANGE,
+        "csa_indptr[",
+    );
+    // A slice shorter than its token's window.
+    let mut short = stream.clone();
+    for e in short.indptr.iter_mut().skip(1) {
+        *e = 0;
+    }
+    short.tails.iter_mut().for_each(|t| *t = (0, 0));
+    run(&pool, &short, &|_, _| {}, UNIKV_OUT_OF_RANGE, "csa_indptr[");
+    // Page ids past the pool's CSA rows (one page of them).
+    let small = csa_pool(&ctx, &case, 1);
+    run(
+        &small,
+        &stream,
+        &|_, _| {},
+        UNIKV_OUT_OF_RANGE,
+        "page_table[",
+    );
+    run(
+        &pool,
+        &stream,
+        &|_, c| c.csa_indptr.shape[0] -= 1,
+        UNIKV_BAD_SHAPE,
+        "csa_indptr",
+    );
+    run(
+        &pool,
+        &stream,
+        &|_, c| c.csa_indices.dtype = unikv_dtype::UNIKV_DTYPE_F32 as u32,
+        UNIKV_BAD_DTYPE,
+        "csa_indices",
+    );
+    run(
+        &pool,
+        &stream,
+        &|a, c| c.csa_indices.data = a.topk_indices.data,
+        UNIKV_OVERLAPPING_BUFFERS,
+        "csa_indices",
+    );
+    run(
+        &pool,
+        &stream,
+        &|_, c| c.struct_size = 4,
+        UNIKV_BAD_STRUCT_SIZE,
+        "csa.struct_size",
+    );
+    let status = unsafe {
+        unikv_indexer_topk_fill_csa(
+            pool.0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    };
+    fails(status, UNIKV_NULL_ARGUMENT, "args");
 }

@@ -431,7 +431,14 @@ fn rust_layouts() -> Vec<Layout> {
                 topk,
                 positions_i64,
                 format,
-                score
+                score,
+                csa_indices,
+                csa_indptr,
+                csa_capacity,
+                csa_window,
+                csa_row_base,
+                csa_rows,
+                csa_reserved
             }
         ),
         mirror!(

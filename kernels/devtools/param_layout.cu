@@ -304,7 +304,14 @@
   X(ukv_indexer_topk_params, topk)                \
   X(ukv_indexer_topk_params, positions_i64)       \
   X(ukv_indexer_topk_params, format)              \
-  X(ukv_indexer_topk_params, score)        \
+  X(ukv_indexer_topk_params, score)               \
+  X(ukv_indexer_topk_params, csa_indices)         \
+  X(ukv_indexer_topk_params, csa_indptr)          \
+  X(ukv_indexer_topk_params, csa_capacity)        \
+  X(ukv_indexer_topk_params, csa_window)          \
+  X(ukv_indexer_topk_params, csa_row_base)        \
+  X(ukv_indexer_topk_params, csa_rows)            \
+  X(ukv_indexer_topk_params, csa_reserved)        \
   X(ukv_compress_params, kv_score)         \
   X(ukv_compress_params, ape)              \
   X(ukv_compress_params, norm_weight)      \

@@ -764,6 +764,50 @@ class ContextOps(unittest.TestCase):
             pages = [page_table[batch_id[t]][i // 64] * 64 + i % 64 for i in chosen]
             self.assertEqual(list(out[t]), pages + [-1] * (topk - len(pages)), "token %d" % t)
 
+    def test_indexer_topk_fill_csa(self):
+        """unikv_indexer_topk_fill_csa writes what unikv_indexer_topk then
+        unikv_fill_csa_tail write: logits, table and CSA stream."""
+        window, topk, heads = 8, 6, 4
+        pool = self.ctx.create_pool([4], max_requests=2, window=window, c128_blocks=8)  # CSA pages 0..3
+        slots = np.array([pool.acquire_slot(), pool.acquire_slot()], np.int32)
+        page_table = np.array([[3, 1], [0, 2]], np.int32)
+        batch_id = np.array([0, 1, -1], np.int32)
+        positions = np.array([300, 13, 0], np.int32)
+        tokens = len(batch_id)
+        # Random e4m3fn codes without NaN (0x7F, 0xFF), positive key scales.
+        codes = lambda *shape: (self.rng.integers(0, 0x7F, size=shape) | (self.rng.integers(0, 2, size=shape) << 7))
+        cache = np.zeros((4, 8448), np.uint8)
+        cache[:, :8192] = codes(4, 8192)
+        cache[:, 8192:] = self.rng.uniform(0.1, 2.0, size=(4, 64)).astype(np.float32).view(np.uint8)
+        q_fp8 = codes(tokens, heads, 128).astype(np.uint8)
+        weights = self.rng.normal(size=(tokens, heads)).astype(np.float32)
+        streams = {"swa_indptr": np.zeros(tokens + 1, np.int32), "swa_indices": np.zeros(tokens * window, np.int32),
+                   "csa_indptr": np.zeros(tokens + 1, np.int32),
+                   "csa_indices": np.full(tokens * (window + topk), -7, np.int32)}
+        pool.build_decode_streams(batch_id=batch_id, req_slots=slots, positions=positions, csa_topk=topk, **streams)
+        results = []
+        for fused in (False, True):
+            logits = np.full((tokens, 128), -7, np.float32)
+            table = np.full((tokens, topk), -7, np.int32)
+            csa_indices = streams["csa_indices"].copy()
+            fields = dict(q_fp8=q_fp8, weights=weights, cache=cache, page_table=page_table, batch_id=batch_id,
+                          positions=positions, logits=logits, topk_indices=table,
+                          cache_dtype=unikv.DTYPE_FP8_E4M3FN, topk=topk)
+            if fused:
+                pool.indexer_topk_fill_csa(streams["csa_indptr"], csa_indices, **fields)
+            else:
+                self.ctx.indexer_topk(**fields)
+                pool.fill_csa_tail(batch_id=batch_id, positions=positions, csa_page_indices=table,
+                                   csa_indptr=streams["csa_indptr"], csa_indices=csa_indices)
+            results.append((logits, table, csa_indices))
+        for want, got in zip(*results):
+            np.testing.assert_array_equal(got, want)
+        # Token 0's tail: the pool rows of its six selected keys.
+        swa_rows = int(pool.info().swa_rows)
+        start = streams["csa_indptr"][0] + window
+        self.assertEqual(list(results[1][2][start : start + topk]), [swa_rows + p for p in results[1][1][0]])
+        self.assertTrue((results[1][1][0] >= 0).all())
+
 
 if __name__ == "__main__":
     unittest.main()

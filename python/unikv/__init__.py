@@ -47,6 +47,8 @@ unikv_pool_create / _destroy / _get_info /      Context.create_pool(), Pool.clos
 _get_layer / _acquire_slot / _release_slot /    .info(), .layer(), .acquire_slot(), ...,
 _release_slot_async / _get_compressor           .release_slot_async(), .compressor()
 unikv_build_decode_streams, unikv_fill_csa_tail,  Pool.build_decode_streams(**fields), ...
+unikv_indexer_topk_fill_csa,                    Pool.indexer_topk_fill_csa(csa_indptr, csa_indices,
+                                                **fields)
 unikv_build_prefill_streams, unikv_prepare_qkv,
 unikv_store_swa, unikv_store_compressed,
 unikv_compress_decode, unikv_compress_prefill
@@ -950,6 +952,23 @@ class Pool(_Handle):
     def fill_csa_tail(self, stream=None, **fields):
         """unikv_fill_csa_tail; fields of unikv_csa_tail_args."""
         self._launch("unikv_fill_csa_tail", fields, stream)
+
+    def indexer_topk_fill_csa(self, csa_indptr, csa_indices, stream=None, **fields):
+        """unikv_indexer_topk_fill_csa: ``csa_indptr`` and ``csa_indices``
+        (the CSA stream, updated in place) and the fields of
+        unikv_indexer_topk_args."""
+        call = "unikv_indexer_topk_fill_csa"
+        args, keep, arrays = _build_args("unikv_indexer_topk", fields)
+        csa = _capi.CsaStream()
+        for name, value in (("csa_indptr", csa_indptr), ("csa_indices", csa_indices)):
+            t, k = _convert(value, None, "%s.%s" % (call, name))
+            setattr(csa, name, t)
+            keep.append(k)
+            arrays.append(value)
+        s = _stream_handle(stream, arrays)
+        status = _capi.load().unikv_indexer_topk_fill_csa(self.handle, ctypes.byref(args), ctypes.byref(csa), s)
+        del keep
+        _check(status, call)
 
     def build_prefill_streams(self, stream=None, **fields):
         """unikv_build_prefill_streams; fields of unikv_prefill_streams_args."""

@@ -303,6 +303,7 @@ IndexerTopkArgs = _sized(
     + [("logits", T), ("topk_indices", T)]
     + [("cache_dtype", c_uint32), ("num_tokens", c_uint32), ("num_heads", c_uint32), ("topk", c_uint32)],
 )
+CsaStream = _sized("unikv_csa_stream", [("csa_indptr", T), ("csa_indices", T)])
 PrepareQkvArgs = _sized(
     "unikv_prepare_qkv_args",
     [("q_in", T), ("q_out", T), ("kv_in", T), ("kv_weight", T), ("kv_out", T), ("rope_table", T)]
@@ -440,6 +441,7 @@ STRUCTS = [
     IndexerPrepareQArgs,
     IndexerPrepareKArgs,
     IndexerTopkArgs,
+    CsaStream,
     PrepareQkvArgs,
     RopeYarn,
     RopeParams,
@@ -503,6 +505,7 @@ FUNCTIONS = {
     "unikv_indexer_prepare_k": (_ST, [_H, _p(IndexerPrepareKArgs), _P]),
     "unikv_indexer_topk": (_ST, [_H, _p(IndexerTopkArgs), _P]),
     "unikv_indexer_topk_from_logits": (_ST, [_H, _p(IndexerTopkArgs), _P]),
+    "unikv_indexer_topk_fill_csa": (_ST, [_H, _p(IndexerTopkArgs), _p(CsaStream), _P]),
     "unikv_prepare_qkv": (_ST, [_H, _p(PrepareQkvArgs), _P]),
     "unikv_rope_table": (_ST, [_p(RopeParams), c_uint32, _p(c_float), c_size_t]),
     "unikv_inverse_rope": (_ST, [_H, _p(InverseRopeArgs), _P]),

@@ -3,6 +3,7 @@
 use half::bf16;
 
 use crate::args::cache_store::CacheTarget;
+use crate::args::index::StreamOut;
 use crate::cache_layouts::indexer::IndexerGeometry;
 use crate::fp8::Fp8Format;
 use crate::tensor::{FloatRows, IndexVector, Matrix, Tensor3, Vector};
@@ -63,9 +64,25 @@ pub struct TopkScore {
     pub num_heads: usize,
 }
 
-/// Validated `indexer_topk` (with `score`) or `indexer_topk_from_logits`.
+/// The CSA tail `indexer_topk_fill_csa` writes beside the top-k: for each
+/// real token, the entries of its CSA slice after its `min(pos + 1, window)`
+/// SWA entries receive `row_base + topk_indices[t][j]` (what `fill_csa_tail`
+/// writes from the same table). Device values are not checked here.
+#[derive(Debug, Clone, Copy)]
+pub struct TopkCsaTail {
+    pub stream: StreamOut,
+    pub window: usize,
+    /// Pool row of CSA page index 0 (the pool's SWA rows).
+    pub row_base: usize,
+    /// The pool's CSA rows: page indices must be below this.
+    pub csa_rows: usize,
+}
+
+/// Validated `indexer_topk` (with `score`), `indexer_topk_fill_csa` (with
+/// `score` and `csa`) or `indexer_topk_from_logits`.
 #[derive(Debug, Clone, Copy)]
 pub struct IndexerTopkArgs {
     pub select: TopkSelect,
     pub score: Option<TopkScore>,
+    pub csa: Option<TopkCsaTail>,
 }

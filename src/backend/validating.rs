@@ -9,7 +9,9 @@ use crate::args::attention::{AttentionArgs, KvSource, PlanShape, PlannedLaunch};
 use crate::args::cache_store::{CacheTarget, FlashMlaStoreArgs, IndexerStoreArgs, ScaledStoreArgs};
 use crate::args::compressor::{CompressArgs, StateView};
 use crate::args::index::{CsaTailArgs, DecodeStreamsArgs, PrefillStreamsArgs, StreamOut};
-use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkSelect};
+use crate::args::indexer::{
+    IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkCsaTail, TopkSelect,
+};
 use crate::args::merge::MergeArgs;
 use crate::args::prepare::PrepareQkvArgs;
 use crate::args::rope::InverseRopeArgs;
@@ -307,6 +309,13 @@ impl<B: Backend> Backend for Validating<B> {
         let (_b, batch_id) = self.mirror(&s.batch_id, stream)?;
         let (_p, positions) = self.mirror_ints(&s.positions, stream)?;
         let (_t, page_table) = self.mirror(&s.page_table, stream)?;
+        let (_i, indptr) = match &a.csa {
+            Some(c) => {
+                let (host, v) = self.mirror(&c.stream.indptr, stream)?;
+                (Some(host), Some(v))
+            }
+            None => (None, None),
+        };
         self.inner.synchronize(stream)?;
         let select = TopkSelect {
             batch_id,
@@ -314,7 +323,12 @@ impl<B: Backend> Backend for Validating<B> {
             page_table,
             ..*s
         };
-        rules::indexer::topk_rows(&IndexerTopkArgs { select, ..*a })?;
+        let host = IndexerTopkArgs { select, ..*a };
+        let rows = rules::indexer::topk_rows(&host)?;
+        if let (Some(c), Some(indptr)) = (&a.csa, indptr) {
+            let stream = StreamOut { indptr, ..c.stream };
+            rules::indexer::topk_csa_tails(&host, &rows, &TopkCsaTail { stream, ..*c })?;
+        }
         self.inner.indexer_topk(a, stream)
     }
 

@@ -8,9 +8,10 @@ use crate::backend::Stream;
 use crate::error::ensure;
 use crate::ffi::boundary::{boundary, read_params, Versioned};
 use crate::ffi::context::{context, unikv_context};
+use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
-use crate::ops::indexer::{self, IndexerKeyRaw, IndexerQueryRaw, IndexerTopkRaw};
+use crate::ops::indexer::{self, CsaStreamRaw, IndexerKeyRaw, IndexerQueryRaw, IndexerTopkRaw};
 
 /// Arguments of `unikv_indexer_prepare_q`.
 ///
@@ -284,6 +285,58 @@ pub unsafe extern "C" fn unikv_indexer_topk(
         let ctx = context(ctx)?;
         let a = read_params(args, std::mem::zeroed())?;
         indexer::indexer_topk(ctx, &topk_raw(&a), Stream(stream))
+    })
+}
+
+/// The CSA stream `unikv_indexer_topk_fill_csa` completes (docs/index-streams.md §4).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct unikv_csa_stream {
+    /// sizeof(unikv_csa_stream).
+    pub struct_size: usize,
+    /// `[>= num_tokens + 1]` i32 CSA stream offsets from
+    /// `unikv_build_decode_streams`.
+    pub csa_indptr: unikv_tensor,
+    /// CSA stream indices from `unikv_build_decode_streams`, updated in place.
+    pub csa_indices: unikv_tensor,
+}
+
+unsafe impl Versioned for unikv_csa_stream {
+    const NAME: &'static str = "csa";
+}
+
+/// `unikv_indexer_topk` on the pool's context, then `unikv_fill_csa_tail`
+/// of the same ratio-4 layer with `args`' batch ids, positions (i32 or i64)
+/// and `topk_indices` as its table, in one call: GPU backends write the CSA
+/// tail from the selection's own launch (a CSA layer's chain 1.8 us shorter
+/// at batch 1 on an H200 than with the two calls). Results equal the two
+/// calls'. Checks are
+/// both calls', except that a token's tail may hold at most the
+/// `min((p + 1) / 4, topk)` keys its top-k selects, and, since which keys
+/// those are is known only after scoring, every key a token with a tail
+/// sees must have a page index below the pool's CSA rows (OUT_OF_RANGE on
+/// the CPU backend and in `validate`, nothing written). `csa_indices`,
+/// updated in place, may not overlap another argument
+/// (UNIKV_OVERLAPPING_BUFFERS). Graph-safe; thread-safe for disjoint
+/// outputs.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_indexer_topk_fill_csa(
+    pool: *const unikv_pool,
+    args: *const unikv_indexer_topk_args,
+    csa: *const unikv_csa_stream,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let pool = pool_of(pool)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let c = read_params(csa, std::mem::zeroed())?;
+        let stream_raw = CsaStreamRaw {
+            csa_indptr: (&c.csa_indptr).into(),
+            csa_indices: (&c.csa_indices).into(),
+        };
+        indexer::indexer_topk_fill_csa(pool, &topk_raw(&a), &stream_raw, Stream(stream))
     })
 }
 

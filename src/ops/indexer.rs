@@ -3,17 +3,20 @@
 //! RMSNorm + RoPE + Hadamard + FP8 of compressed keys into the indexer key
 //! cache. The math is `crate::indexer`.
 
+use crate::args::index::StreamOut;
 use crate::args::indexer::{
-    IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkScore, TopkSelect,
+    IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs, TopkCsaTail, TopkScore, TopkSelect,
 };
 use crate::backend::Stream;
 use crate::cache_layouts::indexer::{IndexerGeometry, KEY_DIMS};
 use crate::context::Context;
 use crate::error::{ensure, Result};
+use crate::geometry::Ratio;
 use crate::ops::aliasing::{self, input, output};
 use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
+use crate::pool::Pool;
 use crate::tensor::{Extent, Matrix, RawTensor, ROW_ALIGN};
 
 /// Caller arguments of `indexer_prepare_q`.
@@ -202,6 +205,51 @@ fn topk_select(raw: &IndexerTopkRaw) -> Result<TopkSelect> {
 /// Scores every visible key of every token into `logits`, then selects
 /// (docs/indexer.md §3).
 pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Result<()> {
+    scored_topk(ctx, raw, None, stream)
+}
+
+/// The CSA stream `indexer_topk_fill_csa` completes: indptr and indices from
+/// `build_decode_streams`.
+#[derive(Debug, Clone, Copy)]
+pub struct CsaStreamRaw {
+    pub csa_indptr: RawTensor,
+    pub csa_indices: RawTensor,
+}
+
+/// `indexer_topk`, then `fill_csa_tail` of the same layer from its table
+/// (docs/index-streams.md §4): one launch fewer on a GPU backend.
+pub fn indexer_topk_fill_csa(
+    pool: &Pool,
+    raw: &IndexerTopkRaw,
+    csa: &CsaStreamRaw,
+    stream: Stream,
+) -> Result<()> {
+    let g = pool.geometry();
+    g.check_row_ids(Ratio::Csa)?;
+    let tail = TopkCsaTail {
+        stream: StreamOut {
+            indptr: csa.csa_indptr.view(
+                "csa_indptr",
+                [Extent::AtLeast(raw.num_tokens.saturating_add(1))],
+                4,
+            )?,
+            indices: csa
+                .csa_indices
+                .view("csa_indices", [Extent::AtLeast(0)], 4)?,
+        },
+        window: g.config.window,
+        row_base: g.swa_rows,
+        csa_rows: g.compressed_rows(Ratio::Csa),
+    };
+    scored_topk(pool.context(), raw, Some(tail), stream)
+}
+
+fn scored_topk(
+    ctx: &Context,
+    raw: &IndexerTopkRaw,
+    csa: Option<TopkCsaTail>,
+    stream: Stream,
+) -> Result<()> {
     ctx.check_usable()?;
     let select = topk_select(raw)?;
     let (t, h) = (raw.num_tokens, raw.num_heads);
@@ -230,16 +278,19 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
         geometry,
         num_heads: h,
     };
+    // csa_indices is updated in place by design (its SWA entries stay).
     aliasing::check(
         &[
             output("logits", &select.logits),
             output("topk_indices", &select.topk_indices),
+            output("csa_indices", &csa.map(|c| c.stream.indices)),
             input("q_fp8", &score.q_fp8),
             input("weights", &score.weights),
             input("cache", &score.cache),
             input("page_table", &select.page_table),
             input("batch_id", &select.batch_id),
             input("positions", &select.positions),
+            input("csa_indptr", &csa.map(|c| c.stream.indptr)),
         ],
         &[],
     )?;
@@ -247,6 +298,7 @@ pub fn indexer_topk(ctx: &Context, raw: &IndexerTopkRaw, stream: Stream) -> Resu
         &IndexerTopkArgs {
             select,
             score: Some(score),
+            csa,
         },
         stream,
     )
@@ -270,6 +322,7 @@ pub fn indexer_topk_from_logits(ctx: &Context, raw: &IndexerTopkRaw, stream: Str
         &IndexerTopkArgs {
             select,
             score: None,
+            csa: None,
         },
         stream,
     )

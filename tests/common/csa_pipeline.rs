@@ -3,8 +3,8 @@
 //! tests/gpu/indexer.rs on the GPU): compressed indexer keys stored with
 //! `unikv_indexer_prepare_k`, the tokens' indexer queries from
 //! `unikv_indexer_prepare_q`, their top-k from `unikv_indexer_topk`, the CSA
-//! stream from `unikv_build_decode_streams` and `unikv_fill_csa_tail`, and
-//! `unikv_sparse_decode` over it.
+//! stream from `unikv_build_decode_streams` and `unikv_fill_csa_tail` (or
+//! both in `unikv_indexer_topk_fill_csa`), and `unikv_sparse_decode` over it.
 //!
 //! Checked against float64 computed here: every visible key's score from the
 //! stored codes (`k_scale * sum_h w_h * relu(q_h . k)`), the op's set is a
@@ -52,8 +52,9 @@ fn poisoned_buf(ctx: &Ctx, bytes: usize) -> Dev<'_> {
 
 /// Runs the pipeline on `ctx` with fresh random inputs and checks it;
 /// `dot_eps`: the score kernel's error per dot product relative to its terms
-/// (0 for exact products summed in f32 or wider).
-pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64) {
+/// (0 for exact products summed in f32 or wider); `fused`: the top-k and the
+/// CSA tail in one call (`unikv_indexer_topk_fill_csa`, after the streams).
+pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64, fused: bool) {
     let spec = PoolSpec {
         ratios: vec![4],
         max_requests: 2,
@@ -175,7 +176,9 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64) {
         num_heads: INDEXER_HEADS as u32,
         topk: TOPK as u32,
     };
-    ok(unsafe { unikv_indexer_topk(ctx.0, &topk_args, ptr::null_mut()) });
+    if !fused {
+        ok(unsafe { unikv_indexer_topk(ctx.0, &topk_args, ptr::null_mut()) });
+    }
 
     // The CSA stream of the step, with this layer's tail.
     let slots = Dev::upload(ctx, &[1i32, 2]);
@@ -207,17 +210,28 @@ pub fn run(ctx: &Ctx, rng: &mut StdRng, dot_eps: f64) {
         csa_topk: TOPK as u32,
     };
     ok(unsafe { unikv_build_decode_streams(pool.0, &streams, ptr::null_mut()) });
-    let tail = unikv_csa_tail_args {
-        struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
-        batch_id: batch_buf.t::<i32>(&[t]),
-        positions: pos_buf.t::<i32>(&[t]),
-        csa_page_indices: csa_table.t::<i32>(&[t, TOPK]),
-        csa_indptr: streams.csa_indptr,
-        csa_indices: streams.csa_indices,
-        num_tokens: t as u32,
-        reserved: 0,
-    };
-    ok(unsafe { unikv_fill_csa_tail(pool.0, &tail, ptr::null_mut()) });
+    if fused {
+        let csa_stream = unikv_csa_stream {
+            struct_size: std::mem::size_of::<unikv_csa_stream>(),
+            csa_indptr: streams.csa_indptr,
+            csa_indices: streams.csa_indices,
+        };
+        ok(unsafe {
+            unikv_indexer_topk_fill_csa(pool.0, &topk_args, &csa_stream, ptr::null_mut())
+        });
+    } else {
+        let tail = unikv_csa_tail_args {
+            struct_size: std::mem::size_of::<unikv_csa_tail_args>(),
+            batch_id: batch_buf.t::<i32>(&[t]),
+            positions: pos_buf.t::<i32>(&[t]),
+            csa_page_indices: csa_table.t::<i32>(&[t, TOPK]),
+            csa_indptr: streams.csa_indptr,
+            csa_indices: streams.csa_indices,
+            num_tokens: t as u32,
+            reserved: 0,
+        };
+        ok(unsafe { unikv_fill_csa_tail(pool.0, &tail, ptr::null_mut()) });
+    }
 
     // Decode attention over it.
     let q: Vec<bf16> = (0..t * HEADS * D)

@@ -9,11 +9,12 @@ use std::ptr;
 use unikv::ffi::indexer::*;
 use unikv::ffi::routing::*;
 
-use super::call::{with_struct, Fill, Role, Spec, BF16, F32, I32, U8};
+use super::call::{with_struct, Fill, Role, Spec, BF16, F32, I32, POISON_I32, U8};
 use super::stores::{
     absent, count, ctx_of, either, f32_scalar, fp8_dtype, locations, positions, rope_arg,
     rope_positions, scalar, scalar_past, slack, tokens, IDX,
 };
+use super::streams::pool_of;
 use super::{Cursor, World};
 
 const CACHE_PAGE: usize = 132 * 64;
@@ -146,21 +147,41 @@ pub fn prepare_k(w: &mut World, c: &mut Cursor) {
     call.finish(s);
 }
 
-/// `unikv_indexer_topk`, or `unikv_indexer_topk_from_logits` when `from_logits`.
+/// `unikv_indexer_topk`, or `unikv_indexer_topk_from_logits` when
+/// `from_logits`; now and then, instead of the former,
+/// `unikv_indexer_topk_fill_csa` on a pool with a CSA stream laid out for
+/// the tokens.
 pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
+    let fused = !from_logits && c.chance(64);
     let name = if from_logits {
         "unikv_indexer_topk_from_logits"
+    } else if fused {
+        "unikv_indexer_topk_fill_csa"
     } else {
         "unikv_indexer_topk"
     };
     let mut call = w.call(name, true);
     call.honest_must_pass = true;
-    let ctx = ctx_of(w, c, &mut call);
+    // The fused call runs on its pool's context.
+    let (ctx, pool) = if fused {
+        let Some((i, h)) = pool_of(w, c, &mut call) else {
+            return;
+        };
+        (ptr::null(), Some((i, h)))
+    } else {
+        (ctx_of(w, c, &mut call), None)
+    };
     let n = tokens(c);
     let held = n + slack(c);
     let h = c.pick(&[1, 2, 4, 3]);
     let requests = c.range(1, 2);
+    // Cache pages; the fused call's honest page ids also hold CSA rows of
+    // its pool (at least one page: the 64 padding rows).
     let pages = c.range(1, 2);
+    let table_pages = match pool {
+        Some((i, _)) => pages.min(w.pools[i].compressed(4) / 64),
+        None => pages,
+    };
     let max_pages = 2;
     let pos: Vec<i64> = positions(c, held);
     let keys_max = pos.iter().map(|p| (*p as usize + 1) / 4).max().unwrap_or(0);
@@ -196,7 +217,7 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
         Spec::new("cache", &[U8], &[pages, CACHE_PAGE], Role::In, Fill::Bytes).align(16),
     );
     let table: Vec<i64> = (0..requests * max_pages)
-        .map(|_| c.below(pages) as i64)
+        .map(|_| c.below(table_pages) as i64)
         .collect();
     let pt_arg = call.args.len();
     let page_table = call.tensor(
@@ -222,13 +243,13 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
     let bid_arg = call.args.len();
     let batch_id = call.tensor(
         c,
-        Spec::new("batch_id", IDX, &[held], Role::In, Fill::Ints(bid)),
+        Spec::new("batch_id", IDX, &[held], Role::In, Fill::Ints(bid.clone())),
     );
     let dt = either(c);
     let pos_arg = call.args.len();
     let positions = call.tensor(
         c,
-        Spec::new("positions", dt, &[held], Role::In, Fill::Ints(pos)),
+        Spec::new("positions", dt, &[held], Role::In, Fill::Ints(pos.clone())),
     );
     let logits = if from_logits {
         call.tensor(
@@ -261,6 +282,43 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
             scalar_past(c, &mut call, h as u32, &[0, 65, h as u32 + 1], "num_heads"),
         )
     };
+    // The fused call's CSA stream: each real token's window (valid rows),
+    // then room for the keys its top-k selects (poisoned), and slack.
+    let csa = pool.map(|(i, _)| {
+        let p = &w.pools[i];
+        let (window, swa_rows) = (p.window as i64, p.swa_rows());
+        let mut indptr = vec![0i64];
+        let mut indices = Vec::new();
+        for t in 0..held {
+            if bid[t] >= 0 {
+                let swa = (pos[t] + 1).min(window);
+                indices.extend((0..swa).map(|_| c.below(swa_rows) as i64));
+                let tail = ((pos[t] as usize + 1) / 4).min(k);
+                indices.resize(indices.len() + tail, POISON_I32 as i64);
+            }
+            indptr.push(indices.len() as i64);
+        }
+        indices.resize(indices.len() + c.below(3), POISON_I32 as i64);
+        let ip_arg = call.args.len();
+        let stream = unikv_csa_stream {
+            struct_size: std::mem::size_of::<unikv_csa_stream>(),
+            csa_indptr: call.tensor(
+                c,
+                Spec::new("csa_indptr", IDX, &[held + 1], Role::In, Fill::Ints(indptr)),
+            ),
+            csa_indices: call.tensor(
+                c,
+                Spec::new(
+                    "csa_indices",
+                    IDX,
+                    &[indices.len()],
+                    Role::InOut,
+                    Fill::Ints(indices),
+                ),
+            ),
+        };
+        (ip_arg, (window, swa_rows), stream)
+    });
     let args = unikv_indexer_topk_args {
         struct_size: std::mem::size_of::<unikv_indexer_topk_args>(),
         q_fp8,
@@ -276,13 +334,27 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
         num_heads,
         topk,
     };
-    let s = with_struct(c, &mut call, args, |a| unsafe {
-        if from_logits {
-            unikv_indexer_topk_from_logits(ctx, a, ptr::null_mut())
-        } else {
-            unikv_indexer_topk(ctx, a, ptr::null_mut())
+    let s = match (pool, &csa) {
+        (Some((_, h)), Some((_, _, stream))) => {
+            // A hostile struct_size goes to one of the two structs.
+            if c.chance(128) {
+                with_struct(c, &mut call, *stream, |s| unsafe {
+                    unikv_indexer_topk_fill_csa(h, &args, s, ptr::null_mut())
+                })
+            } else {
+                with_struct(c, &mut call, args, |a| unsafe {
+                    unikv_indexer_topk_fill_csa(h, a, stream, ptr::null_mut())
+                })
+            }
         }
-    });
+        _ => with_struct(c, &mut call, args, |a| unsafe {
+            if from_logits {
+                unikv_indexer_topk_from_logits(ctx, a, ptr::null_mut())
+            } else {
+                unikv_indexer_topk(ctx, a, ptr::null_mut())
+            }
+        }),
+    };
     if !call.finish(s) || call.aliased || !call.contents_trusted() {
         return;
     }
@@ -319,6 +391,22 @@ pub fn topk(w: &mut World, c: &mut Cursor, from_logits: bool) {
                 "{name}: token {t} selected {v}, not on a page of its table row"
             );
         }
+    }
+    // The fused call's stream: the entries of each real token's slice past
+    // its window are the pool rows of its first selected keys; nothing else
+    // changed.
+    if let Some((ip_arg, (window, swa_rows), _)) = csa {
+        let indptr = call.ints_before(ip_arg);
+        let mut want = call.ints_before(ip_arg + 1);
+        for t in (0..n).filter(|&t| bid[t] >= 0) {
+            let row = &out[t * tw..(t + 1) * tw];
+            let at = (indptr[t] + (pos[t] + 1).min(window)) as usize;
+            let tail = indptr[t + 1] as usize - at;
+            for (j, &v) in row[..tail].iter().enumerate() {
+                want[at + j] = swa_rows as i64 + v;
+            }
+        }
+        assert_eq!(call.ints_after(ip_arg + 1), want, "{name}: CSA stream");
     }
 }
 

@@ -18,7 +18,11 @@ use super::stores::{
 use super::{Cursor, StreamsMemo, World};
 
 /// A pool for a stream call (no layer argument).
-fn pool_of(w: &mut World, c: &mut Cursor, call: &mut Call) -> Option<(usize, *const unikv_pool)> {
+pub(super) fn pool_of(
+    w: &mut World,
+    c: &mut Cursor,
+    call: &mut Call,
+) -> Option<(usize, *const unikv_pool)> {
     let i = w.pick_pool(c)?;
     call.validates = w.pools[i].validates;
     // A pool without compressed layers accepts any c128_blocks; the stream

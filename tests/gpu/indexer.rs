@@ -8,8 +8,8 @@
 
 use super::*;
 use common::indexer::{
-    KeyCase, KeyPointers, QueryCase, QueryPointers, ScoreTol, Spread, TopkCase, TopkPointers, DIM,
-    FP8_TENSOR_CORE_EPS, PAGE, PAGE_BYTES,
+    csa_pool, run_topk_csa, CsaStream, KeyCase, KeyPointers, QueryCase, QueryPointers, ScoreTol,
+    Spread, TopkCase, TopkPointers, DIM, FP8_TENSOR_CORE_EPS, PAGE, PAGE_BYTES,
 };
 use unikv::ffi::indexer::{
     unikv_indexer_prepare_k, unikv_indexer_prepare_q, unikv_indexer_topk,
@@ -365,12 +365,14 @@ fn scores_match_reference(kernel: unikv::ffi::test_hooks::IndexerScoreKernel) {
 
 /// The CSA path end to end on the GPU (tests/common/csa_pipeline.rs): indexer
 /// keys and queries prepared, scored and selected, the decode streams and
-/// CSA tail built, sparse decode, against float64.
+/// CSA tail built (apart and fused), sparse decode, against float64.
 #[test]
 fn indexer_topk_feeds_csa_decode_on_gpu() {
     let Some(s) = setup() else { return };
     let (mut rng, _) = seeded("indexer_topk_feeds_csa_decode_on_gpu");
-    common::csa_pipeline::run(&s.gpu, &mut rng, FP8_TENSOR_CORE_EPS);
+    for fused in [false, true] {
+        common::csa_pipeline::run(&s.gpu, &mut rng, FP8_TENSOR_CORE_EPS, fused);
+    }
 }
 
 /// `unikv_indexer_topk` captured into a CUDA graph once and replayed on new
@@ -408,5 +410,72 @@ fn indexer_topk_replays_in_a_cuda_graph() {
         let (scores, table) = (bufs.logits.read::<f32>(), bufs.out.read::<i32>());
         case.check_logits(&scores, ScoreTol::FP8_TENSOR_CORE);
         case.check_selection(&scores, &table);
+    }
+}
+
+/// `unikv_indexer_topk_fill_csa` on the GPU through every selection kernel
+/// (one block holding 4 or 16 keys a thread, a cluster, rows re-read from
+/// the logits): its logits and table equal `unikv_indexer_topk`'s on the
+/// same GPU bit for bit, and its CSA stream holds the pool rows of that
+/// table's leading entries, the window entries and the entries past the
+/// stream untouched. Tails past the selection (a top-8 into slices sized for
+/// the case's top-k) repeat the newest window row; under `validate` they
+/// are OUT_OF_RANGE with nothing written.
+#[test]
+fn indexer_topk_fill_csa_matches_its_table_on_gpu() {
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("indexer_topk_fill_csa_matches_its_table_on_gpu");
+    let strict = validating_gpu();
+    // (tokens, requests, max keys, topk)
+    let cases: &[(usize, usize, usize, usize)] = if small() {
+        &[(4, 2, 300, 64), (2, 1, 9000, 64)]
+    } else {
+        &[
+            (5, 2, 1500, 512),
+            (64, 8, 8000, 512),
+            (2, 1, 9000, 512),
+            (20, 4, 33000, 512),
+            (2, 1, 70000, 1024),
+        ]
+    };
+    for &(t, requests, max_keys, topk) in cases {
+        let what = format!("T={t} keys {max_keys} topk {topk}");
+        let case = TopkCase::random(&mut rng, t, requests, max_keys, topk, 4, Fp8Format::E4m3Fn);
+        let stream = CsaStream::for_case(&mut rng, &case, true);
+        let pool = csa_pool(&s.gpu, &case, case.cache_pages);
+        let row_base = pool.layer(0).swa_rows as i32;
+        let (status, logits, table, got) =
+            run_topk_csa(&s.gpu, &pool, &case, &stream, true, |_, _| {});
+        ok(status);
+        let (status, want_logits, want_table) = topk_on(&s.gpu, &case, true);
+        ok(status);
+        assert_eq!(bytes_of(&logits), bytes_of(&want_logits), "{what}: logits");
+        assert_eq!(table, want_table, "{what}: table");
+        stream.check(&got, &table, case.width, row_base, &what);
+
+        let top8 = |a: &mut unikv::ffi::indexer::unikv_indexer_topk_args, _: &mut _| a.topk = 8;
+        let full = CsaStream::for_case(&mut rng, &case, false);
+        let (status, _, table, got) = run_topk_csa(&s.gpu, &pool, &case, &full, true, top8);
+        ok(status);
+        full.check(
+            &got,
+            &table,
+            case.width,
+            row_base,
+            &format!("{what}, top-8"),
+        );
+        if full.tails.iter().all(|&(_, len)| len <= 8) {
+            continue; // no tail past a top-8 selection
+        }
+        let strict_pool = csa_pool(&strict, &case, case.cache_pages);
+        let (status, logits, table, got) =
+            run_topk_csa(&strict, &strict_pool, &case, &full, true, top8);
+        fails(status, UNIKV_OUT_OF_RANGE, "csa_indptr[");
+        assert!(
+            bytes_of(&table).iter().all(|&b| b == POISON_BYTE)
+                && bytes_of(&logits).iter().all(|&b| b == POISON_BYTE)
+                && got == full.indices,
+            "{what}: validate wrote an output"
+        );
     }
 }

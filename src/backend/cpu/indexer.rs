@@ -5,9 +5,9 @@
 use rayon::prelude::*;
 
 use crate::args::indexer::{IndexerKeyArgs, IndexerQueryArgs, IndexerTopkArgs};
-use crate::backend::host::{contiguous, contiguous_mut, put_row, put_row3, row, row3, slice};
+use crate::backend::host::{contiguous, contiguous_mut, put, put_row, put_row3, row, row3, slice};
 use crate::backend::rules::cache_store::destinations;
-use crate::backend::rules::indexer::{topk_rows, TopkRow, INDEXER_PAGE};
+use crate::backend::rules::indexer::{topk_csa_tails, topk_rows, TopkRow, INDEXER_PAGE};
 use crate::backend::rules::rope::checked_positions;
 use crate::cache_layouts::indexer::{store_token, stored_key, KEY_DIMS};
 use crate::error::Result;
@@ -73,13 +73,35 @@ pub fn indexer_prepare_k(a: &IndexerKeyArgs) -> Result<()> {
 
 pub fn indexer_topk(threads: &rayon::ThreadPool, a: &IndexerTopkArgs) -> Result<()> {
     let rows = topk_rows(a)?;
+    let tails = match &a.csa {
+        Some(csa) => topk_csa_tails(a, &rows, csa)?,
+        None => Vec::new(),
+    };
     threads.install(|| {
         rows.par_iter().enumerate().try_for_each(|(t, r)| {
             // SAFETY: the rows were checked; token t writes only its own
             // logits and topk_indices rows.
             unsafe { topk_token(a, t, *r) }
         })
-    })
+    })?;
+    if let Some(csa) = &a.csa {
+        for (t, base, tail) in tails {
+            // SAFETY: t < rows of the table, whose first `tail` entries were
+            // just written (valid: tail <= the token's selected keys, each
+            // page index below csa_rows); base + tail <= indptr[T] <= capacity.
+            let entries = unsafe { row(&a.select.topk_indices, t) };
+            for (j, &pi) in entries[..tail].iter().enumerate() {
+                unsafe {
+                    put(
+                        &csa.stream.indices,
+                        base + j,
+                        (csa.row_base + pi as usize) as i32,
+                    )
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 /// # Safety

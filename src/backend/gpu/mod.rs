@@ -747,6 +747,7 @@ impl Backend for GpuBackend {
     fn indexer_topk(&self, a: &IndexerTopkArgs, stream: Stream) -> Result<()> {
         let s = &a.select;
         let sc = a.score.as_ref();
+        let csa = a.csa.as_ref();
         let p = shim::IndexerTopkParams {
             q_fp8: sc.map_or(std::ptr::null(), |c| c.q_fp8.as_ptr()),
             weights: sc.map_or(std::ptr::null(), |c| c.weights.as_ptr()),
@@ -774,6 +775,13 @@ impl Backend for GpuBackend {
             positions_i64: i32::from(s.positions.is_i64()),
             format: sc.map_or(0, |c| format_code(c.geometry.format())),
             score: i32::from(sc.is_some()),
+            csa_indices: csa.map_or(std::ptr::null_mut(), |c| c.stream.indices.as_ptr()),
+            csa_indptr: csa.map_or(std::ptr::null(), |c| c.stream.indptr.as_ptr() as *const i32),
+            csa_capacity: csa.map_or(0, |c| c.stream.indices.shape[0] as i64),
+            csa_window: i32_of("window", csa.map_or(0, |c| c.window))?,
+            csa_row_base: i32_of("swa_rows", csa.map_or(0, |c| c.row_base))?,
+            csa_rows: i32_of("csa_rows", csa.map_or(0, |c| c.csa_rows))?,
+            csa_reserved: 0,
         };
         // SAFETY: views validated by `ops::indexer`; device memory by contract.
         self.check(

@@ -405,6 +405,13 @@ pub struct IndexerTopkParams {
     pub positions_i64: i32,
     pub format: u32,
     pub score: i32,
+    pub csa_indices: *mut i32,
+    pub csa_indptr: *const i32,
+    pub csa_capacity: i64,
+    pub csa_window: i32,
+    pub csa_row_base: i32,
+    pub csa_rows: i32,
+    pub csa_reserved: i32,
 }
 
 /// (index passed to `unikv_gpu_params_size`, Rust size) of every mirrored struct.

@@ -1,7 +1,8 @@
 //! The indexer top-k's device values: batch ids, positions and page ids.
 
-use crate::args::indexer::IndexerTopkArgs;
+use crate::args::indexer::{IndexerTopkArgs, TopkCsaTail};
 use crate::backend::host::{int_values, row, slice};
+use crate::backend::rules::index::checked_indptr;
 use crate::cache_layouts::indexer::PAGE_SIZES;
 use crate::error::{ensure, Result};
 use crate::indexer::visible_keys;
@@ -70,4 +71,65 @@ pub(crate) fn topk_rows(a: &IndexerTopkArgs) -> Result<Vec<Option<TopkRow>>> {
         }));
     }
     Ok(rows)
+}
+
+/// The CSA slices `indexer_topk_fill_csa` completes: (token, first tail
+/// entry, tail length) of every real token, from `rows` of `topk_rows`. A
+/// slice must hold the token's `min(pos + 1, window)` SWA entries and then at
+/// most the `min(keys, topk)` keys its top-k selects. Which keys those are
+/// depends on the scores, so every key a token with a tail sees must have a
+/// page index below the pool's CSA rows (`fill_csa_tail` checks only the
+/// selected ones).
+pub(crate) fn topk_csa_tails(
+    a: &IndexerTopkArgs,
+    rows: &[Option<TopkRow>],
+    csa: &TopkCsaTail,
+) -> Result<Vec<(usize, usize, usize)>> {
+    let s = &a.select;
+    let n = s.num_tokens;
+    let indptr = checked_indptr(
+        "csa_indptr",
+        &csa.stream.indptr,
+        n,
+        csa.stream.indices.shape[0],
+    )?;
+    // SAFETY: host view with extents checked by `ops::indexer`.
+    let positions = unsafe { int_values(&s.positions, n) };
+    let mut tails = Vec::with_capacity(n);
+    for (t, r) in rows.iter().enumerate() {
+        let Some(r) = r else { continue };
+        // Non-negative: `topk_rows` checked it.
+        let pos = positions[t] as u64;
+        let swa = pos.saturating_add(1).min(csa.window as u64) as usize;
+        let len = (indptr[t + 1] - indptr[t]) as usize;
+        ensure!(
+            len >= swa,
+            OutOfRange,
+            "csa_indptr[{t}]: slice of {len} entries is shorter than the {swa} SWA entries of position {pos}"
+        );
+        let tail = len - swa;
+        let selected = r.keys.min(s.topk);
+        ensure!(
+            tail <= selected,
+            OutOfRange,
+            "csa_indptr[{t}]: {tail} entries after the window, but the token's top-k selects {selected}"
+        );
+        if tail > 0 {
+            // SAFETY: the request is below the page table's rows (`topk_rows`).
+            let ids = unsafe { row(&s.page_table, r.request) };
+            for (j, &id) in ids[..r.keys.div_ceil(INDEXER_PAGE)].iter().enumerate() {
+                let last =
+                    id as usize * INDEXER_PAGE + (r.keys - j * INDEXER_PAGE).min(INDEXER_PAGE) - 1;
+                ensure!(
+                    last < csa.csa_rows,
+                    OutOfRange,
+                    "page_table[{}][{j}]: page {id} holds CSA page index {last}, not below the pool's {} CSA rows (token {t})",
+                    r.request,
+                    csa.csa_rows
+                );
+            }
+        }
+        tails.push((t, indptr[t] as usize + swa, tail));
+    }
+    Ok(tails)
 }

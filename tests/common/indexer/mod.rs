@@ -16,11 +16,14 @@ use unikv::fp8::{decode, Fp8Format};
 use super::cache_store::random_locations;
 use super::*;
 
+mod csa_tail;
 mod key;
 mod query;
 mod topk;
 
 // Re-exported for the test binaries, which each use only some of them.
+#[allow(unused_imports)]
+pub use csa_tail::{csa_pool, run_topk_csa, CsaStream, CSA_WINDOW};
 #[allow(unused_imports)]
 pub use key::{KeyCase, KeyPointers};
 #[allow(unused_imports)]
