@@ -4,12 +4,13 @@
 //! stream and CSA-tail arguments are examples/serving_step.cpp's, the others
 //! follow include/unikv.h:
 //!
-//! - CSA (ratio 4): `unikv_prepare_qkv` (Q/KV norm + RoPE, the KV row into its
-//!   ring row) -> `unikv_indexer_prepare_q` -> `unikv_indexer_topk_fill_csa`
-//!   (the top-k and the layer's CSA tail in one call) ->
-//!   `unikv_sparse_decode` over the CSA stream with the inverse-RoPE epilogue;
-//!   the budget table also times the chain with `unikv_indexer_topk` and
-//!   `unikv_fill_csa_tail` apart;
+//! - CSA (ratio 4): `unikv_prepare_qkv_indexer_q` (Q/KV norm + RoPE, the KV
+//!   row into its ring row, and the indexer queries, in one call) ->
+//!   `unikv_indexer_topk_fill_csa` (the top-k and the layer's CSA tail in one
+//!   call) -> `unikv_sparse_decode` over the CSA stream with the inverse-RoPE
+//!   epilogue; the budget table also times the chain with each fused pair as
+//!   its two calls (`unikv_prepare_qkv`, `unikv_indexer_prepare_q`,
+//!   `unikv_indexer_topk`, `unikv_fill_csa_tail`);
 //! - HCA (ratio 128): `unikv_prepare_qkv` -> `unikv_sparse_decode` over the
 //!   HCA stream with the epilogue (the stream is built once per step);
 //! - dense (for the step estimate): `unikv_prepare_qkv` ->
@@ -49,7 +50,7 @@ use unikv::ffi::indexer::{
     unikv_indexer_topk_args, unikv_indexer_topk_fill_csa,
 };
 use unikv::ffi::pool::{unikv_pool_create, unikv_pool_destroy, unikv_pool_params};
-use unikv::ffi::prepare::{unikv_prepare_qkv, unikv_prepare_qkv_args};
+use unikv::ffi::prepare::{unikv_prepare_qkv, unikv_prepare_qkv_args, unikv_prepare_qkv_indexer_q};
 use unikv::ffi::types::unikv_tensor;
 
 use crate::indexer::random_pages;
@@ -257,15 +258,15 @@ pub fn bench_layer_steps(
          it, and its marginal cost in the chain (the difference of two prefixes)"
     );
     println!(
-        "| pool |     T | layer           | call                  | alone us | chain to it us | marginal us |"
+        "| pool |     T | layer            | call                  | alone us | chain to it us | marginal us |"
     );
     println!(
-        "|------|-------|-----------------|-----------------------|----------|----------------|-------------|"
+        "|------|-------|------------------|-----------------------|----------|----------------|-------------|"
     );
     for s in &steps {
         for b in &s.budget {
             println!(
-                "| {:<4} | {:>5} | {:<15} | {:<21} | {:>8.2} | {:>14.2} | {:>11.2} |",
+                "| {:<4} | {:>5} | {:<16} | {:<21} | {:>8.2} | {:>14.2} | {:>11.2} |",
                 s.pool, s.t, b.layer, b.call, b.alone, b.prefix, b.marginal
             );
         }
@@ -415,43 +416,52 @@ fn bench_step(
     let (plan, ws, ws_bytes) = decode_plan(ctx, t, HEADS, kv_dtype);
     let ws_ptr = ws.as_ref().map_or(std::ptr::null_mut(), |w| w.ptr);
 
+    let prepare_args = |l: usize| unikv_prepare_qkv_args {
+        struct_size: std::mem::size_of::<unikv_prepare_qkv_args>(),
+        q_in: block(&q_in, 1, 2, &[t, HEADS, 512], l),
+        q_out: q.bf16s(&[t, HEADS, 512]),
+        kv_in: block(&kv_in, 1, 2, &[t, 512], l),
+        kv_weight: kv_weight.bf16s(&[512]),
+        kv_out: ABSENT,
+        rope_table: table.t(3, 4, &[MAX_POS, 64]),
+        positions: positions.i32s(&[t]),
+        rows: ring_rows.i32s(&[t]),
+        layer: l as u32,
+        num_tokens: t as u32,
+        num_heads: HEADS as u32,
+        q_eps: 1e-6,
+        kv_eps: 1e-6,
+        reserved: 0,
+    };
+    let index_args = |l: usize| unikv_indexer_prepare_q_args {
+        struct_size: std::mem::size_of::<unikv_indexer_prepare_q_args>(),
+        q: block(&index_q, 1, 2, &[t, INDEXER_HEADS, INDEXER_DIM], l),
+        weights: block(&index_w, 1, 2, &[t, INDEXER_HEADS], l),
+        rope_table: table.t(3, 4, &[MAX_POS, 64]),
+        positions: positions.i32s(&[t]),
+        q_fp8: q_fp8.t(6, 1, &[t, INDEXER_HEADS, INDEXER_DIM]),
+        weights_out: weights.t(3, 4, &[t, INDEXER_HEADS]),
+        q_dtype: 7,
+        num_tokens: t as u32,
+        num_heads: INDEXER_HEADS as u32,
+        weight_scale: 1.0 / ((INDEXER_DIM * INDEXER_HEADS) as f32).sqrt(),
+    };
     let prepare = |l: usize, s: *mut c_void| {
-        let args = unikv_prepare_qkv_args {
-            struct_size: std::mem::size_of::<unikv_prepare_qkv_args>(),
-            q_in: block(&q_in, 1, 2, &[t, HEADS, 512], l),
-            q_out: q.bf16s(&[t, HEADS, 512]),
-            kv_in: block(&kv_in, 1, 2, &[t, 512], l),
-            kv_weight: kv_weight.bf16s(&[512]),
-            kv_out: ABSENT,
-            rope_table: table.t(3, 4, &[MAX_POS, 64]),
-            positions: positions.i32s(&[t]),
-            rows: ring_rows.i32s(&[t]),
-            layer: l as u32,
-            num_tokens: t as u32,
-            num_heads: HEADS as u32,
-            q_eps: 1e-6,
-            kv_eps: 1e-6,
-            reserved: 0,
-        };
-        ok(unsafe { unikv_prepare_qkv(pool, &args, s) }, "prepare_qkv");
+        ok(
+            unsafe { unikv_prepare_qkv(pool, &prepare_args(l), s) },
+            "prepare_qkv",
+        );
     };
     let index_prepare = |l: usize, s: *mut c_void| {
-        let args = unikv_indexer_prepare_q_args {
-            struct_size: std::mem::size_of::<unikv_indexer_prepare_q_args>(),
-            q: block(&index_q, 1, 2, &[t, INDEXER_HEADS, INDEXER_DIM], l),
-            weights: block(&index_w, 1, 2, &[t, INDEXER_HEADS], l),
-            rope_table: table.t(3, 4, &[MAX_POS, 64]),
-            positions: positions.i32s(&[t]),
-            q_fp8: q_fp8.t(6, 1, &[t, INDEXER_HEADS, INDEXER_DIM]),
-            weights_out: weights.t(3, 4, &[t, INDEXER_HEADS]),
-            q_dtype: 7,
-            num_tokens: t as u32,
-            num_heads: INDEXER_HEADS as u32,
-            weight_scale: 1.0 / ((INDEXER_DIM * INDEXER_HEADS) as f32).sqrt(),
-        };
         ok(
-            unsafe { unikv_indexer_prepare_q(ctx, &args, s) },
+            unsafe { unikv_indexer_prepare_q(ctx, &index_args(l), s) },
             "indexer_prepare_q",
+        );
+    };
+    let prepare_both = |l: usize, s: *mut c_void| {
+        ok(
+            unsafe { unikv_prepare_qkv_indexer_q(pool, &prepare_args(l), &index_args(l), s) },
+            "prepare_qkv_indexer_q",
         );
     };
     // `cache_block`: the layer's indexer cache among the CSA layers'.
@@ -540,10 +550,11 @@ fn bench_step(
             Kind::Csa => (&csa, caps[2]),
         };
         us[k] = per_call_us(stream, counts[k], |i, s| {
-            prepare(first + i, s);
             if kind == Kind::Csa {
-                index_prepare(first + i, s);
+                prepare_both(first + i, s);
                 topk_tail(i, s);
+            } else {
+                prepare(first + i, s);
             }
             attend(first + i, stream_of, cap, s);
         });
@@ -566,13 +577,12 @@ fn bench_step(
     let mut budget = Vec::new();
     if context == CONTEXTS[0] {
         let (csa0, hca0) = (counts[0], counts[0] + counts[1]);
-        let csa_chain: [Call; 4] = [
-            ("prepare_qkv", &|i, s| prepare(csa0 + i, s)),
-            ("indexer_prepare_q", &|i, s| index_prepare(csa0 + i, s)),
+        let csa_chain: [Call; 3] = [
+            ("prepare_qkv_indexer_q", &|i, s| prepare_both(csa0 + i, s)),
             ("indexer_topk_fill_csa", &|i, s| topk_tail(i, s)),
             ("sparse_decode", &|i, s| attend(csa0 + i, &csa, caps[2], s)),
         ];
-        // The same chain with the tail in its own call, for comparison.
+        // The same chain with each fused pair as its two calls, for comparison.
         let apart_chain: [Call; 5] = [
             ("prepare_qkv", &|i, s| prepare(csa0 + i, s)),
             ("indexer_prepare_q", &|i, s| index_prepare(csa0 + i, s)),
@@ -586,7 +596,7 @@ fn bench_step(
         ];
         for (layer, chain, layers) in [
             ("csa", &csa_chain[..], counts[1]),
-            ("csa, tail apart", &apart_chain[..], counts[1]),
+            ("csa, calls apart", &apart_chain[..], counts[1]),
             ("hca", &hca_chain[..], counts[2]),
         ] {
             let mut before = 0.0;

@@ -3029,6 +3029,21 @@ unikv_status unikv_prepare_qkv(const struct unikv_pool *pool,
                                void *stream);
 
 /**
+ * `unikv_prepare_qkv` and `unikv_indexer_prepare_q` (on the pool's
+ * context) in one call: on GPUs one kernel launch runs both, so a CSA
+ * layer's chain has one launch fewer. Results equal the two calls'. Checks
+ * are both calls' (an indexer field is named as in its own struct), all
+ * made before anything is written; in addition no output of one struct may
+ * overlap an argument of the other (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+ * for disjoint outputs and pool rows.
+ */
+UNIKV_NODISCARD
+unikv_status unikv_prepare_qkv_indexer_q(const struct unikv_pool *pool,
+                                         const struct unikv_prepare_qkv_args *args,
+                                         const struct unikv_indexer_prepare_q_args *indexer,
+                                         void *stream);
+
+/**
  * Fills `table` (host memory, at least `max_pos * 64` floats) with the RoPE
  * table of `params` for positions 0..max_pos: row p holds the 32 pairs
  * (cos, sin) of p times each frequency, interleaved, as the GPT-J rotation of

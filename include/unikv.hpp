@@ -53,7 +53,8 @@
 //   unikv_pool_get_info / get_layer / get_compressor / acquire_slot /
 //   release_slot / release_slot_async   -> pool::get_info, ...
 //   unikv_build_decode_streams, unikv_fill_csa_tail,
-//   unikv_indexer_topk_fill_csa, unikv_build_prefill_streams, unikv_prepare_qkv, unikv_store_swa,
+//   unikv_indexer_topk_fill_csa, unikv_build_prefill_streams, unikv_prepare_qkv,
+//   unikv_prepare_qkv_indexer_q, unikv_store_swa,
 //   unikv_store_compressed, unikv_compress_decode,
 //   unikv_compress_prefill              -> pool::build_decode_streams, ...
 //   unikv_decode_plan_create / _destroy / _workspace_size / _get_info /
@@ -789,6 +790,10 @@ public:
     }
     void prepare_qkv(const unikv_prepare_qkv_args& args, void* stream = nullptr) const {
         detail::check(unikv_prepare_qkv(get(), &args, stream), "unikv_prepare_qkv");
+    }
+    void prepare_qkv_indexer_q(const unikv_prepare_qkv_args& args, const unikv_indexer_prepare_q_args& indexer,
+                               void* stream = nullptr) const {
+        detail::check(unikv_prepare_qkv_indexer_q(get(), &args, &indexer, stream), "unikv_prepare_qkv_indexer_q");
     }
     void store_swa(const unikv_store_swa_args& args, void* stream = nullptr) const {
         detail::check(unikv_store_swa(get(), &args, stream), "unikv_store_swa");

@@ -10,7 +10,7 @@
 //
 // Device values are never trusted: a position outside the table skips the
 // vector; a key location that is negative or past the cache skips its store.
-#include "indexer_rows.cuh"
+#include "indexer_query.cuh"
 #include "shim.cuh"
 
 namespace {
@@ -23,24 +23,9 @@ constexpr int kThreads = kWarps * UKV_WARP;
 __global__ void __launch_bounds__(kThreads) indexer_q_kernel(ukv_indexer_q_params p) {
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();
-  const int lane = threadIdx.x % UKV_WARP;
   const int64_t item = ((int64_t)blockIdx.x * kThreads + threadIdx.x) / UKV_WARP;
   if (item >= (int64_t)p.num_tokens * p.num_heads) return;  // whole warps
-  const int64_t t = item / p.num_heads, h = item % p.num_heads;
-  const int64_t pos = ukv_index_at(p.positions, p.positions_i64 != 0, t);
-  if (pos < 0 || pos >= p.max_pos) return;
-  float x[4];
-  load4(static_cast<const ukv_bf16*>(p.q) + t * p.q_stride_token + h * p.q_stride_head, lane, x);
-  rope4(x, p.table + pos * p.table_stride, lane);
-  hadamard4(x, lane);
-  uint32_t codes;
-  const float scale = quantize4(x, (ukv_fp8_format)p.format, &codes);
-  reinterpret_cast<uint32_t*>(p.q_fp8 + t * p.out_stride_token + h * p.out_stride_head)[lane] = codes;
-  if (lane == 0) {
-    const ukv_bf16 w = static_cast<const ukv_bf16*>(p.weights)[t * p.weights_stride + h];
-    p.weights_out[t * p.weights_out_stride + h] =
-        ukv_mul_rn(ukv_mul_rn(ukv_bf16_to_float(w), p.weight_scale), scale);
-  }
+  ukv_indexer_query(p, item, threadIdx.x % UKV_WARP);
 }
 
 template <typename In>

@@ -3,7 +3,9 @@
 // into its pool row (quantized for FP8 pools, kernels/pool_rows.cuh).
 //
 // One launch for both paths: blocks [0, kv_blocks) run one token's KV row per
-// warp, the others two Q heads of one token per warp. A warp holds a 512-value
+// warp, the next q_blocks two Q heads of one token per warp, and any after
+// them one indexer query head per warp (the fused call with the indexer's
+// query preparation). A warp holds a 512-value
 // row as two 16-byte vectors per lane (lane l: dims 8l..8l+7, then
 // 256+8l..256+8l+7), so every global access is a whole 16-byte vector, the
 // norm is a warp-shuffle reduction, and lanes 24..31 hold the RoPE dims
@@ -17,6 +19,7 @@
 //
 // Device values are never trusted: a position outside the table skips the
 // token (nothing written for it), a row outside the layer skips the store.
+#include "indexer_query.cuh"
 #include "pool_rows.cuh"
 #include "row_math.cuh"
 #include "shim.cuh"
@@ -149,9 +152,12 @@ __device__ __forceinline__ void prepare_kv(const ukv_prepare_qkv_params& p, int 
   ukv_store_pool_row<8>(p.pool, row, kDims / 2 + 8 * lane, hi);
 }
 
-// Pos: the positions' type (ukv_index_at).
+// Pos: the positions' type (ukv_index_at). Blocks past kv_blocks + q_blocks
+// prepare the indexer's query heads, one per warp (iq; none when its
+// num_tokens is 0): unikv_prepare_qkv_indexer_q, one launch for both calls.
 template <typename Pos>
-__global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks) {
+__global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks)
+    prepare_qkv_kernel(ukv_prepare_qkv_params p, int kv_blocks, int q_blocks, ukv_indexer_q_params iq) {
   // The next kernel may launch now; it waits for this grid before reading.
   ukv_pdl_launch_dependents();
   ukv_pdl_wait();  // inputs written by the previous kernel are visible
@@ -161,23 +167,32 @@ __global__ void UKV_LAUNCH_BOUNDS(kThreads, kMinBlocks) prepare_qkv_kernel(ukv_p
     if (t < p.num_tokens) prepare_kv<Pos>(p, t, lane);
     return;
   }
-  const int item = (blockIdx.x - kv_blocks) * kWarps + warp;
-  if (item < p.num_tokens * ((p.num_heads + kQHeads - 1) / kQHeads)) prepare_q<Pos>(p, item, lane);
+  if ((int)blockIdx.x < kv_blocks + q_blocks) {
+    const int item = (blockIdx.x - kv_blocks) * kWarps + warp;
+    if (item < p.num_tokens * ((p.num_heads + kQHeads - 1) / kQHeads)) prepare_q<Pos>(p, item, lane);
+    return;
+  }
+  const int64_t item = (int64_t)(blockIdx.x - kv_blocks - q_blocks) * kWarps + warp;
+  if (item < (int64_t)iq.num_tokens * iq.num_heads) ukv_indexer_query(iq, item, lane);  // whole warps
 }
 
 }  // namespace
 
 extern "C" {
 
-int unikv_gpu_prepare_qkv(int device, const ukv_prepare_qkv_params* p, void* stream) {
+int unikv_gpu_prepare_qkv(int device, const ukv_prepare_qkv_params* p, const ukv_indexer_q_params* iq,
+                          void* stream) {
   UKV_ENTRY(device, {
-    if (p->num_tokens == 0) return UKV_SHIM_OK;
+    ukv_indexer_q_params none{};
+    const ukv_indexer_q_params& indexer = iq != nullptr ? *iq : none;
     // KV blocks first: they carry the most work per warp.
     const int kv_blocks = (int)ukv::cdiv(p->num_tokens, kWarps);
     const int q_blocks = (int)ukv::cdiv(p->num_tokens * ukv::cdiv(p->num_heads, kQHeads), kWarps);
+    const int64_t iq_blocks = ukv::cdiv((int64_t)indexer.num_tokens * indexer.num_heads, kWarps);
+    if (kv_blocks + q_blocks + iq_blocks == 0) return UKV_SHIM_OK;
     const auto kernel = p->positions_i64 ? prepare_qkv_kernel<int64_t> : prepare_qkv_kernel<int32_t>;
-    return ukv::launch_early(device, kernel, dim3(kv_blocks + q_blocks), dim3(kThreads), stream,
-                             "prepare_qkv_kernel", *p, kv_blocks);
+    return ukv::launch_early(device, kernel, dim3((unsigned)(kv_blocks + q_blocks + iq_blocks)), dim3(kThreads),
+                             stream, "prepare_qkv_kernel", *p, kv_blocks, q_blocks, indexer);
   })
 }
 

@@ -733,3 +733,82 @@ fn rejects_bad_input_writing_nothing() {
         assert!(c.outputs() == before);
     }
 }
+
+/// `unikv_prepare_qkv_indexer_q` writes what `unikv_prepare_qkv` then
+/// `unikv_indexer_prepare_q` write, byte for byte (Q, KV rows, the pool layer,
+/// query codes and folded weights), on bf16 and FP8 pools.
+#[test]
+fn fused_with_the_indexer_query_equals_the_two_calls() {
+    use common::indexer::FusedPrepare;
+    let (mut rng, _) = seeded("fused_with_the_indexer_query_equals_the_two_calls");
+    let ctx = Ctx::cpu(2);
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+    ] {
+        let pool = Pool::of(&ctx, &spec(), dtype);
+        let rows = pool.layer(0).rows as usize;
+        for &(t, h, ih) in &[(1, 16, 64), (3, 64, 8), (5, 2, 1)] {
+            let case = FusedPrepare::random(&mut rng, t, h, ih, rows);
+            let (status, fused) = case.run(&ctx, &pool, true, |_, _| {});
+            ok(status);
+            let (status, apart) = case.run(&ctx, &pool, false, |_, _| {});
+            ok(status);
+            assert_eq!(fused, apart, "{dtype:?} T={t} H={h} indexer heads {ih}");
+            case.query.check(&fused[3], &bytes_f32(&fused[4]));
+        }
+    }
+}
+
+/// Either struct's bad argument or device value fails the fused call with
+/// nothing written, whichever part it belongs to.
+#[test]
+fn fused_with_the_indexer_query_rejects_bad_input_writing_nothing() {
+    use common::indexer::{untouched, FusedPrepare};
+    let (mut rng, _) = seeded("fused_with_the_indexer_query_rejects_bad_input_writing_nothing");
+    let ctx = Ctx::cpu(1);
+    let pool = Pool::new(&ctx, &spec());
+    let rows = pool.layer(0).rows as usize;
+    let case = FusedPrepare::random(&mut rng, 3, 4, 4, rows);
+    let fails_clean = |c: &FusedPrepare, edit: &dyn Fn(&mut _, &mut _), want, arg: &str| {
+        let (status, out) = c.run(&ctx, &pool, true, |a, q| edit(a, q));
+        fails(status, want, arg);
+        assert!(untouched(&out), "{arg}: the refused call wrote");
+    };
+    fails_clean(
+        &case,
+        &|a, _| a.reserved = 1,
+        UNIKV_INVALID_ARGUMENT,
+        "reserved",
+    );
+    fails_clean(&case, &|_, q| q.q_dtype = 99, UNIKV_BAD_ENUM, "q_dtype");
+    fails_clean(
+        &case,
+        &|_, q| q.struct_size = 3,
+        UNIKV_BAD_STRUCT_SIZE,
+        "args.struct_size",
+    );
+    fails_clean(
+        &case,
+        &|a, q| q.q_fp8.data = a.q_in.data,
+        UNIKV_OVERLAPPING_BUFFERS,
+        "q_fp8",
+    );
+    // Device values: the query's position past its table (the Q/KV part
+    // valid), then a pool row past the layer (the query part valid).
+    let mut bad = case.clone();
+    bad.query.positions[1] = bad.query.max_pos as i64;
+    fails_clean(&bad, &|_, _| {}, UNIKV_OUT_OF_RANGE, "positions[1]");
+    let mut bad = case.clone();
+    bad.rows[2] = rows as i32;
+    fails_clean(&bad, &|_, _| {}, UNIKV_OUT_OF_RANGE, "rows[2]");
+    let status =
+        unsafe { unikv_prepare_qkv_indexer_q(pool.0, ptr::null(), ptr::null(), ptr::null_mut()) };
+    fails(status, UNIKV_NULL_ARGUMENT, "args");
+}
+
+fn bytes_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|w| f32::from_ne_bytes(w.try_into().unwrap()))
+        .collect()
+}

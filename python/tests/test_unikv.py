@@ -808,6 +808,43 @@ class ContextOps(unittest.TestCase):
         self.assertEqual(list(results[1][2][start : start + topk]), [swa_rows + p for p in results[1][1][0]])
         self.assertTrue((results[1][1][0] >= 0).all())
 
+    def test_prepare_qkv_indexer_q(self):
+        """unikv_prepare_qkv_indexer_q writes what unikv_prepare_qkv then
+        unikv_indexer_prepare_q write."""
+        tokens, heads, iheads, max_pos = 3, 4, 8, 64
+        pool = self.ctx.create_pool([4], max_requests=2, window=8, c128_blocks=1)
+        table = unikv.rope_table(max_pos, base=10000.0)
+        positions = self.rng.integers(0, max_pos, tokens).astype(np.int32)
+        q_in = to_bf16(self.rng.uniform(-2, 2, (tokens, heads, HEAD_DIM)))
+        kv_in = to_bf16(self.rng.uniform(-2, 2, (tokens, HEAD_DIM)))
+        kv_weight = to_bf16(self.rng.uniform(0.5, 1.5, HEAD_DIM))
+        iq = to_bf16(self.rng.uniform(-2, 2, (tokens, iheads, 128)))
+        iw = to_bf16(self.rng.uniform(-1, 1, (tokens, iheads)))
+        rows = np.array([3, 9, 12], np.int32)
+        info = pool.layer(0)
+        results = []
+        for fused in (False, True):
+            self.ctx.memory_set(info.data, 0, int(info.bytes))
+            q_out = np.zeros_like(q_in)
+            q_fp8 = np.zeros((tokens, iheads, 128), np.uint8)
+            w_out = np.zeros((tokens, iheads), np.float32)
+            qkv = dict(q_in=(q_in, "bf16"), q_out=(q_out, "bf16"), kv_in=(kv_in, "bf16"),
+                       kv_weight=(kv_weight, "bf16"), rope_table=table, positions=positions, rows=rows,
+                       layer=0, q_eps=1e-6, kv_eps=1e-6)
+            query = dict(q=(iq, "bf16"), weights=(iw, "bf16"), rope_table=table, positions=positions,
+                         q_fp8=q_fp8, weights_out=w_out, q_dtype=unikv.DTYPE_FP8_E4M3FN, weight_scale=0.1)
+            if fused:
+                pool.prepare_qkv_indexer_q(query, **qkv)
+            else:
+                pool.prepare_qkv(**qkv)
+                self.ctx.indexer_prepare_q(**query)
+            stored = np.empty(int(info.bytes), np.uint8)
+            self.ctx.memory_copy(stored, info.data, stored.nbytes, unikv.COPY_DEVICE_TO_HOST)
+            results.append((q_out, q_fp8, w_out, stored))
+        for want, got in zip(*results):
+            np.testing.assert_array_equal(got, want)
+        self.assertTrue(results[1][1].any() and results[1][3].any(), "outputs written")
+
 
 if __name__ == "__main__":
     unittest.main()

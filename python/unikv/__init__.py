@@ -50,6 +50,7 @@ unikv_build_decode_streams, unikv_fill_csa_tail,  Pool.build_decode_streams(**fi
 unikv_indexer_topk_fill_csa,                    Pool.indexer_topk_fill_csa(csa_indptr, csa_indices,
                                                 **fields)
 unikv_build_prefill_streams, unikv_prepare_qkv,
+unikv_prepare_qkv_indexer_q,                    Pool.prepare_qkv_indexer_q(indexer, **fields)
 unikv_store_swa, unikv_store_compressed,
 unikv_compress_decode, unikv_compress_prefill
 unikv_decode_plan_create / _destroy /           Context.create_decode_plan(), .close(),
@@ -977,6 +978,18 @@ class Pool(_Handle):
     def prepare_qkv(self, stream=None, **fields):
         """unikv_prepare_qkv; fields of unikv_prepare_qkv_args."""
         self._launch("unikv_prepare_qkv", fields, stream)
+
+    def prepare_qkv_indexer_q(self, indexer, stream=None, **fields):
+        """unikv_prepare_qkv_indexer_q: ``indexer`` a dict of the fields of
+        unikv_indexer_prepare_q_args, ``fields`` those of
+        unikv_prepare_qkv_args."""
+        call = "unikv_prepare_qkv_indexer_q"
+        args, keep, arrays = _build_args("unikv_prepare_qkv", fields)
+        query, keep_q, arrays_q = _build_args("unikv_indexer_prepare_q", indexer)
+        s = _stream_handle(stream, arrays + arrays_q)
+        status = _capi.load().unikv_prepare_qkv_indexer_q(self.handle, ctypes.byref(args), ctypes.byref(query), s)
+        del keep, keep_q
+        _check(status, call)
 
     def store_swa(self, stream=None, **fields):
         """unikv_store_swa; fields of unikv_store_swa_args."""

@@ -507,6 +507,7 @@ FUNCTIONS = {
     "unikv_indexer_topk_from_logits": (_ST, [_H, _p(IndexerTopkArgs), _P]),
     "unikv_indexer_topk_fill_csa": (_ST, [_H, _p(IndexerTopkArgs), _p(CsaStream), _P]),
     "unikv_prepare_qkv": (_ST, [_H, _p(PrepareQkvArgs), _P]),
+    "unikv_prepare_qkv_indexer_q": (_ST, [_H, _p(PrepareQkvArgs), _p(IndexerPrepareQArgs), _P]),
     "unikv_rope_table": (_ST, [_p(RopeParams), c_uint32, _p(c_float), c_size_t]),
     "unikv_inverse_rope": (_ST, [_H, _p(InverseRopeArgs), _P]),
     "unikv_hash_topk": (_ST, [_H, _p(HashTopkArgs), _P]),

@@ -102,8 +102,15 @@ pub trait Backend: Send + Sync + Debug {
     /// Quantizes latent rows into scaled FP8 rows (docs/fp8.md §8).
     fn store_scaled_fp8(&self, args: &ScaledStoreArgs, stream: Stream) -> Result<()>;
 
-    /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool.
-    fn prepare_qkv(&self, args: &PrepareQkvArgs, stream: Stream) -> Result<()>;
+    /// Fused Q/KV RMSNorm + RoPE, with the KV row stored into the pool; with
+    /// `indexer`, also `indexer_prepare_q` of it (nothing written unless
+    /// both pass their checks).
+    fn prepare_qkv(
+        &self,
+        args: &PrepareQkvArgs,
+        indexer: Option<&IndexerQueryArgs>,
+        stream: Stream,
+    ) -> Result<()>;
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, stream: Stream) -> Result<()>;
     fn fill_csa_tail(&self, args: &CsaTailArgs, stream: Stream) -> Result<()>;
     fn build_prefill_streams(&self, args: &PrefillStreamsArgs, stream: Stream) -> Result<()>;

@@ -191,7 +191,15 @@ impl<B: Backend> Backend for Validating<B> {
         self.inner.store_scaled_fp8(a, stream)
     }
 
-    fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {
+    fn prepare_qkv(
+        &self,
+        a: &PrepareQkvArgs,
+        indexer: Option<&IndexerQueryArgs>,
+        stream: Stream,
+    ) -> Result<()> {
+        if let Some(q) = indexer {
+            self.check_positions(&q.positions, q.num_tokens, q.rope_table.shape[0], stream)?;
+        }
         let (_p, positions) = self.mirror_ints(&a.positions, stream)?;
         let (_r, rows) = match &a.rows {
             Some(r) => {
@@ -206,7 +214,7 @@ impl<B: Backend> Backend for Validating<B> {
             rows,
             ..*a
         })?;
-        self.inner.prepare_qkv(a, stream)
+        self.inner.prepare_qkv(a, indexer, stream)
     }
 
     fn build_decode_streams(&self, a: &DecodeStreamsArgs, stream: Stream) -> Result<()> {

@@ -124,20 +124,23 @@ pub unsafe extern "C" fn unikv_indexer_prepare_q(
     boundary(|| {
         let ctx = context(ctx)?;
         let a = read_params(args, std::mem::zeroed())?;
-        let raw = IndexerQueryRaw {
-            q: (&a.q).into(),
-            weights: (&a.weights).into(),
-            rope_table: (&a.rope_table).into(),
-            positions: (&a.positions).into(),
-            q_fp8: (&a.q_fp8).into(),
-            weights_out: (&a.weights_out).into(),
-            q_dtype: a.q_dtype,
-            num_tokens: a.num_tokens as usize,
-            num_heads: a.num_heads as usize,
-            weight_scale: a.weight_scale,
-        };
-        indexer::indexer_prepare_q(ctx, &raw, Stream(stream))
+        indexer::indexer_prepare_q(ctx, &query_raw(&a), Stream(stream))
     })
+}
+
+pub(crate) fn query_raw(a: &unikv_indexer_prepare_q_args) -> IndexerQueryRaw {
+    IndexerQueryRaw {
+        q: (&a.q).into(),
+        weights: (&a.weights).into(),
+        rope_table: (&a.rope_table).into(),
+        positions: (&a.positions).into(),
+        q_fp8: (&a.q_fp8).into(),
+        weights_out: (&a.weights_out).into(),
+        q_dtype: a.q_dtype,
+        num_tokens: a.num_tokens as usize,
+        num_heads: a.num_heads as usize,
+        weight_scale: a.weight_scale,
+    }
 }
 
 /// Prepares compressed indexer keys and stores them into the indexer key

@@ -5,6 +5,7 @@ use std::os::raw::c_void;
 
 use crate::backend::Stream;
 use crate::ffi::boundary::{boundary, read_params, Versioned};
+use crate::ffi::indexer::{query_raw, unikv_indexer_prepare_q_args};
 use crate::ffi::pool::{pool_of, unikv_pool};
 use crate::ffi::status::unikv_status;
 use crate::ffi::types::unikv_tensor;
@@ -102,22 +103,48 @@ pub unsafe extern "C" fn unikv_prepare_qkv(
     boundary(|| {
         let pool = pool_of(pool)?;
         let a = read_params(args, std::mem::zeroed())?;
-        let raw = PrepareQkvRaw {
-            layer: a.layer,
-            num_tokens: a.num_tokens as usize,
-            num_heads: a.num_heads as usize,
-            q_eps: a.q_eps,
-            kv_eps: a.kv_eps,
-            reserved: a.reserved,
-            q_in: (&a.q_in).into(),
-            q_out: (&a.q_out).into(),
-            kv_in: (&a.kv_in).into(),
-            kv_weight: (&a.kv_weight).into(),
-            kv_out: (&a.kv_out).into(),
-            rope_table: (&a.rope_table).into(),
-            positions: (&a.positions).into(),
-            rows: (&a.rows).into(),
-        };
-        prepare::prepare_qkv(pool, &raw, Stream(stream))
+        prepare::prepare_qkv(pool, &qkv_raw(&a), Stream(stream))
+    })
+}
+
+fn qkv_raw(a: &unikv_prepare_qkv_args) -> PrepareQkvRaw {
+    PrepareQkvRaw {
+        layer: a.layer,
+        num_tokens: a.num_tokens as usize,
+        num_heads: a.num_heads as usize,
+        q_eps: a.q_eps,
+        kv_eps: a.kv_eps,
+        reserved: a.reserved,
+        q_in: (&a.q_in).into(),
+        q_out: (&a.q_out).into(),
+        kv_in: (&a.kv_in).into(),
+        kv_weight: (&a.kv_weight).into(),
+        kv_out: (&a.kv_out).into(),
+        rope_table: (&a.rope_table).into(),
+        positions: (&a.positions).into(),
+        rows: (&a.rows).into(),
+    }
+}
+
+/// `unikv_prepare_qkv` and `unikv_indexer_prepare_q` (on the pool's
+/// context) in one call: on GPUs one kernel launch runs both, so a CSA
+/// layer's chain has one launch fewer. Results equal the two calls'. Checks
+/// are both calls' (an indexer field is named as in its own struct), all
+/// made before anything is written; in addition no output of one struct may
+/// overlap an argument of the other (UNIKV_OVERLAPPING_BUFFERS). Thread-safe
+/// for disjoint outputs and pool rows.
+#[must_use]
+#[no_mangle]
+pub unsafe extern "C" fn unikv_prepare_qkv_indexer_q(
+    pool: *const unikv_pool,
+    args: *const unikv_prepare_qkv_args,
+    indexer: *const unikv_indexer_prepare_q_args,
+    stream: *mut c_void,
+) -> unikv_status {
+    boundary(|| {
+        let pool = pool_of(pool)?;
+        let a = read_params(args, std::mem::zeroed())?;
+        let q = read_params(indexer, std::mem::zeroed())?;
+        prepare::prepare_qkv_indexer_q(pool, &qkv_raw(&a), &query_raw(&q), Stream(stream))
     })
 }

@@ -12,7 +12,7 @@ use crate::cache_layouts::indexer::{IndexerGeometry, KEY_DIMS};
 use crate::context::Context;
 use crate::error::{ensure, Result};
 use crate::geometry::Ratio;
-use crate::ops::aliasing::{self, input, output};
+use crate::ops::aliasing::{self, input, output, Operand};
 use crate::ops::cache_store::{cache_format, fp8_format, page_cache, target};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
@@ -51,6 +51,13 @@ pub struct IndexerKeyRaw {
 
 pub fn indexer_prepare_q(ctx: &Context, raw: &IndexerQueryRaw, stream: Stream) -> Result<()> {
     ctx.check_usable()?;
+    let args = query_args(raw)?;
+    aliasing::check(&query_operands(&args), &[])?;
+    ctx.backend().indexer_prepare_q(&args, stream)
+}
+
+/// The validated `indexer_prepare_q` arguments (also `prepare_qkv_indexer_q`'s).
+pub(crate) fn query_args(raw: &IndexerQueryRaw) -> Result<IndexerQueryArgs> {
     let (t, h) = (raw.num_tokens, raw.num_heads);
     ensure!(h > 0, InvalidArgument, "num_heads: must be positive");
     // Kernels index (token, head) items with 32-bit integers.
@@ -67,7 +74,7 @@ pub fn indexer_prepare_q(ctx: &Context, raw: &IndexerQueryRaw, stream: Stream) -
     );
     let heads = [tokens(t), Extent::Exact(h), Extent::Exact(KEY_DIMS)];
     let per_head = [tokens(t), Extent::Exact(h)];
-    let args = IndexerQueryArgs {
+    Ok(IndexerQueryArgs {
         q: raw.q.view("q", heads, ROW_ALIGN)?,
         weights: raw.weights.view("weights", per_head, 2)?,
         rope_table: rope_table(&raw.rope_table)?,
@@ -78,19 +85,19 @@ pub fn indexer_prepare_q(ctx: &Context, raw: &IndexerQueryRaw, stream: Stream) -
         num_tokens: t,
         num_heads: h,
         weight_scale: raw.weight_scale,
-    };
-    aliasing::check(
-        &[
-            output("q_fp8", &args.q_fp8),
-            output("weights_out", &args.weights_out),
-            input("q", &args.q),
-            input("weights", &args.weights),
-            input("rope_table", &args.rope_table),
-            input("positions", &args.positions),
-        ],
-        &[],
-    )?;
-    ctx.backend().indexer_prepare_q(&args, stream)
+    })
+}
+
+/// Their overlap operands.
+pub(crate) fn query_operands(args: &IndexerQueryArgs) -> [Operand; 6] {
+    [
+        output("q_fp8", &args.q_fp8),
+        output("weights_out", &args.weights_out),
+        input("q", &args.q),
+        input("weights", &args.weights),
+        input("rope_table", &args.rope_table),
+        input("positions", &args.positions),
+    ]
 }
 
 pub fn indexer_prepare_k(ctx: &Context, raw: &IndexerKeyRaw, stream: Stream) -> Result<()> {

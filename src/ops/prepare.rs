@@ -9,7 +9,8 @@ use crate::args::prepare::PrepareQkvArgs;
 use crate::backend::Stream;
 use crate::error::{ensure, Result};
 use crate::geometry::HEAD_DIM;
-use crate::ops::aliasing::{self, input, output, pool_output};
+use crate::ops::aliasing::{self, input, output, pool_output, Operand};
+use crate::ops::indexer::{query_args, query_operands, IndexerQueryRaw};
 use crate::ops::rope::rope_table;
 use crate::ops::tokens;
 use crate::pool::Pool;
@@ -53,6 +54,32 @@ fn check_eps(name: &str, eps: f32) -> Result<()> {
 
 pub fn prepare_qkv(pool: &Pool, raw: &PrepareQkvRaw, stream: Stream) -> Result<()> {
     pool.context().check_usable()?;
+    let (args, operands) = qkv_args(pool, raw)?;
+    aliasing::check(&operands, IN_PLACE)?;
+    pool.context().backend().prepare_qkv(&args, None, stream)
+}
+
+/// `prepare_qkv` and `indexer_prepare_q` in one call (one launch on a GPU
+/// backend): both calls' checks, and no output of either may overlap an
+/// argument of the other.
+pub fn prepare_qkv_indexer_q(
+    pool: &Pool,
+    raw: &PrepareQkvRaw,
+    indexer: &IndexerQueryRaw,
+    stream: Stream,
+) -> Result<()> {
+    pool.context().check_usable()?;
+    let (args, operands) = qkv_args(pool, raw)?;
+    let query = query_args(indexer)?;
+    let all: Vec<Operand> = operands.into_iter().chain(query_operands(&query)).collect();
+    aliasing::check(&all, IN_PLACE)?;
+    pool.context()
+        .backend()
+        .prepare_qkv(&args, Some(&query), stream)
+}
+
+/// The validated arguments and their overlap operands.
+fn qkv_args(pool: &Pool, raw: &PrepareQkvRaw) -> Result<(PrepareQkvArgs, [Operand; 9])> {
     let layer = pool.geometry().check_layer(raw.layer)?;
     let (t, h) = (raw.num_tokens, raw.num_heads);
     ensure!(raw.reserved == 0, InvalidArgument, "reserved: must be 0");
@@ -84,19 +111,16 @@ pub fn prepare_qkv(pool: &Pool, raw: &PrepareQkvRaw, stream: Stream) -> Result<(
         positions: raw.positions.index_vector("positions", tokens(t))?,
         rows: raw.rows.optional_index_vector("rows", tokens(t))?,
     };
-    aliasing::check(
-        &[
-            output("q_out", &args.q_out),
-            output("kv_out", &args.kv_out),
-            pool_output(raw.layer, args.rows.map(|_| args.pool_layer)),
-            input("q_in", &args.q_in),
-            input("kv_in", &args.kv_in),
-            input("kv_weight", &args.kv_weight),
-            input("rope_table", &args.rope_table),
-            input("positions", &args.positions),
-            input("rows", &args.rows),
-        ],
-        IN_PLACE,
-    )?;
-    pool.context().backend().prepare_qkv(&args, stream)
+    let operands = [
+        output("q_out", &args.q_out),
+        output("kv_out", &args.kv_out),
+        pool_output(raw.layer, args.rows.map(|_| args.pool_layer)),
+        input("q_in", &args.q_in),
+        input("kv_in", &args.kv_in),
+        input("kv_weight", &args.kv_weight),
+        input("rope_table", &args.rope_table),
+        input("positions", &args.positions),
+        input("rows", &args.rows),
+    ];
+    Ok((args, operands))
 }

@@ -9,7 +9,7 @@ use std::ptr;
 use unikv::ffi::indexer::*;
 use unikv::ffi::routing::*;
 
-use super::call::{with_struct, Fill, Role, Spec, BF16, F32, I32, POISON_I32, U8};
+use super::call::{with_struct, Call, Fill, Role, Spec, BF16, F32, I32, POISON_I32, U8};
 use super::stores::{
     absent, count, ctx_of, either, f32_scalar, fp8_dtype, locations, positions, rope_arg,
     rope_positions, scalar, scalar_past, slack, tokens, IDX,
@@ -22,6 +22,16 @@ const CACHE_PAGE: usize = 132 * 64;
 pub fn prepare_q(w: &mut World, c: &mut Cursor) {
     let mut call = w.call("unikv_indexer_prepare_q", true);
     let ctx = ctx_of(w, c, &mut call);
+    let args = query_args(w, c, &mut call);
+    let s = with_struct(c, &mut call, args, |a| unsafe {
+        unikv_indexer_prepare_q(ctx, a, ptr::null_mut())
+    });
+    call.finish(s);
+}
+
+/// An `indexer_prepare_q` argument struct over tensors of `call` (also the
+/// second struct of `unikv_prepare_qkv_indexer_q`).
+pub fn query_args(w: &World, c: &mut Cursor, call: &mut Call) -> unikv_indexer_prepare_q_args {
     let n = tokens(c);
     let held = n + slack(c);
     let h = c.pick(&[1, 2, 4, 3]);
@@ -37,7 +47,7 @@ pub fn prepare_q(w: &mut World, c: &mut Cursor) {
             .pad()
             .align(2),
     );
-    let rope_table = rope_arg(w, c, &mut call);
+    let rope_table = rope_arg(w, c, call);
     let dt = either(c);
     let pos = rope_positions(c, held);
     let positions = call.tensor(
@@ -54,7 +64,7 @@ pub fn prepare_q(w: &mut World, c: &mut Cursor) {
         c,
         Spec::new("weights_out", &[F32], &[held, h], Role::Out, Fill::Poison).pad(),
     );
-    let args = unikv_indexer_prepare_q_args {
+    unikv_indexer_prepare_q_args {
         struct_size: std::mem::size_of::<unikv_indexer_prepare_q_args>(),
         q,
         weights,
@@ -62,21 +72,11 @@ pub fn prepare_q(w: &mut World, c: &mut Cursor) {
         positions,
         q_fp8,
         weights_out,
-        q_dtype: fp8_dtype(c, &mut call),
-        num_tokens: count(c, &mut call, n, held),
-        num_heads: scalar_past(c, &mut call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
-        weight_scale: f32_scalar(
-            c,
-            &mut call,
-            0.044,
-            &[f32::NAN, f32::INFINITY],
-            "weight_scale",
-        ),
-    };
-    let s = with_struct(c, &mut call, args, |a| unsafe {
-        unikv_indexer_prepare_q(ctx, a, ptr::null_mut())
-    });
-    call.finish(s);
+        q_dtype: fp8_dtype(c, call),
+        num_tokens: count(c, call, n, held),
+        num_heads: scalar_past(c, call, h as u32, &[0, h as u32 + 1], "num_heads vs q"),
+        weight_scale: f32_scalar(c, call, 0.044, &[f32::NAN, f32::INFINITY], "weight_scale"),
+    }
 }
 
 pub fn prepare_k(w: &mut World, c: &mut Cursor) {

@@ -462,8 +462,16 @@ pub fn store_cache(w: &mut World, c: &mut Cursor, indexer: bool) {
     call.finish(s);
 }
 
+/// `unikv_prepare_qkv`; now and then `unikv_prepare_qkv_indexer_q`, with an
+/// indexer query struct of its own tokens and tensors.
 pub fn prepare_qkv(w: &mut World, c: &mut Cursor) {
-    let mut call = w.call("unikv_prepare_qkv", true);
+    let fused = c.chance(48);
+    let name = if fused {
+        "unikv_prepare_qkv_indexer_q"
+    } else {
+        "unikv_prepare_qkv"
+    };
+    let mut call = w.call(name, true);
     let Some(t) = target(w, c, &mut call, None) else {
         return;
     };
@@ -543,10 +551,20 @@ pub fn prepare_qkv(w: &mut World, c: &mut Cursor) {
         kv_eps: f32_scalar(c, &mut call, 1e-6, &eps_bad, "kv_eps"),
         reserved: scalar(c, &mut call, 0, &[1], "reserved"),
     };
+    let query = fused.then(|| super::indexer::query_args(w, c, &mut call));
     watch_layer(w, &mut call, &t);
-    let s = with_struct(c, &mut call, args, |a| unsafe {
-        unikv_prepare_qkv(t.h, a, ptr::null_mut())
-    });
+    let s = match query {
+        // A hostile struct_size goes to one of the two structs.
+        Some(q) if c.chance(128) => with_struct(c, &mut call, q, |q| unsafe {
+            unikv_prepare_qkv_indexer_q(t.h, &args, q, ptr::null_mut())
+        }),
+        Some(q) => with_struct(c, &mut call, args, |a| unsafe {
+            unikv_prepare_qkv_indexer_q(t.h, a, &q, ptr::null_mut())
+        }),
+        None => with_struct(c, &mut call, args, |a| unsafe {
+            unikv_prepare_qkv(t.h, a, ptr::null_mut())
+        }),
+    };
     call.finish(s);
 }
 

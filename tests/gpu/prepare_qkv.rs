@@ -409,3 +409,47 @@ fn skips_invalid_device_values() {
         }
     }
 }
+
+/// `unikv_prepare_qkv_indexer_q` on the GPU (one launch) writes what
+/// `unikv_prepare_qkv` then `unikv_indexer_prepare_q` write there, byte for
+/// byte, on bf16 and FP8 pools, and its query codes and weights are the CPU
+/// backend's (the query kernel is bit-exact). Under `validate` a query
+/// position past its table is OUT_OF_RANGE with nothing written.
+#[test]
+fn fused_with_the_indexer_query_matches_the_two_calls() {
+    use common::indexer::{untouched, FusedPrepare};
+    let Some(s) = setup() else { return };
+    let (mut rng, _) = seeded("fused_with_the_indexer_query_matches_the_two_calls");
+    let strict = validating_gpu();
+    for dtype in [
+        unikv_dtype::UNIKV_DTYPE_BF16,
+        unikv_dtype::UNIKV_DTYPE_FP8_E4M3FN,
+    ] {
+        let (gpu_pool, cpu_pool) = (
+            Pool::of(&s.gpu, &spec(), dtype),
+            Pool::of(&s.cpu, &spec(), dtype),
+        );
+        let rows = gpu_pool.layer(0).rows as usize;
+        for &(t, h, ih) in &[(1, 64, 64), (4, 128, 64), (33, 16, 8)] {
+            let what = format!("{dtype:?} T={t} H={h} indexer heads {ih}");
+            let case = FusedPrepare::random(&mut rng, t, h, ih, rows);
+            let (status, fused) = case.run(&s.gpu, &gpu_pool, true, |_, _| {});
+            ok(status);
+            let (status, apart) = case.run(&s.gpu, &gpu_pool, false, |_, _| {});
+            ok(status);
+            assert!(fused == apart, "{what}: fused and apart differ");
+            let (status, cpu) = case.run(&s.cpu, &cpu_pool, true, |_, _| {});
+            ok(status);
+            assert!(
+                fused[3..] == cpu[3..],
+                "{what}: query outputs differ from the CPU's"
+            );
+        }
+        let strict_pool = Pool::of(&strict, &spec(), dtype);
+        let mut bad = FusedPrepare::random(&mut rng, 3, 8, 8, rows);
+        bad.query.positions[2] = bad.query.max_pos as i64;
+        let (status, out) = bad.run(&strict, &strict_pool, true, |_, _| {});
+        fails(status, UNIKV_OUT_OF_RANGE, "positions[2]");
+        assert!(untouched(&out), "{dtype:?}: validate wrote");
+    }
+}

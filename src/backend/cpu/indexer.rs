@@ -14,10 +14,14 @@ use crate::error::Result;
 use crate::indexer::{key_score, prepare_key, prepare_query, query_weight, top_k};
 use crate::tensor::FloatRows;
 
-pub fn indexer_prepare_q(threads: &rayon::ThreadPool, a: &IndexerQueryArgs) -> Result<()> {
+/// The device-value checks of `indexer_prepare_q` (its positions).
+pub fn check_query(a: &IndexerQueryArgs) -> Result<Vec<i64>> {
     // SAFETY: host view with extent checked by `ops::indexer`.
-    let positions =
-        unsafe { checked_positions(&a.positions, a.num_tokens, a.rope_table.shape[0])? };
+    unsafe { checked_positions(&a.positions, a.num_tokens, a.rope_table.shape[0]) }
+}
+
+pub fn indexer_prepare_q(threads: &rayon::ThreadPool, a: &IndexerQueryArgs) -> Result<()> {
+    let positions = check_query(a)?;
     threads.install(|| {
         positions.par_iter().enumerate().for_each(|(t, &p)| {
             // SAFETY: `p` was checked against the table; token t's outputs are

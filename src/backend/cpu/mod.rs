@@ -130,8 +130,21 @@ impl Backend for CpuBackend {
         cache_store::store_scaled_fp8(args)
     }
 
-    fn prepare_qkv(&self, args: &PrepareQkvArgs, _stream: Stream) -> Result<()> {
-        prepare::prepare_qkv(&self.threads, args)
+    fn prepare_qkv(
+        &self,
+        args: &PrepareQkvArgs,
+        indexer: Option<&IndexerQueryArgs>,
+        _stream: Stream,
+    ) -> Result<()> {
+        match indexer {
+            None => prepare::prepare_qkv(&self.threads, args),
+            Some(q) => {
+                // The query's checks first: each call checks before it writes.
+                indexer::check_query(q)?;
+                prepare::prepare_qkv(&self.threads, args)?;
+                indexer::indexer_prepare_q(&self.threads, q)
+            }
+        }
     }
 
     fn build_decode_streams(&self, args: &DecodeStreamsArgs, _stream: Stream) -> Result<()> {

@@ -517,7 +517,13 @@ impl Backend for GpuBackend {
         )
     }
 
-    fn prepare_qkv(&self, a: &PrepareQkvArgs, stream: Stream) -> Result<()> {
+    fn prepare_qkv(
+        &self,
+        a: &PrepareQkvArgs,
+        indexer: Option<&IndexerQueryArgs>,
+        stream: Stream,
+    ) -> Result<()> {
+        let iq = indexer.map(indexer_q_params).transpose()?;
         let p = shim::PrepareQkvParams {
             q_in: a.q_in.as_ptr() as *const c_void,
             q_out: a.q_out.as_ptr() as *mut c_void,
@@ -550,7 +556,14 @@ impl Backend for GpuBackend {
         };
         // SAFETY: views validated by `ops::prepare`; device memory by contract.
         self.check(
-            unsafe { shim::unikv_gpu_prepare_qkv(self.device, &p, stream.0) },
+            unsafe {
+                shim::unikv_gpu_prepare_qkv(
+                    self.device,
+                    &p,
+                    iq.as_ref().map_or(std::ptr::null(), |q| q as *const _),
+                    stream.0,
+                )
+            },
             "prepare_qkv",
         )
     }
@@ -685,28 +698,7 @@ impl Backend for GpuBackend {
     }
 
     fn indexer_prepare_q(&self, a: &IndexerQueryArgs, stream: Stream) -> Result<()> {
-        let p = shim::IndexerQParams {
-            q: a.q.as_ptr() as *const c_void,
-            weights: a.weights.as_ptr() as *const c_void,
-            table: a.rope_table.as_ptr(),
-            positions: a.positions.as_ptr() as *const c_void,
-            q_fp8: a.q_fp8.as_ptr(),
-            weights_out: a.weights_out.as_ptr(),
-            q_stride_token: a.q.strides[0] as i64,
-            q_stride_head: a.q.strides[1] as i64,
-            out_stride_token: a.q_fp8.strides[0] as i64,
-            out_stride_head: a.q_fp8.strides[1] as i64,
-            weights_stride: a.weights.strides[0] as i64,
-            weights_out_stride: a.weights_out.strides[0] as i64,
-            table_stride: a.rope_table.strides[0] as i64,
-            max_pos: a.rope_table.shape[0] as i64,
-            num_tokens: i32_of("num_tokens", a.num_tokens)?,
-            num_heads: i32_of("num_heads", a.num_heads)?,
-            positions_i64: i32::from(a.positions.is_i64()),
-            format: format_code(a.fmt),
-            weight_scale: a.weight_scale,
-            reserved: 0,
-        };
+        let p = indexer_q_params(a)?;
         // SAFETY: views validated by `ops::indexer`; device memory by contract.
         self.check(
             unsafe { shim::unikv_gpu_indexer_prepare_q(self.device, &p, stream.0) },
@@ -843,4 +835,30 @@ impl Backend for GpuBackend {
             "compress",
         )
     }
+}
+
+/// The indexer query preparation's shim params (also run beside `prepare_qkv`).
+fn indexer_q_params(a: &IndexerQueryArgs) -> Result<shim::IndexerQParams> {
+    Ok(shim::IndexerQParams {
+        q: a.q.as_ptr() as *const c_void,
+        weights: a.weights.as_ptr() as *const c_void,
+        table: a.rope_table.as_ptr(),
+        positions: a.positions.as_ptr() as *const c_void,
+        q_fp8: a.q_fp8.as_ptr(),
+        weights_out: a.weights_out.as_ptr(),
+        q_stride_token: a.q.strides[0] as i64,
+        q_stride_head: a.q.strides[1] as i64,
+        out_stride_token: a.q_fp8.strides[0] as i64,
+        out_stride_head: a.q_fp8.strides[1] as i64,
+        weights_stride: a.weights.strides[0] as i64,
+        weights_out_stride: a.weights_out.strides[0] as i64,
+        table_stride: a.rope_table.strides[0] as i64,
+        max_pos: a.rope_table.shape[0] as i64,
+        num_tokens: i32_of("num_tokens", a.num_tokens)?,
+        num_heads: i32_of("num_heads", a.num_heads)?,
+        positions_i64: i32::from(a.positions.is_i64()),
+        format: format_code(a.fmt),
+        weight_scale: a.weight_scale,
+        reserved: 0,
+    })
 }

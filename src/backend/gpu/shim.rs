@@ -570,9 +570,11 @@ extern "C" {
         p: *const CacheStoreParams,
         stream: *mut c_void,
     ) -> c_int;
+    /// `iq`: the indexer query preparation run in the same launch, or NULL.
     pub fn unikv_gpu_prepare_qkv(
         device: c_int,
         p: *const PrepareQkvParams,
+        iq: *const IndexerQParams,
         stream: *mut c_void,
     ) -> c_int;
     pub fn unikv_gpu_indexer_prepare_q(

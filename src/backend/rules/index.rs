@@ -114,6 +114,18 @@ pub(crate) fn checked_indptr<'a>(
     Ok(ptr)
 }
 
+/// The entries of token t's CSA slice past its `swa` window entries (at
+/// position `pos`): OUT_OF_RANGE when the slice is shorter than the window.
+pub(crate) fn csa_tail_len(indptr: &[i32], t: usize, swa: usize, pos: u64) -> Result<usize> {
+    let len = (indptr[t + 1] - indptr[t]) as usize;
+    ensure!(
+        len >= swa,
+        OutOfRange,
+        "csa_indptr[{t}]: slice of {len} entries is shorter than the {swa} SWA entries of position {pos}"
+    );
+    Ok(len - swa)
+}
+
 /// Checks the CSA indptr and this layer's table; returns (token, first slot,
 /// length) of every tail. Reads only the integer inputs.
 pub(crate) fn csa_tails(a: &CsaTailArgs) -> Result<Vec<(usize, usize, usize)>> {
@@ -132,13 +144,7 @@ pub(crate) fn csa_tails(a: &CsaTailArgs) -> Result<Vec<(usize, usize, usize)>> {
         }
         let pos = position(t, positions[t])?;
         let swa = (pos + 1).min(win);
-        let len = (indptr[t + 1] - indptr[t]) as usize;
-        ensure!(
-            len >= swa,
-            OutOfRange,
-            "csa_indptr[{t}]: slice of {len} entries is shorter than the {swa} SWA entries of position {pos}"
-        );
-        let tail = len - swa;
+        let tail = csa_tail_len(indptr, t, swa, pos as u64)?;
         ensure!(
             tail <= width,
             BadShape,

@@ -2,7 +2,7 @@
 
 use crate::args::indexer::{IndexerTopkArgs, TopkCsaTail};
 use crate::backend::host::{int_values, row, slice};
-use crate::backend::rules::index::checked_indptr;
+use crate::backend::rules::index::{checked_indptr, csa_tail_len};
 use crate::cache_layouts::indexer::PAGE_SIZES;
 use crate::error::{ensure, Result};
 use crate::indexer::visible_keys;
@@ -101,13 +101,7 @@ pub(crate) fn topk_csa_tails(
         // Non-negative: `topk_rows` checked it.
         let pos = positions[t] as u64;
         let swa = pos.saturating_add(1).min(csa.window as u64) as usize;
-        let len = (indptr[t + 1] - indptr[t]) as usize;
-        ensure!(
-            len >= swa,
-            OutOfRange,
-            "csa_indptr[{t}]: slice of {len} entries is shorter than the {swa} SWA entries of position {pos}"
-        );
-        let tail = len - swa;
+        let tail = csa_tail_len(indptr, t, swa, pos)?;
         let selected = r.keys.min(s.topk);
         ensure!(
             tail <= selected,

@@ -13,7 +13,7 @@ use unikv::ffi::status::unikv_status;
 use super::*;
 
 /// The pool's SWA window.
-pub const CSA_WINDOW: u32 = 8;
+const CSA_WINDOW: u32 = 8;
 /// Entries past the stream's last slice: the fill must leave them alone.
 const SLACK: usize = 5;
 const POISON_I32: i32 = i32::from_le_bytes([POISON_BYTE; 4]);

@@ -17,13 +17,16 @@ use super::cache_store::random_locations;
 use super::*;
 
 mod csa_tail;
+mod fused_prepare;
 mod key;
 mod query;
 mod topk;
 
 // Re-exported for the test binaries, which each use only some of them.
 #[allow(unused_imports)]
-pub use csa_tail::{csa_pool, run_topk_csa, CsaStream, CSA_WINDOW};
+pub use csa_tail::{csa_pool, run_topk_csa, CsaStream};
+#[allow(unused_imports)]
+pub use fused_prepare::{untouched, FusedOutputs, FusedPrepare};
 #[allow(unused_imports)]
 pub use key::{KeyCase, KeyPointers};
 #[allow(unused_imports)]
