@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_reread_kernel(ukv_index
   const float* logits = p.logits + t * p.logits_stride;
   const int n = tk.keys;
   int written = n;
-  // Made where the output starts (slice loaded there too): held across the
-  // radix passes, its fields spilled to local memory.
+  // Made (its slice loaded too) where the output starts: made before the
+  // radix passes, its fields were held across them and spilled.
   RowOut out;
   if (n <= p.topk) {
     out = row_out(p, t, csa_slice(p, t));
