@@ -1,5 +1,6 @@
-// Index-stream builders. Each builder is three launches, all sized by the
-// capture-time token count: (1) one warp per token computes slice lengths into
+// Index-stream builders. Each builder is three launches (programmatic
+// dependent launch: each waits for the previous before reading), all sized by
+// the capture-time token count: (1) one warp per token computes slice lengths into
 // indptr[t + 1]; (2) one block turns them into exclusive prefix sums in place;
 // (3) one block per token writes its slice. Invalid device values give empty
 // slices (or, inside a CSA tail, a repeat of the token's newest window row), so
@@ -41,6 +42,8 @@ __device__ int token_slot(const int32_t* batch_id, const int32_t* req_slots, int
 }
 
 __global__ void decode_lengths_kernel(ukv_decode_streams_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / UKV_WARP;
   if (t >= p.num_tokens) return;
   int swa = 0, hca = 0, csa = 0;
@@ -65,6 +68,8 @@ __global__ void decode_lengths_kernel(ukv_decode_streams_params p) {
 
 // In-place exclusive scan of the lengths in indptr[1..=n] of up to three streams.
 __global__ void scan_kernel(int32_t* a, int32_t* b, int32_t* c, int n) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   __shared__ int32_t partial[kScanThreads / UKV_WARP];
   int32_t* ptr = blockIdx.x == 0 ? a : blockIdx.x == 1 ? b : c;
   if (ptr == nullptr) return;
@@ -94,6 +99,8 @@ __device__ __forceinline__ void put(const ukv_stream_out& s, int64_t at, int32_t
 }
 
 __global__ void decode_fill_kernel(ukv_decode_streams_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int t = blockIdx.x;
   const int slot = token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t);
   if (slot < 0) return;
@@ -133,6 +140,8 @@ __global__ void csa_tail_kernel(ukv_csa_tail_params p) {
 }
 
 __global__ void prefill_lengths_kernel(ukv_prefill_streams_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int t = blockIdx.x * kWarpsPerBlock + threadIdx.x / UKV_WARP;
   if (t >= p.num_tokens) return;
   int prefix = 0, extend = 0;
@@ -155,6 +164,8 @@ __global__ void prefill_lengths_kernel(ukv_prefill_streams_params p) {
 }
 
 __global__ void prefill_fill_kernel(ukv_prefill_streams_params p) {
+  ukv_pdl_launch_dependents();
+  ukv_pdl_wait();
   const int t = blockIdx.x;
   const int slot = token_slot(p.batch_id, p.req_slots, p.num_requests, p.num_slots, p.positions, t);
   if (slot < 0) return;
@@ -181,17 +192,18 @@ extern "C" {
 
 int unikv_gpu_build_decode_streams(int device, const ukv_decode_streams_params* p, void* stream) {
   UKV_ENTRY(device, {
-    ukv_stream_t s = (ukv_stream_t)stream;
     const int t = p->num_tokens;
     if (t > 0) {
-      decode_lengths_kernel<<<ukv::cdiv(t, kWarpsPerBlock), kWarpsPerBlock * UKV_WARP, 0, s>>>(*p);
-      if (int r = ukv::check_launch("decode_lengths_kernel")) return r;
+      if (int r = ukv::launch_early(device, decode_lengths_kernel, dim3((unsigned)ukv::cdiv(t, kWarpsPerBlock)),
+                                    dim3(kWarpsPerBlock * UKV_WARP), stream, "decode_lengths_kernel", *p))
+        return r;
     }
-    scan_kernel<<<3, kScanThreads, 0, s>>>(p->swa.indptr, p->hca.indptr, p->csa.indptr, t);
-    if (int r = ukv::check_launch("scan_kernel")) return r;
+    if (int r = ukv::launch_early(device, scan_kernel, dim3(3), dim3(kScanThreads), stream, "scan_kernel",
+                                  p->swa.indptr, p->hca.indptr, p->csa.indptr, t))
+      return r;
     if (t == 0) return UKV_SHIM_OK;
-    decode_fill_kernel<<<t, kFillThreads, 0, s>>>(*p);
-    return ukv::check_launch("decode_fill_kernel");
+    return ukv::launch_early(device, decode_fill_kernel, dim3((unsigned)t), dim3(kFillThreads), stream,
+                             "decode_fill_kernel", *p);
   })
 }
 
@@ -205,17 +217,18 @@ int unikv_gpu_fill_csa_tail(int device, const ukv_csa_tail_params* p, void* stre
 
 int unikv_gpu_build_prefill_streams(int device, const ukv_prefill_streams_params* p, void* stream) {
   UKV_ENTRY(device, {
-    ukv_stream_t s = (ukv_stream_t)stream;
     const int t = p->num_tokens;
     if (t > 0) {
-      prefill_lengths_kernel<<<ukv::cdiv(t, kWarpsPerBlock), kWarpsPerBlock * UKV_WARP, 0, s>>>(*p);
-      if (int r = ukv::check_launch("prefill_lengths_kernel")) return r;
+      if (int r = ukv::launch_early(device, prefill_lengths_kernel, dim3((unsigned)ukv::cdiv(t, kWarpsPerBlock)),
+                                    dim3(kWarpsPerBlock * UKV_WARP), stream, "prefill_lengths_kernel", *p))
+        return r;
     }
-    scan_kernel<<<2, kScanThreads, 0, s>>>(p->prefix.indptr, p->extend.indptr, nullptr, t);
-    if (int r = ukv::check_launch("scan_kernel")) return r;
+    if (int r = ukv::launch_early(device, scan_kernel, dim3(2), dim3(kScanThreads), stream, "scan_kernel",
+                                  p->prefix.indptr, p->extend.indptr, (int32_t*)nullptr, t))
+      return r;
     if (t == 0) return UKV_SHIM_OK;
-    prefill_fill_kernel<<<t, kFillThreads, 0, s>>>(*p);
-    return ukv::check_launch("prefill_fill_kernel");
+    return ukv::launch_early(device, prefill_fill_kernel, dim3((unsigned)t), dim3(kFillThreads), stream,
+                             "prefill_fill_kernel", *p);
   })
 }
 
