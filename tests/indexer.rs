@@ -451,6 +451,25 @@ fn indexer_topk_fill_csa_rejects_bad_input() {
         UNIKV_OUT_OF_RANGE,
         "page_table[",
     );
+    // A pool without ratio-4 layers whose CSA row ids would pass 2^31 - 1
+    // (refused as `unikv_fill_csa_tail` refuses it, tests/hardening.rs).
+    let wide = Pool::new(
+        &ctx,
+        &PoolSpec {
+            ratios: vec![0],
+            max_requests: 2,
+            window: 8,
+            spec_extra: 0,
+            c128_blocks: 1 << 26,
+        },
+    );
+    run(
+        &wide,
+        &stream,
+        &|_, _| {},
+        UNIKV_INVALID_ARGUMENT,
+        "pool: its ratio-4 row ids",
+    );
     run(
         &pool,
         &stream,

@@ -11,7 +11,7 @@
 // src/indexer.rs's order, ties to the lower index, ascending, -1 after).
 // Logits are sums of 64 relu'd heads with signed weights, as the indexer's.
 // Build and run on the GPU machine:
-//   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels bench/probes/select.cu kernels/shim.cu -o /tmp/sel && /tmp/sel
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels bench/probes/select.cu kernels/shim.cu kernels/indexer_score.cu -o /tmp/sel && /tmp/sel
 // (-I DIR before -I kernels times a modified DIR/indexer_topk.cu instead; if it
 // defines SELECT_STAMPS, the probe prints its per-phase clock stamps of block 0
 // at T = 1, read from its `g_stamps`.)

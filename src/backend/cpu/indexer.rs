@@ -22,6 +22,16 @@ pub fn check_query(a: &IndexerQueryArgs) -> Result<Vec<i64>> {
 
 pub fn indexer_prepare_q(threads: &rayon::ThreadPool, a: &IndexerQueryArgs) -> Result<()> {
     let positions = check_query(a)?;
+    // SAFETY: checked just above.
+    unsafe { run_query(threads, a, &positions) };
+    Ok(())
+}
+
+/// `indexer_prepare_q` after its checks.
+///
+/// # Safety
+/// `positions` came from `check_query(a)`.
+pub unsafe fn run_query(threads: &rayon::ThreadPool, a: &IndexerQueryArgs, positions: &[i64]) {
     threads.install(|| {
         positions.par_iter().enumerate().for_each(|(t, &p)| {
             // SAFETY: `p` was checked against the table; token t's outputs are
@@ -41,7 +51,6 @@ pub fn indexer_prepare_q(threads: &rayon::ThreadPool, a: &IndexerQueryArgs) -> R
             }
         })
     });
-    Ok(())
 }
 
 pub fn indexer_prepare_k(a: &IndexerKeyArgs) -> Result<()> {

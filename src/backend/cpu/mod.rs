@@ -139,10 +139,12 @@ impl Backend for CpuBackend {
         match indexer {
             None => prepare::prepare_qkv(&self.threads, args),
             Some(q) => {
-                // The query's checks first: each call checks before it writes.
-                indexer::check_query(q)?;
+                // The query's checks first: prepare_qkv checks before it writes.
+                let positions = indexer::check_query(q)?;
                 prepare::prepare_qkv(&self.threads, args)?;
-                indexer::indexer_prepare_q(&self.threads, q)
+                // SAFETY: `positions` came from `check_query(q)`.
+                unsafe { indexer::run_query(&self.threads, q, &positions) };
+                Ok(())
             }
         }
     }
