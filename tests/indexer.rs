@@ -396,9 +396,19 @@ fn indexer_topk_fill_csa_rejects_bad_input() {
     let (mut rng, _) = seeded("indexer_topk_fill_csa_rejects_bad_input");
     let ctx = Ctx::cpu(1);
     let mut case = TopkCase::random(&mut rng, 4, 2, 200, 64, 4, Fp8Format::E4m3Fn);
-    // Every real token sees more than 8 keys.
+    // Every real token sees more than 8 keys, and each request's first page
+    // lies past the two CSA pages of the small pool below.
     for p in case.positions.iter_mut() {
         *p = (*p).max(40);
+    }
+    let mp = case.max_pages;
+    for b in 0..case.requests() {
+        if case.page_table[b * mp] < 2 {
+            let j = (0..case.page_table.len())
+                .find(|&j| j % mp != 0 && case.page_table[j] >= 2)
+                .unwrap();
+            case.page_table.swap(b * mp, j);
+        }
     }
     let stream = CsaStream::for_case(&mut rng, &case, false);
     let pool = csa_pool(&ctx, &case, case.cache_pages);
@@ -442,7 +452,8 @@ fn indexer_topk_fill_csa_rejects_bad_input() {
     }
     short.tails.iter_mut().for_each(|t| *t = (0, 0));
     run(&pool, &short, &|_, _| {}, UNIKV_OUT_OF_RANGE, "csa_indptr[");
-    // Page ids past the pool's CSA rows (one page of them).
+    // Page ids past the pool's CSA rows (two pages of them: one asked for,
+    // and the padding rows).
     let small = csa_pool(&ctx, &case, 1);
     run(
         &small,
