@@ -136,24 +136,16 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 }
 
 #if defined(UKV_HAS_WGMMA)
-// dequantize_rows for the wgmma producers (AtomTile stages): rows row0 ..
-// row0 + kRows - 1, one warp, one job per lane: a job is kJobChunks
-// consecutive 16-byte code chunks of one row under one scale byte (chunks of a
-// 64-code block), converted into twice as many bf16 chunks, so its row,
-// swizzle and scale are worked out once per 16 kJobChunks codes. Lane
-// l < kRows * 28 / kJobChunks takes job l. Same ordering as dequantize_rows:
-// every lane reads its chunks before any lane writes (the bf16 chunks
-// overwrite raw ones), and one warp vote picks the branch-free path for the
-// whole round.
-// kShare (the 128-head pair): each converted chunk also goes by st.async to
-// the same place in the peer block's tile, `peer_delta` bytes away in the
-// shared::cluster window, completing on the peer's barrier `peer_bar`.
-template <int kRows, int kJobChunks, bool kShare = false>
-__device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0,
-                                                uint32_t peer_delta = 0, uint32_t peer_bar = 0) {
-  constexpr int kCodeChunks = 28, kScaleChunk = 28;
+// dequantize_rows for the wgmma producers (AtomTile stages): rows row0 and
+// row0 + 1, one warp, one job per lane: a job is two consecutive 16-byte code
+// chunks of one row under one scale byte (half a 64-code block), converted
+// into four bf16 chunks, so its row, swizzle and scale are worked out once per
+// 32 codes. Lane l < 28 takes job l. Same ordering as dequantize_rows: every
+// lane reads its chunks before any lane writes (the bf16 chunks overwrite raw
+// ones), and one warp vote picks the branch-free path for the whole round.
+__device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
+  constexpr int kRows = 2, kJobChunks = 2, kCodeChunks = 28, kScaleChunk = 28;
   constexpr int kJobsPerRow = kCodeChunks / kJobChunks;
-  static_assert(4 % kJobChunks == 0, "a job stays inside one 64-code block");
   static_assert(kRows * kJobsPerRow <= UKV_WARP, "one job per lane");
   const int lane = threadIdx.x % UKV_WARP;
   const bool mine = lane < kRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
@@ -167,13 +159,12 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   // Store order. A job's bf16 chunks lie in atom column first / 4, and atom
   // columns are 8 KB apart, so the same store of every job of a row hits the
   // same banks: in a warp's store the jobs of all 7 atom columns meet in one
-  // half of the banks, 7 wavefronts for 448 bytes (bench/notes/v41.md). Jobs
-  // in odd atom columns store in the other order (two-chunk jobs their second
-  // code chunk first, one-chunk jobs a chunk's second half first), which puts
-  // them in the other half of the banks: 4 wavefronts.
+  // quarter-pair of the banks, 7 wavefronts for 448 bytes (bench/notes/v41.md).
+  // Jobs in odd atom columns convert their second code chunk first, which
+  // puts them in the other banks: 4 wavefronts.
   const int flip = (first >> 2) & 1;
   // The code chunk raw[q] holds.
-  const auto code_chunk = [&](int q) { return first + (kJobChunks == 2 ? q ^ flip : q); };
+  const auto code_chunk = [&](int q) { return first + (q ^ flip); };
   uint4 raw[kJobChunks];
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) raw[q] = *reinterpret_cast<const uint4*>(chunk(code_chunk(q)));
@@ -187,27 +178,16 @@ __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, uk
   if (!fp8) return;
 #pragma unroll
   for (int q = 0; q < kJobChunks; ++q) {
-    // The half stored first (codes 8..15 of the chunk when `second`) and the other.
-    const int second = kJobChunks == 1 ? flip : 0;
-    const uint4 codes = second != 0 ? make_uint4(raw[q].z, raw[q].w, raw[q].x, raw[q].y) : raw[q];
-    char* dst0 = chunk(2 * code_chunk(q) + second);
-    char* dst1 = chunk(2 * code_chunk(q) + (second ^ 1));
-    uint4 a, b;
+    char* dst0 = chunk(2 * code_chunk(q));
+    char* dst1 = chunk(2 * code_chunk(q) + 1);
     if (all_fast) {
-      dequantize_fast16(codes, s, a, b);
+      uint4 a, b;
+      dequantize_fast16(raw[q], s, a, b);
       *reinterpret_cast<uint4*>(dst0) = a;
       *reinterpret_cast<uint4*>(dst1) = b;
     } else {
-      dequantize_piece(make_uint2(codes.x, codes.y), s, fmt, dst0);
-      dequantize_piece(make_uint2(codes.z, codes.w), s, fmt, dst1);
-      if constexpr (kShare) {
-        a = *reinterpret_cast<const uint4*>(dst0);  // this thread's own stores
-        b = *reinterpret_cast<const uint4*>(dst1);
-      }
-    }
-    if constexpr (kShare) {
-      ukv_st_async16(ukv_smem_addr(dst0) + peer_delta, a, peer_bar);
-      ukv_st_async16(ukv_smem_addr(dst1) + peer_delta, b, peer_bar);
+      dequantize_piece(make_uint2(raw[q].x, raw[q].y), s, fmt, dst0);
+      dequantize_piece(make_uint2(raw[q].z, raw[q].w), s, fmt, dst1);
     }
   }
 }

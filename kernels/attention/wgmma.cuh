@@ -91,12 +91,13 @@ enum WgBarrier : int {
 //
 // kPair: the two head blocks of a token (128 heads) run as a cluster of two
 // blocks, and each converts only half of every tile (keys 32 r .. 32 r + 31 in
-// the block of rank r, 4 per producer warp) and also stores its bf16 rows into
+// the block of rank r, 4 per producer warp) and also copies its bf16 rows into
 // the peer's stage, so every row is gathered and converted once per token
-// instead of once per head block. Those stores are st.async, completing their
-// bytes on the peer's `landed` barrier (one arrival a tile: the peer's own
-// producer announcing the bytes), so neither block makes a cluster-scope fence
-// or acquire per tile (the per-thread release.cluster arrivals and
+// instead of once per head block. Those copies (bulk copies of a warp's rows,
+// send(); the `valid` entries by st.async) complete their bytes on the peer's
+// `landed` barrier (one arrival a tile: the peer's own producer announcing
+// the bytes), so neither block makes a cluster-scope fence or acquire per
+// tile (the per-thread release.cluster arrivals and
 // acquire.cluster waits before cost a quarter of the pair's samples,
 // bench/notes/v32.md 32b). `empty` also takes one arrival per consumer
 // warpgroup of the peer: a producer refills a stage only when the peer's
@@ -241,27 +242,22 @@ struct WgProducer {
     ukv_cp_async_commit();
   }
 
-  // kPair: what the conversion (dequantize_jobs<.., true>) did not already
-  // store into the same place of the peer's stage: the rope chunks 56..63 of
-  // the warp's FP8 rows (lane l: key l / 8, chunk 56 + l % 8) and every chunk
-  // of its other rows (bf16, or zero-filled), lane l chunks l and 32 + l.
-  __device__ __forceinline__ void share(int stage, int warp, int lane, uint32_t peer_delta, uint32_t bar) const {
-    static_assert(kKeysPerWarp * 8 == UKV_WARP, "one rope chunk per lane");
-    const char* src = tile(stage);
-    const int* kinds = valid + stage * kBK;
-    const int mine = key_of(warp, lane / 8);
-    if (fp8_in_place(kinds[mine])) {
-      const char* chunk = src + AtomTile::at(mine, kFp8RopeChunk + lane % 8);
-      ukv_st_async16(ukv_smem_addr(chunk) + peer_delta, *reinterpret_cast<const uint4*>(chunk), bar);
-    }
-#pragma unroll 1
-    for (int k = 0; k < kKeysPerWarp; ++k) {
-      const int key = key_of(warp, k);
-      if (fp8_in_place(kinds[key])) continue;
+  // kPair: the warp's converted rows into the same place of the peer's
+  // stage. Its kKeysPerWarp rows are consecutive, so in each of the 8 atom
+  // columns they are one run of kKeysPerWarp 128-byte lines: 8 bulk copies
+  // carry them (converted codes, rope, bf16 or zero-filled rows alike), where
+  // per-chunk st.async took 2 instructions per converted chunk and lane
+  // (bench/notes/v48.md). Every lane's generic stores and landed copies are
+  // fenced for the async proxy before the warp barrier; lane 0 issues.
+  __device__ __forceinline__ void send(int stage, int warp, int lane, uint32_t peer_delta, uint32_t bar) const {
+    ukv_fence_async_shared();
+    ukv_syncwarp();
+    if (lane == 0) {
+      const char* rows = tile(stage) + (uint32_t)key_of(warp, 0) * 128u;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const char* chunk = src + AtomTile::at(key, h * UKV_WARP + lane);
-        ukv_st_async16(ukv_smem_addr(chunk) + peer_delta, *reinterpret_cast<const uint4*>(chunk), bar);
+      for (int column = 0; column < 8; ++column) {
+        const char* src = rows + column * AtomTile::kAtomBytes;
+        ukv_bulk_copy_to_peer(ukv_smem_addr(src) + peer_delta, src, kKeysPerWarp * 128u, bar);
       }
     }
   }
@@ -277,10 +273,7 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    // Rounds of two rows in jobs of two chunks (32 codes) per lane; the pair,
-    // which also sends its rows to the peer, one-row rounds of one-chunk jobs
-    // (in two-row rounds it spilled and ran 4% slower, bench/notes/v36.md).
-    constexpr int kRoundRows = kPair ? 1 : 2, kJobChunks = kPair ? 1 : 2;
+    constexpr int kRoundRows = 2;  // dequantize_jobs' rounds
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -318,10 +311,11 @@ struct WgProducer {
       const uint32_t peer_bar = kPair ? ukv_smem_addr(landed(stage)) + peer_delta : 0u;
 #pragma unroll 1
       for (int round = 0; convert && round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_jobs<kRoundRows, kJobChunks, kPair>(tile(stage), valid + stage * kBK, fmt,
-                                                       key_of(warp, round * kRoundRows), peer_delta, peer_bar);
-      if constexpr (kPair) share(stage, warp, lane, peer_delta, peer_bar);
-      ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
+        dequantize_jobs(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
+      if constexpr (kPair)
+        send(stage, warp, lane, peer_delta, peer_bar);  // which fences the stores for wgmma too
+      else
+        ukv_fence_async_shared();  // generic writes before the consumers' wgmma read them
       ukv_mbar_arrive(ready(stage));
       if (i >= 1 && i + 1 < n) {
         ukv_mbar_wait(empty((i - 1) % kStages), parity(i - 1));

@@ -100,6 +100,25 @@ __device__ __forceinline__ void ukv_st_async4(uint32_t addr, uint32_t v, uint32_
   (void)remote_bar;
 #endif
 }
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of this block's
+// shared memory at `src` into another block of the cluster (`dst` from
+// ukv_cluster_smem_addr) by the copy engine, completing on that block's
+// mbarrier at `remote_bar`. The writing threads' generic stores to `src` must
+// be ordered before it by ukv_fence_async_shared and a barrier.
+__device__ __forceinline__ void ukv_bulk_copy_to_peer(uint32_t dst, const void* src, uint32_t bytes,
+                                                      uint32_t remote_bar) {
+#if defined(UKV_HAS_BULK_COPY)
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   dst),
+               "r"(ukv_smem_addr(src)), "r"(bytes), "r"(remote_bar)
+               : "memory");
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  (void)remote_bar;
+#endif
+}
 // One relaxed arrival, by the threads with `arrive` set, on the mbarrier at
 // `bar`'s offset in block `rank` of the cluster. It orders nothing: it serves
 // to say that reads this thread has completed (a finished wgmma's) are done,
