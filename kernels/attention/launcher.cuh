@@ -59,7 +59,7 @@ extern AttentionLauncher kPortableScalarBf16, kPortableScalarFp8, kPortableMatri
 #if defined(UKV_NVIDIA_KERNELS)
 extern AttentionLauncher kMma1x1Bf16, kMma1x1Fp8, kMma1x3Bf16, kMma1x3Fp8, kMma2x2Bf16, kMma2x2Fp8,
     kMma3x2Bf16, kMma3x2Fp8, kMma4x2Bf16, kMma4x2Fp8;
-extern AttentionLauncher kWgmmaBf16, kWgmmaProducers, kWgmmaFp8Pair;
+extern AttentionLauncher kWgmmaBf16, kWgmmaProducers, kWgmmaPair;
 extern AttentionLauncher kSwap16x1Bf16, kSwap16x3Bf16, kSwap16x3Fp8, kSwap16x5Raw, kSwap16x5RawFlashMla,
     kSwap32x2Bf16, kSwap32x2Fp8;
 extern AttentionLauncher kRoles32x4Raw, kRoles32x4RawFlashMla;

@@ -95,8 +95,10 @@ int plan_kernel(const ukv_attention_plan& plan, [[maybe_unused]] RawVariant raw,
       // keys, 13% faster at 8320). Smaller plans, whose CTAs have few tiles,
       // keep the gather kernel (bench/notes/v42.md 42a, v43.md 43b, 43c).
       const int producer_tokens = plan.head_blocks > 1 ? 16 : 128;
-      if (fp8) {
-        *kernel = plan.pair != 0 ? &kWgmmaFp8Pair : &kWgmmaProducers;
+      if (plan.pair != 0) {
+        *kernel = &kWgmmaPair;
+      } else if (fp8) {
+        *kernel = &kWgmmaProducers;
       } else {
         *kernel = plan.max_tokens >= producer_tokens ? &kWgmmaProducers : &kWgmmaBf16;
       }
@@ -267,15 +269,18 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
         }
       }
     }
-    // 128-head FP8 blocks whose tokens run one split: the token's two head
-    // blocks convert half of every tile each and share it (a cluster of two,
-    // attention_wgmma_pair_kernel; bench/notes/v31.md). NVIDIA only: HIP
-    // plans never name a wgmma kernel.
+    // 128-head blocks whose tokens run one split: the token's two head blocks
+    // gather (FP8: and convert) half of every tile each and copy it to the
+    // other (a cluster of two, attention_wgmma_pair_kernel; bench/notes/v31.md).
+    // bf16 plans take it where they would take the producer kernel (from 16
+    // tokens at 128 heads): each block then copies half the rows from L2, 3-8% faster at
+    // T >= 64 than two blocks copying all of them (bench/notes/v48.md 48d).
+    // NVIDIA only: HIP plans never name a wgmma kernel.
 #if defined(UKV_NVIDIA_KERNELS)
-    if (pl.kv_fp8 != 0 && pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && sm90 &&
-        !g_no_cluster) {
+    if (pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && sm90 && !g_no_cluster &&
+        variants[0] == &kWgmmaProducers) {
       pl.pair = 1;
-      if (int r = configure(kWgmmaFp8Pair)) return r;
+      if (int r = configure(kWgmmaPair)) return r;
     }
 #endif
     // Splits past what one resident cluster per (token, head block) allows,

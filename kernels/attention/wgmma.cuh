@@ -330,7 +330,7 @@ struct WgProducer {
 #endif  // UKV_HAS_WGMMA
 
 // The body of attention_wgmma_kernel and attention_wgmma_pair_kernel
-// (instances/wgmma_fp8_pair.cu).
+// (instances/wgmma_pair.cu).
 template <bool kFp8, bool kPair>
 __device__ __forceinline__ void wgmma_attention(const ukv_attention_params& p, const SplitConfig& cfg) {
 #if defined(UKV_HAS_WGMMA)

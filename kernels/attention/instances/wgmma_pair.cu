@@ -1,4 +1,4 @@
-// attention_wgmma_pair_kernel: 128-head FP8 blocks sharing the conversion.
+// attention_wgmma_pair_kernel: 128-head blocks sharing each tile's rows.
 // Defined here, not in wgmma.cuh, because a kernel that is not a template
 // would be compiled again in every translation unit including the header.
 #include "attention/wgmma.cuh"
@@ -15,8 +15,9 @@ namespace {
 #define UKV_PAIR_CLUSTER
 #endif
 
-// 128-head FP8 blocks whose tokens run one split: the token's two head blocks
-// form a cluster and share the conversion (WgProducer<true>).
+// 128-head blocks whose tokens run one split: the token's two head blocks
+// form a cluster and share each tile (WgProducer<true>): its conversion in
+// FP8 plans, its copies in bf16 ones.
 __global__ void UKV_PAIR_CLUSTER __launch_bounds__(wgmma_threads(true), 1)
     attention_wgmma_pair_kernel(ukv_attention_params p, SplitConfig cfg) {
   wgmma_attention<true, true>(p, cfg);
@@ -24,5 +25,5 @@ __global__ void UKV_PAIR_CLUSTER __launch_bounds__(wgmma_threads(true), 1)
 
 }  // namespace
 
-UKV_ATTENTION_LAUNCHER(kWgmmaFp8Pair, (WgSmem::kBytes), wgmma_threads(true), attention_wgmma_pair_kernel);
+UKV_ATTENTION_LAUNCHER(kWgmmaPair, (WgSmem::kBytes), wgmma_threads(true), attention_wgmma_pair_kernel);
 #endif
