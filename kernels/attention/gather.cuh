@@ -491,39 +491,49 @@ struct ProducerPipeline {
 // The heads-on-N kernels' raw FP8 variant (bench/notes/v20.md):
 // stages hold the rows as stored and the consumers build their MMA fragments
 // from them in registers, so no bf16 tile exists. Slot k of a stage (key k of
-// the tile) is 592 bytes: the 448 codes, 16 bytes of scales, then the 64 bf16
-// rope dims. A pool row's scale bytes come as stored in its nope row (s_j at
-// byte 448 + 2j; the rest of the 512 bytes is padding and not copied), a
-// FlashMLA token's as stored in its page's scale slot (s_j at 448 + j).
+// the tile) is 592 bytes: the 448 codes first, then for a pool row 16 bytes of
+// scales (as stored in its nope row: s_j at byte 448 + 2j; the rest of the 512
+// bytes is padding and not copied) and the 64 bf16 rope dims, for a FlashMLA
+// token its value slot's 64 rope dims as stored (one 576-byte copy with the
+// codes) and the 8 bytes of its page's scale slot (s_j at 576 + j).
 // 592 = 80 mod 128, so slots 2 apart are 32 bytes of banks apart and slots 4
 // apart 64: the fragment reads below pick their slots to be conflict-free
-// with that.
+// with that (either layout: it moves every slot's rope by the same bytes).
 struct RawTile {
-  static constexpr uint32_t kScales = 448;
-  static constexpr uint32_t kNope = kScales + 16;
-  static constexpr uint32_t kRowBytes = kNope + kFp8RopeBytes;
+  static constexpr uint32_t kPoolScales = 448;
+  static constexpr uint32_t kRowBytes = kPoolScales + 16 + kFp8RopeBytes;
   static constexpr size_t kTileBytes = (size_t)kBK * kRowBytes;
-  // Scale byte of code block `block` in a slot of key source layout kLayout.
+  static_assert(kFlashValueBytes + 16 == kRowBytes, "a FlashMLA value slot and its scale bytes fill a slot");
+  // Where a slot of key source layout kLayout has its scale bytes and rope dims.
+  template <int kLayout>
+  static __device__ __forceinline__ constexpr uint32_t scales() {
+    return kLayout == kLayoutFlashMla ? kFlashValueBytes : kPoolScales;
+  }
+  template <int kLayout>
+  static __device__ __forceinline__ constexpr uint32_t rope() {
+    return kLayout == kLayoutFlashMla ? kFlashCodeBytes : kPoolScales + 16;
+  }
+  // Scale byte of code block `block`.
   template <int kLayout>
   static __device__ __forceinline__ uint32_t scale_at(int block) {
-    return kScales + (kLayout == kLayoutFlashMla ? 1 : 2) * block;
+    return scales<kLayout>() + (kLayout == kLayoutFlashMla ? 1 : 2) * block;
   }
 };
 
 #if defined(UKV_HAS_WGMMA)
 __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * RawTile::kRowBytes; }
 
-// The raw variant's pipeline: the producer warps only gather (a key's nope
-// row in one bulk copy, its rope row in 16-byte cp.async spread over the
-// warp's lanes, or a zero row with in-range scale bytes for a key that names
-// no row); consumers wait for `full`, build fragments and release the stage
+// The raw variant's pipeline: the producer warps only gather (a pool key's
+// nope row in one bulk copy, its rope row in 16-byte cp.async spread over the
+// warp's lanes; a FlashMLA token's value slot in one bulk copy, its scale
+// bytes by one cp.async of the issuing lane; or a zero row with in-range
+// scale bytes for a key that names no row); consumers wait for `full`, build fragments and release the stage
 // with `empty` as soon as their last read of it is done, before their MMAs
 // finish. A bulk copy takes its addresses in uniform registers, so a warp
 // issues them one lane at a time (about 80 cycles each); with two per key
 // that loop bounded the tile rate (bench/notes/v28.md, 28a). kLayout: every
 // key source of the call is an e4m3fn pool (kLayoutPool) or FlashMLA cache
-// (kLayoutFlashMla: the token's codes by bulk copy, its rope dims from the
-// same value slot, its 8 scale bytes by one cp.async of the issuing lane).
+// (kLayoutFlashMla).
 template <int kStages, int kLayout = kLayoutPool>
 struct RawPipeline {
   char* stages;
@@ -551,42 +561,45 @@ struct RawPipeline {
     }
   }
 
-  // The rope rows of a producer warp's 16 keys (slots slot0 .. slot0 + 15; key
-  // k's index in lane k): lane l copies chunk l % 8 of keys l / 8, + 4, + 8,
-  // + 12. A key without a row (ok: key_valid) is skipped (issue_row zero-fills
-  // its slot), and this thread's arrival on `full` waits for its copies. The
-  // lane id is read, not derived from threadIdx.x, which the 16-head kernel
-  // otherwise spills.
+  // What a producer warp's 16 keys (slots slot0 .. slot0 + 15; key k's index
+  // in lane k) need beside issue_row's bulk copy: a pool row's rope row (lane
+  // l copies chunk l % 8 of keys l / 8, + 4, + 8, + 12), a FlashMLA token's 8
+  // scale bytes (lane k those of key k). A key without a row (ok: key_valid)
+  // is skipped (issue_row zero-fills its slot), and this thread's arrival on
+  // `full` waits for its copies. The lane id is read, not derived from
+  // threadIdx.x, which the 16-head kernel otherwise spills.
   __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                              int slot0) const {
     const int lane = ukv_lane_id();
-    const char* mine = nullptr;
-    if (ok && kLayout == kLayoutFlashMla) {
-      const ukv_kv_source& src = p.src[pk.source];
-      const char* value = flashmla_value(src, pk.raw);
-      ukv_cp_async8(tile(stage) + raw_row(slot0 + lane) + RawTile::kScales, value + flashmla_scale_delta(src, pk.raw));
-      mine = value + kFlashCodeBytes;
-    } else if (ok) {
-      mine = static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes;
-    }
-    char* dst = tile(stage) + raw_row(slot0 + lane / 8) + RawTile::kNope + 16 * (lane % 8);
+    if constexpr (kLayout == kLayoutFlashMla) {
+      if (ok) {
+        const ukv_kv_source& src = p.src[pk.source];
+        ukv_cp_async8(tile(stage) + raw_row(slot0 + lane) + RawTile::scales<kLayout>(),
+                      flashmla_value(src, pk.raw) + flashmla_scale_delta(src, pk.raw));
+      }
+    } else {
+      const char* mine =
+          ok ? static_cast<const char*>(p.src[pk.source].kv.rope) + (int64_t)pk.raw * kFp8RopeBytes : nullptr;
+      char* dst = tile(stage) + raw_row(slot0 + lane / 8) + RawTile::rope<kLayout>() + 16 * (lane % 8);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const char* src = ukv_shfl_ptr(mine, 4 * j + lane / 8);
-      if (src != nullptr) ukv_cp_async16(dst + 4 * j * RawTile::kRowBytes, src + 16 * (lane % 8), true);
+      for (int j = 0; j < 4; ++j) {
+        const char* src = ukv_shfl_ptr(mine, 4 * j + lane / 8);
+        if (src != nullptr) ukv_cp_async16(dst + 4 * j * RawTile::kRowBytes, src + 16 * (lane % 8), true);
+      }
     }
     ukv_cp_async_mbar_arrive(&full[stage]);
   }
 
-  // A key's nope row (codes and scale bytes) in one bulk copy; a FlashMLA
-  // token's codes (issue_rope copies its scale bytes).
+  // A pool key's nope row (codes and scale bytes) in one bulk copy; a
+  // FlashMLA token's value slot (codes and rope dims; issue_rope copies its
+  // scale bytes).
   __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                             int slot) const {
     char* row = tile(stage) + raw_row(slot);
     valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
     if (ok) {
       const ukv_kv_source& src = p.src[pk.source];
-      constexpr uint32_t kBytes = kLayout == kLayoutFlashMla ? kFlashCodeBytes : RawTile::kNope;
+      constexpr uint32_t kBytes = kLayout == kLayoutFlashMla ? kFlashValueBytes : RawTile::kPoolScales + 16;
       const char* from = kLayout == kLayoutFlashMla ? flashmla_value(src, pk.raw)
                                                     : static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
       ukv_mbar_arrive_expect(&full[stage], kBytes);
@@ -594,7 +607,7 @@ struct RawPipeline {
     } else {
       // Zeros, and scale bytes 127 (factor 1) so the row takes the fast path.
       for (uint32_t c = 0; c < RawTile::kRowBytes / 16; ++c) {
-        const uint32_t v = c == RawTile::kScales / 16 ? 0x7F7F7F7Fu : 0u;
+        const uint32_t v = c == RawTile::scales<kLayout>() / 16 ? 0x7F7F7F7Fu : 0u;
         *reinterpret_cast<uint4*>(row + 16 * c) = make_uint4(v, v, v, v);
       }
       ukv_fence_async_shared();  // before a later bulk copy into this slot

@@ -37,12 +37,13 @@ __device__ __forceinline__ int qk_logical_pair(int block, int pp) {
 // QK fragments of the rope block (bf16 as stored) for this thread's keys in
 // slots slot[0] (M row 16q + g) and slot[1] (row + 8). a[kk] is k-step kk's
 // fragment: registers 0, 1 the pair hi = 0 of key 0, 1; 2, 3 the pair hi = 1.
+template <int kLayout>
 __device__ __forceinline__ void raw_qk_rope(const char* tile, const int (&slot)[2], int tq, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const char* row = tile + raw_row(slot[e]);
-    const uint4 x = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 16 * tq);
-    const uint4 y = *reinterpret_cast<const uint4*>(row + RawTile::kNope + 64 + 16 * tq);
+    const char* row = tile + raw_row(slot[e]) + RawTile::rope<kLayout>();
+    const uint4 x = *reinterpret_cast<const uint4*>(row + 16 * tq);
+    const uint4 y = *reinterpret_cast<const uint4*>(row + 64 + 16 * tq);
     const uint32_t w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -97,7 +98,7 @@ __device__ __forceinline__ void raw_qk(const char* ks, const int (&slots)[2], in
   float factor[2][2];
   const auto build = [&](int i) {
     if (kFirst + i == kD / 64 - 1) {
-      raw_qk_rope(ks, slots, tq, a[i & 1]);
+      raw_qk_rope<kLayout>(ks, slots, tq, a[i & 1]);
       factor[i & 1][0] = factor[i & 1][1] = 1.f;
     } else {
       raw_qk_block_f16<kLayout>(ks, slots, kFirst + i, tq, a[i & 1], factor[i & 1]);
@@ -272,11 +273,12 @@ __device__ __forceinline__ void raw_pv_codes(const char* tile, int block, int q,
 
 // V^T fragments of the rope block (bf16 as stored): row g (+8) of warp q is
 // rope dim 16 q + g (+8), matrices (keys 0..7, 8..15) x (dims +0, +8).
+template <int kLayout>
 __device__ __forceinline__ void raw_pv_rope(const char* tile, int q, int lane, uint32_t (&a)[4][4]) {
   const int m = lane >> 3;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(raw_pv_slot(kk, m >> 1, lane & 7)) + RawTile::kNope + 32 * q +
+    ukv_ldmatrix_x4_trans(a[kk], tile + raw_row(raw_pv_slot(kk, m >> 1, lane & 7)) + RawTile::rope<kLayout>() + 32 * q +
                                      16 * (m & 1));
 }
 
@@ -284,8 +286,9 @@ __device__ __forceinline__ void raw_pv_rope(const char* tile, int q, int lane, u
 // mb being block kFirst + mb (known at compile time: with a run-time block
 // ptxas serializes the wgmmas). Code blocks run on f16 MMAs against the f16
 // P^T, the rope block on bf16 MMAs against the bf16 one (the descriptors of
-// their first k-step); fac holds the factor words (raw_fac_at).
-template <int NH, int kFirst, int kTiles, int kRows>
+// their first k-step); fac holds the factor words (raw_fac_at); kLayout: the
+// slots' source layout (RawTile::rope).
+template <int kLayout, int NH, int kFirst, int kTiles, int kRows>
 __device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const uint32_t* fac, uint64_t pt16_desc,
                                        uint64_t ptbf_desc, float (&o)[kRows][NH / 2]) {
   static_assert(kTiles <= kRows, "an accumulator block per M tile");
@@ -298,7 +301,7 @@ __device__ __forceinline__ void raw_pv(const char* tile, int q, int lane, const 
     if (codes) {
       raw_pv_codes(tile, block, q, lane, fac + raw_fac_at(block, lane & 3, 0, 0), a[mb & 1]);
     } else {
-      raw_pv_rope(tile, q, lane, a[mb & 1]);
+      raw_pv_rope<kLayout>(tile, q, lane, a[mb & 1]);
     }
     ukv_wgmma_fence();
 #pragma unroll

@@ -322,9 +322,9 @@ __global__ void __launch_bounds__(kRoleThreads, 1) attention_roles_kernel(ukv_at
         const uint64_t pt16_desc = ukv_wgmma_desc(pt_slot(par), 16, 1024);
         const uint64_t ptbf_desc = ukv_wgmma_desc(pt_slot(par) + L::kPTBytes, 16, 1024);
         if (wg == 0) {
-          raw_pv<NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
+          raw_pv<kLayout, NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
         } else {
-          raw_pv<NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
+          raw_pv<kLayout, NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
         }
         pipe.release(stage);
         ukv_wgmma_wait<0>();

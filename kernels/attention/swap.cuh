@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
           wg_sync();
 
           // PV: M tile mb is block mb (raw_pv).
-          raw_pv<NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
+          raw_pv<kLayout, NH, 0, 8>(ks, q, lane, fac_w, pt16_desc, ptbf_desc, o);
           // Every read of the stage is done (the MMAs read registers and P^T).
           pipe.release(stage);
           ukv_wgmma_wait<0>();
@@ -456,9 +456,9 @@ __global__ void __launch_bounds__(swap_threads(kFp8), SwapSmem<NH, ST, kRaw>::kC
         if constexpr (kRaw) {
           const uint64_t pt16_desc = ukv_wgmma_desc(pt, 16, 1024), ptbf_desc = ukv_wgmma_desc(pt + L::kPTBytes, 16, 1024);
           if (wg == 0) {
-            raw_pv<NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
+            raw_pv<kLayout, NH, 0, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
           } else {
-            raw_pv<NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
+            raw_pv<kLayout, NH, 4, 4>(ks, q, lane, fac_s, pt16_desc, ptbf_desc, o);
           }
           // Every read of the stage is done (the MMAs read registers and P^T),
           // so the producers may refill it while the MMAs run.
