@@ -527,9 +527,9 @@ __device__ __forceinline__ uint32_t raw_row(int slot) { return (uint32_t)slot * 
 // nope row in one bulk copy, its rope row in 16-byte cp.async spread over the
 // warp's lanes; a FlashMLA token's value slot in one bulk copy, its scale
 // bytes by one cp.async of the issuing lane; or a zero row with in-range
-// scale bytes for a key that names no row); consumers wait for `full`, build fragments and release the stage
-// with `empty` as soon as their last read of it is done, before their MMAs
-// finish. A bulk copy takes its addresses in uniform registers, so a warp
+// scale bytes for a key that names no row); consumers wait for `full`, build
+// fragments and release the stage with `empty` as soon as their last read of
+// it is done, before their MMAs finish. A bulk copy takes its addresses in uniform registers, so a warp
 // issues them one lane at a time (about 80 cycles each); with two per key
 // that loop bounded the tile rate (bench/notes/v28.md, 28a). kLayout: every
 // key source of the call is an e4m3fn pool (kLayoutPool) or FlashMLA cache
@@ -568,7 +568,7 @@ struct RawPipeline {
   // is skipped (issue_row zero-fills its slot), and this thread's arrival on
   // `full` waits for its copies. The lane id is read, not derived from
   // threadIdx.x, which the 16-head kernel otherwise spills.
-  __device__ __forceinline__ void issue_rope(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
+  __device__ __forceinline__ void issue_pieces(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                              int slot0) const {
     const int lane = ukv_lane_id();
     if constexpr (kLayout == kLayoutFlashMla) {
@@ -591,7 +591,7 @@ struct RawPipeline {
   }
 
   // A pool key's nope row (codes and scale bytes) in one bulk copy; a
-  // FlashMLA token's value slot (codes and rope dims; issue_rope copies its
+  // FlashMLA token's value slot (codes and rope dims; issue_pieces copies its
   // scale bytes).
   __device__ __forceinline__ void issue_row(const ukv_attention_params& p, PendingKey pk, bool ok, int stage,
                                             int slot) const {
@@ -632,7 +632,7 @@ struct RawPipeline {
     for (int i = 0; i < kStages; ++i) {
       if (tile_begin + i < tile_end) {
         const bool ok = key_valid(p, first[i]);
-        issue_rope(p, first[i], ok, i, warp * kKeysPerWarp);
+        issue_pieces(p, first[i], ok, i, warp * kKeysPerWarp);
         if (issuer) issue_row(p, first[i], ok, i, key);
       }
     }
@@ -641,7 +641,7 @@ struct RawPipeline {
       const int i = tile - tile_begin, stage = i % kStages;
       ukv_mbar_wait(&empty[stage], parity(i - kStages));
       const bool ok = key_valid(p, next);
-      issue_rope(p, next, ok, stage, warp * kKeysPerWarp);
+      issue_pieces(p, next, ok, stage, warp * kKeysPerWarp);
       if (issuer) issue_row(p, next, ok, stage, key);
       next = fetch(tile + 1);
     }

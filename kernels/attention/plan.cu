@@ -273,8 +273,9 @@ int unikv_gpu_attention_plan(int device, int max_tokens, int num_heads, int kv_f
     // gather (FP8: and convert) half of every tile each and copy it to the
     // other (a cluster of two, attention_wgmma_pair_kernel; bench/notes/v31.md).
     // bf16 plans take it where they would take the producer kernel (from 16
-    // tokens at 128 heads): each block then copies half the rows from L2, 3-8% faster at
-    // T >= 64 than two blocks copying all of them (bench/notes/v48.md 48d).
+    // tokens at 128 heads): each block then copies half the rows from L2,
+    // 3-8% faster at T >= 64 than two blocks copying all of them
+    // (bench/notes/v48.md 48d).
     // NVIDIA only: HIP plans never name a wgmma kernel.
 #if defined(UKV_NVIDIA_KERNELS)
     if (pl.wgmma == 64 && pl.head_blocks == 2 && pl.max_splits == 1 && sm90 && !g_no_cluster &&
