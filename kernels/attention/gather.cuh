@@ -136,20 +136,22 @@ __device__ __forceinline__ void dequantize_rows(char* tile, const int* valid, uk
 }
 
 #if defined(UKV_HAS_WGMMA)
-// dequantize_rows for the wgmma producers (AtomTile stages): rows row0 and
-// row0 + 1, one warp, one job per lane: a job is two consecutive 16-byte code
-// chunks of one row under one scale byte (half a 64-code block), converted
-// into four bf16 chunks, so its row, swizzle and scale are worked out once per
-// 32 codes. Lane l < 28 takes job l. Same ordering as dequantize_rows: every
-// lane reads its chunks before any lane writes (the bf16 chunks overwrite raw
-// ones), and one warp vote picks the branch-free path for the whole round.
+// dequantize_rows for the wgmma producers (AtomTile stages): a round of rows
+// row0 .. row0 + kJobRows - 1, one warp, one job per lane: a job is two
+// consecutive 16-byte code chunks of one row under one scale byte (half a
+// 64-code block), converted into four bf16 chunks, so its row, swizzle and
+// scale are worked out once per 32 codes. Lane l < 28 takes job l. Same
+// ordering as dequantize_rows: every lane reads its chunks before any lane
+// writes (the bf16 chunks overwrite raw ones), and one warp vote picks the
+// branch-free path for the whole round.
+constexpr int kJobRows = 2;
 __device__ __forceinline__ void dequantize_jobs(char* tile, const int* valid, ukv_fp8_format fmt, int row0) {
-  constexpr int kRows = 2, kJobChunks = 2, kCodeChunks = 28, kScaleChunk = 28;
+  constexpr int kJobChunks = 2, kCodeChunks = 28, kScaleChunk = 28;
   constexpr int kJobsPerRow = kCodeChunks / kJobChunks;
-  static_assert(kRows * kJobsPerRow <= UKV_WARP, "one job per lane");
+  static_assert(kJobRows * kJobsPerRow <= UKV_WARP, "one job per lane");
   const int lane = threadIdx.x % UKV_WARP;
-  const bool mine = lane < kRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
-  const int job = mine ? lane : kRows * kJobsPerRow - 1;
+  const bool mine = lane < kJobRows * kJobsPerRow;  // lanes past the last job read that job (in bounds), never write
+  const int job = mine ? lane : kJobRows * kJobsPerRow - 1;
   const int r = row0 + job / kJobsPerRow, first = kJobChunks * (job % kJobsPerRow);
   const int kind = valid[r];
   const bool fp8 = mine && fp8_in_place(kind);
@@ -501,7 +503,8 @@ struct ProducerPipeline {
 // with that (either layout: it moves every slot's rope by the same bytes).
 struct RawTile {
   static constexpr uint32_t kPoolScales = 448;
-  static constexpr uint32_t kRowBytes = kPoolScales + 16 + kFp8RopeBytes;
+  static constexpr uint32_t kPoolNope = kPoolScales + 16;  // a pool row's copied bytes: codes, scales
+  static constexpr uint32_t kRowBytes = kPoolNope + kFp8RopeBytes;
   static constexpr size_t kTileBytes = (size_t)kBK * kRowBytes;
   static_assert(kFlashValueBytes + 16 == kRowBytes, "a FlashMLA value slot and its scale bytes fill a slot");
   // Where a slot of key source layout kLayout has its scale bytes and rope dims.
@@ -511,7 +514,7 @@ struct RawTile {
   }
   template <int kLayout>
   static __device__ __forceinline__ constexpr uint32_t rope() {
-    return kLayout == kLayoutFlashMla ? kFlashCodeBytes : kPoolScales + 16;
+    return kLayout == kLayoutFlashMla ? kFlashCodeBytes : kPoolNope;
   }
   // Scale byte of code block `block`.
   template <int kLayout>
@@ -599,7 +602,7 @@ struct RawPipeline {
     valid[stage * kBK + slot] = ok ? kRowFp8 : kRowInvalid;
     if (ok) {
       const ukv_kv_source& src = p.src[pk.source];
-      constexpr uint32_t kBytes = kLayout == kLayoutFlashMla ? kFlashValueBytes : RawTile::kPoolScales + 16;
+      constexpr uint32_t kBytes = kLayout == kLayoutFlashMla ? kFlashValueBytes : RawTile::kPoolNope;
       const char* from = kLayout == kLayoutFlashMla ? flashmla_value(src, pk.raw)
                                                     : static_cast<const char*>(src.kv.data) + (int64_t)pk.raw * kFp8NopeBytes;
       ukv_mbar_arrive_expect(&full[stage], kBytes);

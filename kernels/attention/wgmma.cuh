@@ -273,7 +273,6 @@ struct WgProducer {
   // i + 1 goes into the stage of tile i - 1 once the consumers release it, so
   // a tile's copies overlap the consumers' work on the tile before.
   __device__ __forceinline__ void produce(const ukv_attention_params& p, const TokenKeys& keys) const {
-    constexpr int kRoundRows = 2;  // dequantize_jobs' rounds
     const int lane = threadIdx.x % UKV_WARP, warp = threadIdx.x / UKV_WARP - kWarps;
     const auto fetch = [&](int tile) {
       return lane < kKeysPerWarp ? fetch_key(keys, tile * kBK + key_of(warp, lane)) : PendingKey{-1, -1};
@@ -310,8 +309,8 @@ struct WgProducer {
       ukv_syncwarp();  // the warp's copies, landed per thread, before any lane reads them
       const uint32_t peer_bar = kPair ? ukv_smem_addr(landed(stage)) + peer_delta : 0u;
 #pragma unroll 1
-      for (int round = 0; convert && round < kKeysPerWarp / kRoundRows; ++round)
-        dequantize_jobs(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kRoundRows));
+      for (int round = 0; convert && round < kKeysPerWarp / kJobRows; ++round)
+        dequantize_jobs(tile(stage), valid + stage * kBK, fmt, key_of(warp, round * kJobRows));
       if constexpr (kPair)
         send(stage, warp, lane, peer_delta, peer_bar);  // which fences the stores for wgmma too
       else

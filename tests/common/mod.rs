@@ -254,6 +254,43 @@ impl Drop for Pool {
     }
 }
 
+/// `bytes` of `ctx`'s memory at `src`, copied to the host once its stream is idle.
+pub fn download(ctx: &Ctx, src: *mut c_void, bytes: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes];
+    ok(unsafe {
+        unikv_memory_copy(
+            ctx.0,
+            out.as_mut_ptr().cast(),
+            src,
+            bytes,
+            1,
+            ptr::null_mut(),
+        )
+    });
+    ok(unsafe { unikv_stream_synchronize(ctx.0, ptr::null_mut()) });
+    out
+}
+
+/// Every byte of a pool layer: its data buffer, then its rope buffer (FP8).
+pub fn read_layer(ctx: &Ctx, pool: &Pool, layer: u32) -> Vec<u8> {
+    let info = pool.layer(layer);
+    let mut out = download(ctx, info.data, info.bytes as usize);
+    if info.rope_bytes > 0 {
+        out.extend(download(ctx, info.rope_data, info.rope_bytes as usize));
+    }
+    out
+}
+
+/// Sets every byte of a pool layer (both buffers) to `value`.
+pub fn poison_layer(ctx: &Ctx, pool: &Pool, layer: u32, value: u8) {
+    let info = pool.layer(layer);
+    for (ptr, bytes) in [(info.data, info.bytes), (info.rope_data, info.rope_bytes)] {
+        if bytes > 0 {
+            ok(unsafe { unikv_memory_set(ctx.0, ptr, value, bytes as usize, ptr::null_mut()) });
+        }
+    }
+}
+
 /// Host element types usable in test tensors.
 pub trait Dt: Copy {
     const DTYPE: unikv_dtype;

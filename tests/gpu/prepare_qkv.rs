@@ -120,15 +120,6 @@ fn strided<T: Dt>(d: &Dev, offset: usize, shape: &[usize], strides: &[usize]) ->
     t
 }
 
-fn poison_pool(ctx: &Ctx, pool: &Pool) {
-    let info = pool.layer(0);
-    for (p, n) in [(info.data, info.bytes), (info.rope_data, info.rope_bytes)] {
-        if n > 0 {
-            ok(unsafe { unikv_memory_set(ctx.0, p, POISON_BYTE, n as usize, ptr::null_mut()) });
-        }
-    }
-}
-
 fn read_bytes(ctx: &Ctx, p: *mut c_void, n: u64) -> Vec<u8> {
     let mut out = vec![0u8; n as usize];
     if n > 0 {
@@ -160,7 +151,7 @@ fn run(ctx: &Ctx, pool: &Pool, inp: &Inputs) -> (unikv_status, Outputs) {
     let kv_out = Dev::zeroed(ctx, t * KV_OUT_STRIDE * 2);
     q_out.poison();
     kv_out.poison();
-    poison_pool(ctx, pool);
+    poison_layer(ctx, pool, 0, POISON_BYTE);
     let args = unikv_prepare_qkv_args {
         struct_size: std::mem::size_of::<unikv_prepare_qkv_args>(),
         q_in: strided::<bf16>(&q_in, 0, &[t, h, D], &[(h + 1) * D, D, 1]),

@@ -4,7 +4,6 @@
 //! layer's bytes, query codes, folded weights) poisoned before and read back
 //! after.
 
-use unikv::ffi::context::unikv_memory_copy;
 use unikv::ffi::indexer::{unikv_indexer_prepare_q, unikv_indexer_prepare_q_args};
 use unikv::ffi::prepare::{unikv_prepare_qkv, unikv_prepare_qkv_args, unikv_prepare_qkv_indexer_q};
 use unikv::ffi::status::unikv_status;
@@ -86,17 +85,7 @@ impl FusedPrepare {
             Dev::zeroed(ctx, q.weights_out_len() * 4),
         ];
         outputs.iter().for_each(Dev::poison);
-        let layer = pool.layer(0);
-        let pool_bytes = layer.bytes as usize;
-        ok(unsafe {
-            unikv::ffi::context::unikv_memory_set(
-                ctx.0,
-                layer.data,
-                POISON_BYTE,
-                pool_bytes,
-                std::ptr::null_mut(),
-            )
-        });
+        poison_layer(ctx, pool, 0, POISON_BYTE);
         let mut args = unikv_prepare_qkv_args {
             struct_size: std::mem::size_of::<unikv_prepare_qkv_args>(),
             q_in: inputs[0].t::<bf16>(&[t, h, D]),
@@ -135,17 +124,7 @@ impl FusedPrepare {
                 }
             }
         };
-        let mut pool_out = vec![0u8; pool_bytes];
-        ok(unsafe {
-            unikv_memory_copy(
-                ctx.0,
-                pool_out.as_mut_ptr().cast(),
-                layer.data,
-                pool_bytes,
-                1,
-                std::ptr::null_mut(),
-            )
-        });
+        let pool_out = read_layer(ctx, pool, 0);
         let [q_out, kv_out, q_fp8, weights_out] = outputs.map(|d| d.read::<u8>());
         (status, [q_out, kv_out, pool_out, q_fp8, weights_out])
     }
